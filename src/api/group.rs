@@ -1,0 +1,215 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::core::Duration;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::{Pricing, TaintSelector};
+
+/// A pool of slots. A slot joins a pool with the label `group: <pool name>`.
+///
+/// The pool says who scales it (`driver`), how long a machine may take to arrive
+/// (`maxNodeProvisionTime`), which bootstrap taints must clear before a machine counts as
+/// ready (`nodeReadinessTaints`), and the scale-down options cluster-autoscaler asks for.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "infra.homecluster.dev",
+    version = "v2alpha1",
+    kind = "Group",
+    namespaced,
+    status = "GroupStatus",
+    shortname = "hgroup",
+    category = "homelab",
+    doc = "A pool of homelab machines (slots) scaled together.",
+    printcolumn(name = "Driver", type_ = "string", json_path = ".spec.driver"),
+    printcolumn(name = "Min", type_ = "integer", json_path = ".spec.minSize"),
+    printcolumn(name = "Slots", type_ = "integer", json_path = ".status.slots"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.claims.ready"),
+    printcolumn(name = "Booting", type_ = "integer", json_path = ".status.claims.booting"),
+    printcolumn(name = "Pending", type_ = "integer", json_path = ".status.claims.pending"),
+    printcolumn(
+        name = "Provision",
+        type_ = "string",
+        json_path = ".spec.maxNodeProvisionTime",
+        priority = 1
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupSpec {
+    /// Who decides how many machines run: `cluster-autoscaler` (through the externalgrpc
+    /// provider) or `builtin` (the operator's own demand scaler). A builtin pool is not offered to
+    /// cluster-autoscaler. Switching is refused while the pool has live claims.
+    #[serde(default)]
+    pub driver: ScalingDriver,
+
+    /// The number of machines kept powered at all times. The built-in scaler keeps this many,
+    /// and cluster-autoscaler is told it as the group's minimum size.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_size: i32,
+
+    /// How long cluster-autoscaler waits for a requested machine before it gives up on it.
+    /// A claim's deadline is never shorter than this (its boot budget is the floor).
+    /// Go duration syntax, for example `15m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub max_node_provision_time: Option<Duration>,
+
+    /// Taints a booting machine carries until its networking (or other agent) is ready. A claim
+    /// becomes `ready` only once the node is Ready and free of all of them.
+    #[serde(default = "default_readiness_taints")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
+    pub node_readiness_taints: Vec<TaintSelector>,
+
+    /// Scale-down options handed to cluster-autoscaler per group (GetOptions). Unset fields take
+    /// cluster-autoscaler's own defaults.
+    #[serde(default)]
+    pub scale_down: ScaleDownOptions,
+
+    /// Settings of the built-in demand scaler, read when `driver` is `builtin`.
+    #[serde(default)]
+    pub builtin: BuiltinScaler,
+
+    /// The price of a slot that declares none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+}
+
+/// Who scales a pool.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum ScalingDriver {
+    /// cluster-autoscaler, through the externalgrpc cloud provider.
+    #[default]
+    #[serde(rename = "cluster-autoscaler")]
+    ClusterAutoscaler,
+    /// The operator's own demand scaler.
+    #[serde(rename = "builtin")]
+    Builtin,
+}
+
+/// cluster-autoscaler's per-group scale-down options. Each unset field takes the value
+/// cluster-autoscaler runs with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleDownOptions {
+    /// A node whose requested CPU and memory are below this fraction of allocatable may be
+    /// removed. Between 0 and 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub utilization_threshold: Option<f64>,
+    /// As `utilizationThreshold`, for GPU nodes. Between 0 and 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub gpu_utilization_threshold: Option<f64>,
+    /// How long a node must be unneeded before it is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub unneeded_time: Option<Duration>,
+    /// How long an unready node must be unneeded before it is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub unready_time: Option<Duration>,
+    /// Scale the pool to zero or to its maximum, never in between.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_or_max_node_scaling: Option<bool>,
+    /// Leave DaemonSet pods out of the utilization computed for scale-down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_daemon_sets_utilization: Option<bool>,
+}
+
+/// Settings of the built-in demand scaler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BuiltinScaler {
+    /// How long demand must be gone (or a machine idle) before machines are released.
+    #[serde(default = "default_hold")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub hold: Duration,
+    /// How many pending pods one machine is assumed to absorb.
+    #[serde(default = "default_pods_per_node")]
+    #[schemars(range(min = 1))]
+    pub pods_per_node: i32,
+    /// The most machines the scaler powers at once. Unset means every slot of the pool; a value
+    /// above the slot count is capped to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_nodes: Option<i32>,
+}
+
+impl Default for BuiltinScaler {
+    fn default() -> Self {
+        Self { hold: default_hold(), pods_per_node: default_pods_per_node(), max_nodes: None }
+    }
+}
+
+/// The default readiness gate: Cilium's agent-not-ready taint.
+pub fn default_readiness_taints() -> Vec<TaintSelector> {
+    vec![TaintSelector {
+        key: "node.cilium.io/agent-not-ready".into(),
+        effect: Some("NoExecute".into()),
+        value: None,
+    }]
+}
+
+fn default_hold() -> Duration {
+    std::time::Duration::from_secs(120).into()
+}
+
+fn default_pods_per_node() -> i32 {
+    8
+}
+
+/// What the operator observes of a pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// How many slots carry this pool's label.
+    #[serde(default)]
+    pub slots: i32,
+    /// Live claims of the pool, by phase.
+    #[serde(default)]
+    pub claims: GroupClaimCounts,
+    /// The built-in scaler's last decision, when `driver` is `builtin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<ScalerDecision>,
+    /// Conditions of the pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Live claims of a pool by phase; an empty phase counts as pending.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupClaimCounts {
+    #[serde(default)]
+    pub pending: i32,
+    #[serde(default)]
+    pub booting: i32,
+    #[serde(default)]
+    pub ready: i32,
+}
+
+/// One decision of the built-in scaler, as an operator reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalerDecision {
+    /// When the decision was taken.
+    pub at: Time,
+    /// The pod-work count the decision saw.
+    pub demand: i32,
+    /// The machine count the pool is steered to.
+    pub target: i32,
+    /// What was done: None, Provision, ScaleIn or Teardown.
+    pub action: String,
+    /// Why, in a sentence.
+    pub reason: String,
+    /// Since when the pool (or its emptiest machine) has been idle, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<Time>,
+}

@@ -1,0 +1,38 @@
+//! The `infra.homecluster.dev/v2alpha1` API: slots ([`Node`]), pools ([`Group`]) and requests
+//! for a machine ([`NodeClaim`]). These types depend on nothing else in the crate.
+
+mod common;
+mod group;
+mod nodeclaim;
+mod slot;
+
+pub use common::{Pricing, TaintSelector};
+pub use group::{
+    BuiltinScaler, Group, GroupClaimCounts, GroupSpec, GroupStatus, ScaleDownOptions,
+    ScalerDecision, ScalingDriver,
+};
+pub use nodeclaim::{
+    ClaimCall, ClaimRequest, NodeClaim, NodeClaimPhase, NodeClaimSpec, NodeClaimStatus, SlotRef,
+};
+pub use slot::{
+    LifecyclePodSpec, LifecycleVolume, Node, NodeSpec, NodeStatus, ObservedPower, SlotClaimDigest,
+    SlotPhase,
+};
+
+/// The API group of every kind this operator serves.
+pub const GROUP: &str = "infra.homecluster.dev";
+/// The served and storage version.
+pub const VERSION: &str = "v2alpha1";
+/// The label on a slot that names its Group (the v1alpha1 convention, kept).
+pub const GROUP_LABEL: &str = "group";
+/// Labels the operator mirrors onto the Kubernetes node, Jobs and claims.
+pub const LABEL_GROUP: &str = "infra.homecluster.dev/group";
+pub const LABEL_SLOT: &str = "infra.homecluster.dev/node";
+pub const LABEL_NODECLAIM: &str = "infra.homecluster.dev/nodeclaim";
+/// A person writes this annotation on a slot to end its failure streak now (RFC 3339 time):
+/// claims that failed before it no longer count towards the attempt bound.
+pub const ANNOTATION_ATTEMPTS_RESET_AT: &str = "infra.homecluster.dev/attempts-reset-at";
+/// The category that makes `kubectl get homelab` list all three kinds.
+pub const CATEGORY: &str = "homelab";
+/// The namespace everything lives in unless the operator is told otherwise.
+pub const DEFAULT_NAMESPACE: &str = "homelab-autoscaler-system";

@@ -1,0 +1,220 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::Pricing;
+use super::nodeclaim::{ClaimCall, NodeClaimPhase};
+
+/// One physical machine of a pool: a slot. Git owns it; it says what the machine is and how
+/// to power it on and off. Whether the machine is wanted is not here: it is wanted exactly
+/// when a live NodeClaim names this slot.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "infra.homecluster.dev",
+    version = "v2alpha1",
+    kind = "Node",
+    namespaced,
+    status = "NodeStatus",
+    shortname = "slot",
+    category = "homelab",
+    doc = "A homelab machine slot: what the machine is and how to power it on and off.",
+    validation = kube::core::Rule::new("self.metadata.name == self.spec.kubernetesNodeName").message("metadata.name must equal spec.kubernetesNodeName: a slot is named after the Kubernetes node its machine registers as").reason(kube::core::Reason::FieldValueInvalid),
+    printcolumn(name = "Group", type_ = "string", json_path = ".metadata.labels.group"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Power", type_ = "string", json_path = ".status.powerState"),
+    printcolumn(name = "Claim", type_ = "string", json_path = ".status.lastClaim.name"),
+    printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.lastClaim.attempt"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.lastClaim.reason", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// The pod that powers the machine on (wake-on-LAN, IPMI, a smart plug). It runs as a Job
+    /// when a claim for this slot starts booting.
+    pub startup_pod_spec: LifecyclePodSpec,
+    /// The pod that powers the machine off. It runs as a Job when the machine is no longer wanted.
+    pub shutdown_pod_spec: LifecyclePodSpec,
+    /// The name the machine registers with as a Kubernetes node. Equal to this slot's name.
+    #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
+    pub kubernetes_node_name: String,
+    /// The node's `spec.providerID`, when its kubelet sets one (k3s registers `k3s://<name>`).
+    /// Unset means `homelab://<slot>`, which the operator writes onto the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub provider_id: Option<String>,
+    /// Taints the machine's node carries when it serves; cluster-autoscaler's template for the
+    /// pool includes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
+    pub node_taints: Vec<Taint>,
+    /// Labels the machine's node carries when it serves (template for scale-from-zero).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+    /// What the machine offers (cpu, memory, pods, ...), used when no node of the pool is up.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_capacity: BTreeMap<String, Quantity>,
+    /// What the machine costs. Unset takes the pool's pricing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+    /// REMOVED in v2alpha1. Desired power is no longer declared: a machine runs exactly while
+    /// a live NodeClaim names its slot. Delete this field from your manifests; to start a machine
+    /// by hand, create a NodeClaim. The field stays in the schema only so that an object still
+    /// setting it is refused with an explanation instead of silently pruned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("false").message("spec.powerState was removed in v2alpha1: delete the field; to start this machine by hand, create a NodeClaim for the slot").reason(kube::core::Reason::FieldValueForbidden))]
+    pub power_state: Option<String>,
+}
+
+/// A pod that powers a machine on or off, run as a Job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecyclePodSpec {
+    /// The container image.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// The entrypoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments to the entrypoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment. The operator adds HOMELAB_SLOT, HOMELAB_GROUP, HOMELAB_NODECLAIM and
+    /// HOMELAB_ATTEMPT.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Secrets and ConfigMaps mounted read-only (credentials for IPMI, a MAC list, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["name".into()]))]
+    pub volumes: Vec<LifecycleVolume>,
+    /// The ServiceAccount the pod runs as. Unset is the namespace's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Resource requests and limits of the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Where the pod may run (say, a node on the machines' LAN).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
+    pub tolerations: Vec<Toleration>,
+    /// How long a finished Job is kept. Defaults to 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// Retries of the pod before the Job fails. Defaults to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10))]
+    pub backoff_limit: Option<i32>,
+    /// How long the Job may run. Defaults to the startup Job timeout (300) and may not exceed it,
+    /// so the Job always ends inside the claim's deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 300))]
+    pub active_deadline_seconds: Option<i64>,
+}
+
+/// A Secret or ConfigMap mounted read-only into a lifecycle pod. Exactly one source is set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.secretName) != has(self.configMapName)").message("set exactly one of secretName and configMapName"))]
+pub struct LifecycleVolume {
+    /// The volume's name, unique in the pod.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Where it is mounted in the container.
+    #[schemars(length(min = 1))]
+    pub mount_path: String,
+    /// A Secret in the slot's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// A ConfigMap in the slot's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_name: Option<String>,
+}
+
+/// What the operator observes of a slot. Reported, never read to decide.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Whether the machine is observed up: `on` when its node is Ready with a live kubelet,
+    /// `off` when there is no node or it is not Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_state: Option<ObservedPower>,
+    /// The derived report: off, pending, booting, ready or draining.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<SlotPhase>,
+    /// A digest of the slot's newest claim, which outlives the claim's collection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_claim: Option<SlotClaimDigest>,
+    /// Conditions of the slot (for example CapacityDrift).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Whether a machine is observed up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ObservedPower {
+    On,
+    Off,
+}
+
+/// The derived report of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotPhase {
+    /// No live claim, no machine observed.
+    Off,
+    /// A live claim that has not started its boot yet.
+    Pending,
+    /// A boot is in flight, or a wanted machine is not (yet) usable.
+    Booting,
+    /// A live ready claim, node Ready and free of the readiness taints.
+    Ready,
+    /// The machine is being released: marked for scale-down, or up and no longer wanted.
+    Draining,
+}
+
+/// The slot's record of its newest claim: who asked, how many attempts, how it ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotClaimDigest {
+    /// The claim's name.
+    pub name: String,
+    /// The claim's phase when last seen; empty reads as pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<NodeClaimPhase>,
+    /// The claim's attempt number.
+    pub attempt: i32,
+    /// Whether the claim started a boot (spent an attempt).
+    #[serde(default)]
+    pub boot_committed: bool,
+    /// Whether the claim's machine ever became ready.
+    #[serde(default)]
+    pub reached_ready: bool,
+    /// The call that asked for the machine.
+    pub call: ClaimCall,
+    /// The pool the request was for.
+    pub group: String,
+    /// The one-line outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The claim's boot deadline, while it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at: Option<Time>,
+    /// When the claim ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+}

@@ -1,0 +1,124 @@
+//! The boot budget: the sum of every deadline one attempt can spend, in series, plus a margin.
+//! The clock runs from `spec.requestedAt`, before the startup Job exists, so the Job's own
+//! timeout is part of it.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+/// The startup Job's timeout (its activeDeadlineSeconds ceiling).
+pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// The interval the Job monitor re-checks a Job on when no event arrives.
+pub const JOB_MONITOR_POLL_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a machine whose startup Job completed has to register its node object.
+pub const DEFAULT_UNCORDON_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a registered node has to become Ready and clear the readiness taints.
+pub const DEFAULT_READINESS_GATE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
+/// The longest sleep between two uncordon retries.
+pub const MAX_UNCORDON_RETRY_INTERVAL: Duration = Duration::from_secs(10);
+/// Slack for API latency and a reconcile pass.
+pub const BUDGET_MARGIN: Duration = Duration::from_secs(60);
+
+/// One named member of the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetConstant {
+    pub name: &'static str,
+    pub value: Duration,
+}
+
+/// The set the budget is the sum of. Growing a deadline without listing it here, or dropping a
+/// member, fails the budget tests.
+pub fn budget_constants() -> [BudgetConstant; 6] {
+    [
+        BudgetConstant { name: "DEFAULT_JOB_TIMEOUT", value: DEFAULT_JOB_TIMEOUT },
+        BudgetConstant { name: "JOB_MONITOR_POLL_INTERVAL", value: JOB_MONITOR_POLL_INTERVAL },
+        BudgetConstant { name: "DEFAULT_UNCORDON_TIMEOUT", value: DEFAULT_UNCORDON_TIMEOUT },
+        BudgetConstant {
+            name: "DEFAULT_READINESS_GATE_TIMEOUT",
+            value: DEFAULT_READINESS_GATE_TIMEOUT,
+        },
+        BudgetConstant { name: "MAX_UNCORDON_RETRY_INTERVAL", value: MAX_UNCORDON_RETRY_INTERVAL },
+        BudgetConstant { name: "BUDGET_MARGIN", value: BUDGET_MARGIN },
+    ]
+}
+
+/// The boot budget, 12m10s.
+pub const BOOT_BUDGET: Duration = Duration::from_secs(
+    DEFAULT_JOB_TIMEOUT.as_secs()
+        + JOB_MONITOR_POLL_INTERVAL.as_secs()
+        + DEFAULT_UNCORDON_TIMEOUT.as_secs()
+        + DEFAULT_READINESS_GATE_TIMEOUT.as_secs()
+        + MAX_UNCORDON_RETRY_INTERVAL.as_secs()
+        + BUDGET_MARGIN.as_secs(),
+);
+
+/// The end of a claim's boot window: `requestedAt + max(budget, maxNodeProvisionTime)`.
+/// Never shorter than the pool's maxNodeProvisionTime, because cluster-autoscaler waits that
+/// long and answers a claim failed early with another IncreaseSize.
+pub fn deadline_at(
+    requested_at: Timestamp,
+    max_node_provision_time: Option<Duration>,
+) -> Timestamp {
+    let window = max_node_provision_time.map_or(BOOT_BUDGET, |m| m.max(BOOT_BUDGET));
+    let window = jiff::SignedDuration::try_from(window).unwrap_or(jiff::SignedDuration::MAX);
+    requested_at.checked_add(window).unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_twelve_minutes_ten_seconds() {
+        assert_eq!(BOOT_BUDGET, Duration::from_secs(12 * 60 + 10));
+        let sum: Duration = budget_constants().iter().map(|c| c.value).sum();
+        assert_eq!(sum, BOOT_BUDGET, "the budget is the sum of its members");
+    }
+
+    #[test]
+    fn each_member_is_the_named_constant() {
+        let members = budget_constants();
+        let expect = [
+            ("DEFAULT_JOB_TIMEOUT", DEFAULT_JOB_TIMEOUT),
+            ("JOB_MONITOR_POLL_INTERVAL", JOB_MONITOR_POLL_INTERVAL),
+            ("DEFAULT_UNCORDON_TIMEOUT", DEFAULT_UNCORDON_TIMEOUT),
+            ("DEFAULT_READINESS_GATE_TIMEOUT", DEFAULT_READINESS_GATE_TIMEOUT),
+            ("MAX_UNCORDON_RETRY_INTERVAL", MAX_UNCORDON_RETRY_INTERVAL),
+            ("BUDGET_MARGIN", BUDGET_MARGIN),
+        ];
+        assert_eq!(members.len(), expect.len());
+        for (name, value) in expect {
+            let member = members.iter().find(|c| c.name == name);
+            assert_eq!(member.map(|c| c.value), Some(value), "{name} is a member of the budget");
+        }
+    }
+
+    #[test]
+    fn no_proper_subset_adds_up_to_the_budget() {
+        // The 7m10s bug was a budget that forgot the Job's timeout: dropping any member must
+        // fall short of the budget.
+        let members = budget_constants();
+        let n = members.len();
+        for mask in 0..(1u32 << n) - 1 {
+            let sum: Duration =
+                (0..n).filter(|i| mask & (1 << i) != 0).map(|i| members[i].value).sum();
+            assert_ne!(sum, BOOT_BUDGET, "subset {mask:#b} must not add up to the budget");
+        }
+        assert!(BOOT_BUDGET > Duration::from_secs(7 * 60 + 10));
+    }
+
+    #[test]
+    fn the_deadline_is_floored_by_the_pools_provision_time() {
+        let t0: Timestamp = "2026-03-04T09:38:15Z".parse().unwrap();
+        let table = [
+            (None, "2026-03-04T09:50:25Z"),
+            (Some(Duration::from_secs(60)), "2026-03-04T09:50:25Z"),
+            (Some(BOOT_BUDGET), "2026-03-04T09:50:25Z"),
+            (Some(Duration::from_secs(20 * 60)), "2026-03-04T09:58:15Z"),
+        ];
+        for (mnpt, want) in table {
+            let want: Timestamp = want.parse().unwrap();
+            assert_eq!(deadline_at(t0, mnpt), want, "maxNodeProvisionTime {mnpt:?}");
+        }
+    }
+}

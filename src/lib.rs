@@ -1,0 +1,12 @@
+//! homelab-autoscaler: powers a pool of physical homelab machines on and off on demand.
+//!
+//! A machine is a slot ([`api::Node`]); a request for a machine is a [`api::NodeClaim`]. A
+//! machine is wanted if and only if a live claim exists for its slot. The pure model lives in
+//! [`phase`] (the phase table and the slot's derived report) and [`claim`] (budget, deadline and
+//! attempts); [`manifests`] renders the CRDs from the types.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod claim;
+pub mod manifests;
+pub mod phase;

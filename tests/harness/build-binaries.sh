@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the upstream programs the test suite runs against, from the pinned Go wrapper
+# modules beside this script, into a cache outside the repository. Idempotent: a binary is
+# rebuilt only when its wrapper's go.mod/go.sum change. Prints the binary directory last.
+#
+#   build-binaries.sh [integration|cluster|e2e|all]   (default: cluster)
+#
+# Environment:
+#   HOMELAB_TEST_ASSETS  a directory of prebuilt binaries (as envtest's KUBEBUILDER_ASSETS);
+#                        any program found there is used as is and not built.
+#   HOMELAB_TEST_CACHE   where built binaries live (default: ~/.cache/homelab-autoscaler).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache=${HOMELAB_TEST_CACHE:-$HOME/.cache/homelab-autoscaler}
+bin="$cache/bin"
+mkdir -p "$bin"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+kube_version=v1.36.3
+kube_ld=""
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_ld+=" -X $p.gitVersion=$kube_version -X $p.gitMajor=1 -X $p.gitMinor=36"
+  kube_ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+done
+helm_ld="-X helm.sh/helm/v3/internal/version.version=v3.21.4"
+for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+  helm_ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=36"
+done
+
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+
+# wrapper_key DIR: a hash of what pins the build, so a changed pin rebuilds.
+wrapper_key() { cat "$here/go/$1/go.mod" "$here/go/$1/go.sum" | sha256sum | cut -c1-16; }
+
+# build WRAPPER "LDFLAGS" "TAGS" NAME=PACKAGE...
+build() {
+  local wrapper=$1 ldflags=$2 tags=$3; shift 3
+  local key missing=() pkgs=() names=()
+  key=$(wrapper_key "$wrapper")
+  for pair in "$@"; do
+    local name=${pair%%=*} pkg=${pair#*=}
+    if [[ -n "${HOMELAB_TEST_ASSETS:-}" && -x "$HOMELAB_TEST_ASSETS/$name" ]]; then
+      ln -sf "$HOMELAB_TEST_ASSETS/$name" "$bin/$name"; echo "prebuilt" > "$bin/.$name.key"
+      log "$name: prebuilt from HOMELAB_TEST_ASSETS"; continue
+    fi
+    if [[ -x "$bin/$name" && "$(cat "$bin/.$name.key" 2>/dev/null)" == "$key" ]]; then
+      log "$name: cached"; continue
+    fi
+    missing+=("$name"); pkgs+=("$pkg"); names+=("$name")
+  done
+  ((${#missing[@]})) || return 0
+  log "building ${missing[*]} from go/$wrapper (this is slow the first time; Go's caches make it fast after)"
+  local out start; out=$(mktemp -d "$cache/build.XXXXXX"); start=$(date +%s)
+  (cd "$here/go/$wrapper" && go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags -s -w" -o "$out/" "${pkgs[@]}")
+  local i
+  for i in "${!names[@]}"; do
+    # go build names a binary after the package path's last element, skipping a /vN suffix.
+    local elem; elem=$(basename "${pkgs[$i]}")
+    [[ $elem =~ ^v[0-9]+$ ]] && elem=$(basename "$(dirname "${pkgs[$i]}")")
+    local built="$out/$elem"
+    mv -f "$built" "$bin/${names[$i]}"
+    echo "$key" > "$bin/.${names[$i]}.key"
+  done
+  rm -rf "$out"
+  log "built ${missing[*]} in $(( $(date +%s) - start ))s"
+}
+
+want=${1:-cluster}
+case "$want" in
+  integration|cluster|e2e|all) ;;
+  *) echo "usage: $0 [integration|cluster|e2e|all]" >&2; exit 2 ;;
+esac
+
+build etcd "" "" etcd=go.etcd.io/etcd/server/v3
+kube=(kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl)
+if [[ $want != integration ]]; then
+  kube+=(kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
+         kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler)
+fi
+build k8s "$kube_ld" "" "${kube[@]}"
+if [[ $want != integration ]]; then
+  build kwok "" "" kwok=sigs.k8s.io/kwok/cmd/kwok
+fi
+if [[ $want == e2e || $want == all ]]; then
+  build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
+  if [[ -f "$here/go/ca/go.mod" ]]; then
+    build ca "" externalgrpc cluster-autoscaler=k8s.io/autoscaler/cluster-autoscaler
+  fi
+fi
+echo "$bin"
