@@ -8,5 +8,8 @@
 
 pub mod api;
 pub mod claim;
+mod fixtures;
 pub mod manifests;
 pub mod phase;
+pub mod tls;
+pub mod webhook;

@@ -68,7 +68,7 @@ pub struct NodeSpec {
     /// by hand, create a NodeClaim. The field stays in the schema only so that an object still
     /// setting it is refused with an explanation instead of silently pruned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = kube::core::Rule::new("false").message("spec.powerState was removed in v2alpha1: delete the field; to start this machine by hand, create a NodeClaim for the slot").reason(kube::core::Reason::FieldValueForbidden))]
+    #[x_kube(validation = kube::core::Rule::new("false").message("spec.powerState was removed in v2alpha1: a machine now runs exactly while a NodeClaim for its slot is live. Delete spec.powerState from the manifest; to start the machine by hand, create a NodeClaim for this slot (docs/migration.md)").reason(kube::core::Reason::FieldValueForbidden))]
     pub power_state: Option<String>,
 }
 

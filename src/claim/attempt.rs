@@ -7,7 +7,7 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::{ATTEMPT_RESET_GRACE, MAX_CONSECUTIVE_ATTEMPTS};
-use crate::api::SlotClaimDigest;
+use crate::api::{ANNOTATION_ATTEMPTS_RESET_AT, Node, NodeClaim, NodeClaimPhase, SlotClaimDigest};
 
 /// What the new claim's number depends on: the slot's newest claim.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,6 +30,45 @@ impl From<&SlotClaimDigest> for PriorClaim {
             finished_at: d.finished_at.as_ref().map(|t| t.0),
         }
     }
+}
+
+impl From<&NodeClaim> for PriorClaim {
+    fn from(claim: &NodeClaim) -> Self {
+        let status = claim.status.as_ref();
+        let phase = crate::phase::of(claim);
+        Self {
+            attempt: claim.spec.attempt.unwrap_or(1),
+            boot_committed: status.is_some_and(|s| s.boot_committed_at.is_some())
+                || phase == NodeClaimPhase::Booting,
+            reached_ready: status.is_some_and(|s| s.ready_at.is_some())
+                || phase == NodeClaimPhase::Ready,
+            finished_at: status.and_then(|s| s.finished_at.as_ref()).map(|t| t.0),
+        }
+    }
+}
+
+/// The claim a new claim's number follows: the slot's newest existing claim (by creation, then
+/// name), or, when every claim has been collected, the digest the slot kept of the last one.
+pub fn prior_of_slot<'a>(
+    slot: &Node,
+    claims_of_slot: impl IntoIterator<Item = &'a NodeClaim>,
+) -> Option<PriorClaim> {
+    let newest = claims_of_slot.into_iter().max_by(|a, b| {
+        let key = |c: &'a NodeClaim| {
+            (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.metadata.name.clone())
+        };
+        key(a).cmp(&key(b))
+    });
+    match newest {
+        Some(claim) => Some(PriorClaim::from(claim)),
+        None => slot.status.as_ref().and_then(|s| s.last_claim.as_ref()).map(PriorClaim::from),
+    }
+}
+
+/// A person's reset of the slot's failure streak, from its annotation. An unparsable value is
+/// ignored (and reported by the slot webhook).
+pub fn reset_of_slot(slot: &Node) -> Option<Timestamp> {
+    slot.metadata.annotations.as_ref()?.get(ANNOTATION_ATTEMPTS_RESET_AT)?.parse().ok()
 }
 
 /// The number of the next claim, or why there is none.

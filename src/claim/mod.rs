@@ -4,7 +4,7 @@
 pub mod attempt;
 pub mod budget;
 
-pub use attempt::{AttemptSeed, PriorClaim, seed_attempt};
+pub use attempt::{AttemptSeed, PriorClaim, prior_of_slot, reset_of_slot, seed_attempt};
 pub use budget::{BOOT_BUDGET, BudgetConstant, budget_constants, deadline_at};
 
 use std::time::Duration;

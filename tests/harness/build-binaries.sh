@@ -31,7 +31,10 @@ done
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 
 # wrapper_key DIR: a hash of what pins the build, so a changed pin rebuilds.
-wrapper_key() { cat "$here/go/$1/go.mod" "$here/go/$1/go.sum" | sha256sum | cut -c1-16; }
+# A wrapper whose go.sum is not written yet (GOFLAGS=-mod=mod writes it) hashes its go.mod alone.
+wrapper_key() {
+  { cat "$here/go/$1/go.mod"; cat "$here/go/$1/go.sum" 2>/dev/null || true; } | sha256sum | cut -c1-16
+}
 
 # build WRAPPER "LDFLAGS" "TAGS" NAME=PACKAGE...
 build() {
@@ -71,6 +74,15 @@ case "$want" in
   integration|cluster|e2e|all) ;;
   *) echo "usage: $0 [integration|cluster|e2e|all]" >&2; exit 2 ;;
 esac
+
+# One run at a time per cache (two test binaries, or a developer and a test run): two builds of
+# the same wrapper would only fight over the cores and race on the same output names. A run
+# that waited finds the binaries cached and returns at once.
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+  log "waiting for another build-binaries.sh run on $cache to finish"
+  flock 9
+fi
 
 build etcd "" "" etcd=go.etcd.io/etcd/server/v3
 kube=(kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl)

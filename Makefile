@@ -1,0 +1,26 @@
+# The two entry points a newcomer needs. Build caches live outside the clone:
+# cargo's target dir, Go's module/build caches and the built control-plane binaries all sit
+# under ~/.cache, so a warm run spends its time on tests.
+CACHE ?= $(HOME)/.cache/homelab-autoscaler
+export CARGO_TARGET_DIR ?= $(CACHE)/target
+export HOMELAB_TEST_CACHE ?= $(CACHE)
+
+.PHONY: test demo manifests lint
+
+## test: unit, table and integration tests against a real control plane built from Go modules.
+test:
+	tests/harness/build-binaries.sh cluster
+	cargo test --all-targets --locked
+
+## demo: a local pool of simulated machines scaling up and down.
+demo:
+	tests/harness/demo.sh
+
+## manifests: regenerate crds/ and webhooks/ from the code.
+manifests:
+	cargo run --locked -q -- manifests write
+
+## lint: formatting and clippy, as CI runs them.
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --all-targets --locked -- -D warnings

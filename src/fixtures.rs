@@ -1,0 +1,85 @@
+//! Builders of API objects for unit tests.
+#![cfg(test)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::*;
+
+pub fn pod_spec() -> LifecyclePodSpec {
+    LifecyclePodSpec { image: "busybox".into(), ..LifecyclePodSpec::default() }
+}
+
+pub fn slot(name: &str, group: &str) -> Node {
+    let mut slot = Node::new(
+        name,
+        NodeSpec {
+            startup_pod_spec: pod_spec(),
+            shutdown_pod_spec: pod_spec(),
+            kubernetes_node_name: name.into(),
+            provider_id: None,
+            node_taints: vec![],
+            node_labels: BTreeMap::new(),
+            node_capacity: BTreeMap::new(),
+            pricing: None,
+            power_state: None,
+        },
+    );
+    slot.metadata.namespace = Some("ns".into());
+    slot.metadata.labels = Some(BTreeMap::from([(GROUP_LABEL.into(), group.into())]));
+    slot
+}
+
+pub fn group(name: &str) -> Group {
+    let mut group = Group::new(
+        name,
+        GroupSpec {
+            driver: ScalingDriver::ClusterAutoscaler,
+            min_size: 0,
+            max_node_provision_time: None,
+            node_readiness_taints: vec![],
+            scale_down: ScaleDownOptions::default(),
+            builtin: BuiltinScaler::default(),
+            pricing: None,
+        },
+    );
+    group.metadata.namespace = Some("ns".into());
+    group
+}
+
+pub fn claim(name: &str, slot: &str, group: &str) -> NodeClaim {
+    let mut claim = NodeClaim::new(
+        name,
+        NodeClaimSpec {
+            slot_ref: SlotRef { name: slot.into() },
+            request: ClaimRequest {
+                call: ClaimCall::IncreaseSize,
+                delta: Some(1),
+                group: group.into(),
+                nodes: vec![],
+                reason: None,
+            },
+            requested_at: None,
+            requested_by: None,
+            attempt: None,
+            deadline_at: None,
+            max_node_provision_time: None,
+            ttl_seconds_after_finished: None,
+        },
+    );
+    claim.metadata.namespace = Some("ns".into());
+    claim
+}
+
+pub fn at(s: &str) -> Time {
+    Time(s.parse().expect("timestamp"))
+}
+
+/// A claim in `phase`, created at `created`.
+pub fn claim_in(name: &str, slot: &str, phase: Option<NodeClaimPhase>, created: &str) -> NodeClaim {
+    let mut c = claim(name, slot, "pool");
+    c.metadata.creation_timestamp = Some(at(created));
+    c.status = Some(NodeClaimStatus { phase, ..NodeClaimStatus::default() });
+    c
+}

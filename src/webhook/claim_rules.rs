@@ -1,0 +1,389 @@
+//! NodeClaim admission: what is stamped on create, and the rules judged at write time (the slot
+//! exists and is in the requested pool, one live claim per slot, the attempt bound, an honest
+//! request time, and a deadline only the operator may clear).
+
+use jiff::{SignedDuration, Timestamp};
+use json_patch::{AddOperation, PatchOperation};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::json;
+
+use super::verdict::{Findings, Verdict};
+use crate::api::{GROUP_LABEL, Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim};
+use crate::claim::{self, AttemptSeed, DEFAULT_CLAIM_TTL_SECONDS};
+use crate::phase;
+
+/// How far a client-supplied `requestedAt` may be from the API server's clock.
+pub const REQUESTED_AT_SKEW: SignedDuration = SignedDuration::from_mins(5);
+
+/// What the rules read of the cluster for one claim.
+pub struct ClaimFacts<'a> {
+    pub namespace: &'a str,
+    pub slot: Option<&'a Node>,
+    pub group: Option<&'a Group>,
+    /// Every other claim of the slot (not the one under review), live or not.
+    pub other_claims_of_slot: &'a [NodeClaim],
+    pub now: Timestamp,
+}
+
+impl ClaimFacts<'_> {
+    fn seed(&self) -> Option<AttemptSeed> {
+        let slot = self.slot?;
+        let prior = claim::prior_of_slot(slot, self.other_claims_of_slot);
+        Some(claim::seed_attempt(prior, claim::reset_of_slot(slot), self.now))
+    }
+
+    fn group_provision_time(&self) -> Option<kube::core::Duration> {
+        self.group.and_then(|g| g.spec.max_node_provision_time)
+    }
+}
+
+/// The values admission stamps on a new claim, given what the client sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stamp {
+    pub requested_at: Timestamp,
+    pub requested_by: String,
+    pub attempt: Option<i32>,
+    pub deadline_at: Timestamp,
+    pub max_node_provision_time: Option<kube::core::Duration>,
+    pub ttl_seconds_after_finished: i32,
+}
+
+/// Computes the stamp. Fields the client set are kept where they are the client's to say
+/// (requestedAt, requestedBy, the TTL); the ones that follow from the cluster are computed.
+pub fn stamp(claim: &NodeClaim, username: &str, facts: &ClaimFacts<'_>) -> Stamp {
+    let requested_at = claim.spec.requested_at.as_ref().map_or(facts.now, |t| t.0);
+    let mnpt = facts.group_provision_time();
+    Stamp {
+        requested_at,
+        requested_by: claim.spec.requested_by.clone().unwrap_or_else(|| username.to_string()),
+        attempt: match facts.seed() {
+            Some(AttemptSeed::Attempt(n)) => Some(n),
+            _ => claim.spec.attempt,
+        },
+        deadline_at: claim::deadline_at(requested_at, mnpt.map(Into::into)),
+        max_node_provision_time: mnpt,
+        ttl_seconds_after_finished: claim
+            .spec
+            .ttl_seconds_after_finished
+            .unwrap_or(DEFAULT_CLAIM_TTL_SECONDS),
+    }
+}
+
+/// The JSON patch that writes the stamp (and the selection labels) onto a new claim. Empty when
+/// the claim already carries it, so a reinvocation changes nothing.
+pub fn stamp_patch(claim: &NodeClaim, stamp: &Stamp) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    let mut set = |path: &str, value: serde_json::Value| {
+        ops.push(PatchOperation::Add(AddOperation {
+            path: path.parse().unwrap_or_default(),
+            value,
+        }));
+    };
+    let spec = &claim.spec;
+    if spec.requested_at.as_ref().map(|t| t.0) != Some(stamp.requested_at) {
+        set("/spec/requestedAt", json!(Time(stamp.requested_at)));
+    }
+    if spec.requested_by.as_deref() != Some(stamp.requested_by.as_str()) {
+        set("/spec/requestedBy", json!(stamp.requested_by));
+    }
+    if let Some(attempt) = stamp.attempt.filter(|a| spec.attempt != Some(*a)) {
+        set("/spec/attempt", json!(attempt));
+    }
+    if spec.deadline_at.as_ref().map(|t| t.0) != Some(stamp.deadline_at) {
+        set("/spec/deadlineAt", json!(Time(stamp.deadline_at)));
+    }
+    if let Some(mnpt) =
+        stamp.max_node_provision_time.filter(|m| spec.max_node_provision_time != Some(*m))
+    {
+        set("/spec/maxNodeProvisionTime", json!(mnpt));
+    }
+    if spec.ttl_seconds_after_finished != Some(stamp.ttl_seconds_after_finished) {
+        set("/spec/ttlSecondsAfterFinished", json!(stamp.ttl_seconds_after_finished));
+    }
+    let labels = claim.metadata.labels.clone().unwrap_or_default();
+    let wanted =
+        [(LABEL_GROUP, spec.request.group.as_str()), (LABEL_SLOT, spec.slot_ref.name.as_str())];
+    if claim.metadata.labels.is_none() {
+        set(
+            "/metadata/labels",
+            json!(wanted.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()),
+        );
+    } else {
+        for (key, value) in wanted {
+            if labels.get(key).map(String::as_str) != Some(value) {
+                set(
+                    &format!("/metadata/labels/{}", key.replace('~', "~0").replace('/', "~1")),
+                    json!(value),
+                );
+            }
+        }
+    }
+    ops
+}
+
+/// The rules of a new claim.
+pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
+    let mut findings = Findings::default();
+    let ns = facts.namespace;
+    let slot_name = &claim.spec.slot_ref.name;
+    let group_name = &claim.spec.request.group;
+
+    let Some(slot) = facts.slot else {
+        findings.invalid(format!(
+            "spec.slotRef.name: there is no slot {slot_name:?} in namespace {ns:?}; \
+             list the slots with `kubectl get nodes.infra.homecluster.dev -n {ns}`"
+        ));
+        return findings.verdict();
+    };
+    let slot_group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
+    if slot_group != Some(group_name) {
+        findings.invalid(format!(
+            "spec.request.group: slot {slot_name:?} belongs to group {:?}, not {group_name:?}; \
+             set spec.request.group to the slot's group",
+            slot_group.map_or("<none>", String::as_str)
+        ));
+    }
+    if facts.group.is_none() {
+        findings.invalid(format!(
+            "spec.request.group: there is no group {group_name:?} in namespace {ns:?}"
+        ));
+    }
+    if slot.metadata.deletion_timestamp.is_some() {
+        findings.forbidden(format!("slot {slot_name:?} is being deleted and takes no new claim"));
+    }
+    if let Some(requested_at) = claim.spec.requested_at.as_ref().map(|t| t.0) {
+        let skew = requested_at.duration_since(facts.now).abs();
+        if skew > REQUESTED_AT_SKEW {
+            findings.invalid(format!(
+                "spec.requestedAt: {requested_at} is {} from the API server's clock; the deadline \
+                 runs from it, so it must be the time of the request: leave it unset",
+                format_duration(skew)
+            ));
+        }
+    }
+    for other in facts.other_claims_of_slot.iter().filter(|c| phase::is_live(phase::of(c).into())) {
+        findings.forbidden(format!(
+            "slot {slot_name:?} already has live claim {:?} (phase {}); a slot takes one live \
+             claim at a time: wait for it to end, or delete it to cancel it",
+            other.metadata.name.as_deref().unwrap_or(""),
+            phase_name(other)
+        ));
+    }
+    match facts.seed() {
+        Some(AttemptSeed::Exhausted { failures, retry_after }) => findings.forbidden(format!(
+            "slot {slot_name:?} failed {failures} boots in a row and takes no claim until \
+             {retry_after}; fix its startup Job, then reset the streak now with \
+             `kubectl annotate node.infra.homecluster.dev {slot_name} -n {ns} \
+             infra.homecluster.dev/attempts-reset-at=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite`"
+        )),
+        Some(AttemptSeed::Attempt(n)) if claim.spec.attempt.is_some_and(|a| a != n) => {
+            findings.invalid(format!(
+                "spec.attempt: this claim is attempt {n} for slot {slot_name:?}, not {}; leave it unset",
+                claim.spec.attempt.unwrap_or_default()
+            ))
+        }
+        _ => {}
+    }
+    findings.verdict()
+}
+
+/// The rules of a changed claim (the schema already keeps the request immutable).
+pub fn validate_update(old: &NodeClaim, new: &NodeClaim, is_operator: bool) -> Verdict {
+    let mut findings = Findings::default();
+    if old.spec.deadline_at != new.spec.deadline_at {
+        if new.spec.deadline_at.is_some() {
+            findings.forbidden(
+                "spec.deadlineAt is set once, at admission; it can only be cleared, by the operator, when the machine is ready",
+            );
+        } else if !is_operator {
+            findings.forbidden(
+                "spec.deadlineAt is cleared only by the operator, when the machine is ready; to cancel the claim, delete it",
+            );
+        }
+    }
+    findings.verdict()
+}
+
+fn phase_name(claim: &NodeClaim) -> String {
+    serde_json::to_value(phase::of(claim))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn format_duration(d: SignedDuration) -> String {
+    format!("{}s", d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ClaimCall, NodeClaimPhase, NodeClaimStatus, SlotClaimDigest};
+    use crate::fixtures::{at, claim, claim_in, group, slot};
+
+    const NOW: &str = "2026-03-04T09:38:15Z";
+
+    fn facts<'a>(
+        slot: Option<&'a Node>,
+        group: Option<&'a Group>,
+        others: &'a [NodeClaim],
+    ) -> ClaimFacts<'a> {
+        ClaimFacts {
+            namespace: "ns",
+            slot,
+            group,
+            other_claims_of_slot: others,
+            now: NOW.parse().unwrap(),
+        }
+    }
+
+    fn failed_claim(name: &str, attempt: i32, finished: &str) -> NodeClaim {
+        let mut c = claim_in(name, "slot-a", Some(NodeClaimPhase::Failed), "2026-03-04T09:00:00Z");
+        c.spec.attempt = Some(attempt);
+        c.status = Some(NodeClaimStatus {
+            phase: Some(NodeClaimPhase::Failed),
+            boot_committed_at: Some(at("2026-03-04T09:01:00Z")),
+            finished_at: Some(at(finished)),
+            reason: Some("StartupJobFailed".into()),
+            ..NodeClaimStatus::default()
+        });
+        c
+    }
+
+    #[test]
+    fn a_new_claim_is_stamped_with_the_computed_fields() {
+        let (s, mut g) = (slot("slot-a", "pool"), group("pool"));
+        g.spec.max_node_provision_time = Some("20m".parse().unwrap());
+        let c = claim("slot-a-x", "slot-a", "pool");
+        let stamp = stamp(&c, "system:serviceaccount:ns:ca", &facts(Some(&s), Some(&g), &[]));
+        assert_eq!(stamp.requested_at, NOW.parse::<Timestamp>().unwrap());
+        assert_eq!(stamp.requested_by, "system:serviceaccount:ns:ca");
+        assert_eq!(stamp.attempt, Some(1));
+        assert_eq!(stamp.deadline_at, "2026-03-04T09:58:15Z".parse::<Timestamp>().unwrap());
+        assert_eq!(stamp.max_node_provision_time, Some("20m".parse().unwrap()));
+        assert_eq!(stamp.ttl_seconds_after_finished, DEFAULT_CLAIM_TTL_SECONDS);
+        assert!(!stamp_patch(&c, &stamp).is_empty());
+    }
+
+    #[test]
+    fn stamping_is_idempotent() {
+        let (s, g) = (slot("slot-a", "pool"), group("pool"));
+        let mut c = claim("slot-a-x", "slot-a", "pool");
+        let f = facts(Some(&s), Some(&g), &[]);
+        let first = stamp(&c, "alice", &f);
+        let patch = json_patch::Patch(stamp_patch(&c, &first));
+        let mut value = serde_json::to_value(&c).unwrap();
+        json_patch::patch(&mut value, &patch).expect("patch applies");
+        c = serde_json::from_value(value).unwrap();
+        assert_eq!(c.spec.requested_by.as_deref(), Some("alice"));
+        assert_eq!(c.metadata.labels.as_ref().unwrap()[LABEL_SLOT], "slot-a");
+        let second = stamp(&c, "bob", &f);
+        assert_eq!(second, first, "a reinvocation computes the same stamp");
+        assert!(stamp_patch(&c, &second).is_empty(), "and patches nothing");
+    }
+
+    #[test]
+    fn the_attempt_follows_the_slots_last_claim() {
+        let (s, g) = (slot("slot-a", "pool"), group("pool"));
+        let others = [failed_claim("old", 2, "2026-03-04T09:30:00Z")];
+        let c = claim("slot-a-x", "slot-a", "pool");
+        assert_eq!(stamp(&c, "u", &facts(Some(&s), Some(&g), &others)).attempt, Some(3));
+        // With every claim collected, the slot's digest carries the streak.
+        let mut s = s;
+        s.status = Some(crate::api::NodeStatus {
+            last_claim: Some(SlotClaimDigest {
+                name: "gone".into(),
+                phase: Some(NodeClaimPhase::Failed),
+                attempt: 1,
+                boot_committed: true,
+                reached_ready: false,
+                call: ClaimCall::IncreaseSize,
+                group: "pool".into(),
+                reason: None,
+                deadline_at: None,
+                finished_at: Some(at("2026-03-04T09:30:00Z")),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(stamp(&c, "u", &facts(Some(&s), Some(&g), &[])).attempt, Some(2));
+    }
+
+    fn denial(v: Verdict) -> (u16, String) {
+        match v {
+            Verdict::Deny(d) => (d.code, d.message),
+            Verdict::Allow { .. } => panic!("expected a denial"),
+        }
+    }
+
+    #[test]
+    fn create_rules_table() {
+        let s = slot("slot-a", "pool");
+        let g = group("pool");
+        let ok = claim("slot-a-x", "slot-a", "pool");
+        assert_eq!(validate_create(&ok, &facts(Some(&s), Some(&g), &[])), Verdict::allow());
+
+        let (code, msg) = denial(validate_create(&ok, &facts(None, Some(&g), &[])));
+        assert_eq!(code, 422);
+        assert!(
+            msg.contains("no slot \"slot-a\"")
+                && msg.contains("kubectl get nodes.infra.homecluster.dev"),
+            "{msg}"
+        );
+
+        let other_group = claim("slot-a-x", "slot-a", "other");
+        let (code, msg) = denial(validate_create(&other_group, &facts(Some(&s), None, &[])));
+        assert_eq!(code, 422);
+        assert!(
+            msg.contains("belongs to group \"pool\"") && msg.contains("no group \"other\""),
+            "{msg}"
+        );
+
+        let live = [claim_in(
+            "slot-a-old",
+            "slot-a",
+            Some(NodeClaimPhase::Booting),
+            "2026-03-04T09:00:00Z",
+        )];
+        let (code, msg) = denial(validate_create(&ok, &facts(Some(&s), Some(&g), &live)));
+        assert_eq!(code, 403);
+        assert!(msg.contains("slot-a-old") && msg.contains("phase booting"), "{msg}");
+
+        let ended = [claim_in(
+            "slot-a-old",
+            "slot-a",
+            Some(NodeClaimPhase::Completed),
+            "2026-03-04T09:00:00Z",
+        )];
+        assert!(validate_create(&ok, &facts(Some(&s), Some(&g), &ended)).is_allowed());
+
+        let exhausted = [failed_claim("slot-a-old", 3, "2026-03-04T09:30:00Z")];
+        let (code, msg) = denial(validate_create(&ok, &facts(Some(&s), Some(&g), &exhausted)));
+        assert_eq!(code, 403);
+        assert!(msg.contains("failed 3 boots") && msg.contains("attempts-reset-at"), "{msg}");
+
+        let mut stale = ok.clone();
+        stale.spec.requested_at = Some(at("2026-03-04T08:00:00Z"));
+        let (code, msg) = denial(validate_create(&stale, &facts(Some(&s), Some(&g), &[])));
+        assert_eq!(code, 422);
+        assert!(msg.contains("spec.requestedAt"), "{msg}");
+
+        let mut wrong_attempt = ok.clone();
+        wrong_attempt.spec.attempt = Some(2);
+        let (code, msg) = denial(validate_create(&wrong_attempt, &facts(Some(&s), Some(&g), &[])));
+        assert_eq!((code, msg.contains("attempt 1")), (422, true), "{msg}");
+    }
+
+    #[test]
+    fn only_the_operator_clears_the_deadline_and_nobody_moves_it() {
+        let mut old = claim("c", "slot-a", "pool");
+        old.spec.deadline_at = Some(at("2026-03-04T09:50:25Z"));
+        let mut cleared = old.clone();
+        cleared.spec.deadline_at = None;
+        let mut moved = old.clone();
+        moved.spec.deadline_at = Some(at("2026-03-04T10:50:25Z"));
+        assert!(validate_update(&old, &cleared, true).is_allowed());
+        assert_eq!(denial(validate_update(&old, &cleared, false)).0, 403);
+        assert_eq!(denial(validate_update(&old, &moved, true)).0, 403);
+        assert!(validate_update(&old, &old, false).is_allowed());
+    }
+}

@@ -1,0 +1,154 @@
+//! Group admission: durations and thresholds that make sense, no driver switch under live
+//! claims, and a warning (not a denial) for a floor the pool cannot reach.
+
+use std::time::Duration;
+
+use super::verdict::{Findings, Verdict};
+use crate::api::{Group, ScalingDriver};
+
+/// The longest a machine may be given to arrive. Past a day a deadline protects nothing.
+pub const MAX_PROVISION_TIME: Duration = Duration::from_secs(24 * 3600);
+/// The shortest hold of the built-in scaler; shorter flaps machines on passing pods.
+pub const MIN_HOLD: Duration = Duration::from_secs(10);
+
+/// What the rules read of the cluster for one group.
+pub struct GroupFacts {
+    /// Slots labelled with the group.
+    pub slots: usize,
+    /// Live claims of the group.
+    pub live_claims: usize,
+}
+
+pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdict {
+    let mut findings = Findings::default();
+    let spec = &group.spec;
+    let mut duration = |field: &str, value: Option<kube::core::Duration>, max: Duration| {
+        if let Some(value) = value {
+            if value.is_negative() {
+                findings.invalid(format!("{field}: {value} is negative"));
+            } else if Duration::from(value) > max {
+                findings.invalid(format!("{field}: {value} is longer than {}s", max.as_secs()));
+            }
+        }
+    };
+    duration("spec.maxNodeProvisionTime", spec.max_node_provision_time, MAX_PROVISION_TIME);
+    duration("spec.scaleDown.unneededTime", spec.scale_down.unneeded_time, MAX_PROVISION_TIME);
+    duration("spec.scaleDown.unreadyTime", spec.scale_down.unready_time, MAX_PROVISION_TIME);
+    duration("spec.builtin.hold", Some(spec.builtin.hold), MAX_PROVISION_TIME);
+    if spec.builtin.hold < MIN_HOLD {
+        findings.invalid(format!(
+            "spec.builtin.hold: {} is shorter than {}s; a shorter hold powers machines off under passing pods",
+            spec.builtin.hold,
+            MIN_HOLD.as_secs()
+        ));
+    }
+    for (field, value) in [
+        ("spec.scaleDown.utilizationThreshold", spec.scale_down.utilization_threshold),
+        ("spec.scaleDown.gpuUtilizationThreshold", spec.scale_down.gpu_utilization_threshold),
+    ] {
+        if let Some(v) = value.filter(|v| !(0.0..=1.0).contains(v)) {
+            findings.invalid(format!("{field}: {v} is not a fraction between 0 and 1"));
+        }
+    }
+    if let Some(max) = spec.builtin.max_nodes {
+        if spec.driver == ScalingDriver::Builtin && spec.min_size > max {
+            findings.invalid(format!(
+                "spec.minSize ({}) is above spec.builtin.maxNodes ({max})",
+                spec.min_size
+            ));
+        }
+    }
+    if let Some(old) = old {
+        if old.spec.driver != spec.driver && facts.live_claims > 0 {
+            findings.forbidden(format!(
+                "spec.driver cannot change while the group has {} live claim(s): the new driver \
+                 would not know the old one's machines. Scale the group to zero (or wait for its \
+                 claims to end), then switch",
+                facts.live_claims
+            ));
+        }
+    }
+    if spec.min_size as usize > facts.slots {
+        findings.warn(format!(
+            "spec.minSize is {} but the group has {} slot(s); add slots labelled `group: {}`",
+            spec.min_size,
+            facts.slots,
+            group.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    findings.verdict()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::group;
+
+    fn verdict_of(
+        edit: impl Fn(&mut Group),
+        old: Option<&Group>,
+        slots: usize,
+        live_claims: usize,
+    ) -> Verdict {
+        let mut g = group("pool");
+        edit(&mut g);
+        validate(&g, old, &GroupFacts { slots, live_claims })
+    }
+
+    #[test]
+    fn group_rules_table() {
+        let deny = |v: Verdict| match v {
+            Verdict::Deny(d) => (d.code, d.message),
+            Verdict::Allow { .. } => (200, String::new()),
+        };
+        assert!(verdict_of(|_| {}, None, 3, 0).is_allowed());
+        let (code, msg) = deny(verdict_of(
+            |g| g.spec.max_node_provision_time = Some("48h".parse().unwrap()),
+            None,
+            3,
+            0,
+        ));
+        assert_eq!((code, msg.contains("spec.maxNodeProvisionTime")), (422, true), "{msg}");
+        let (code, msg) =
+            deny(verdict_of(|g| g.spec.builtin.hold = "1s".parse().unwrap(), None, 3, 0));
+        assert_eq!((code, msg.contains("spec.builtin.hold")), (422, true), "{msg}");
+        let (code, msg) =
+            deny(verdict_of(|g| g.spec.scale_down.utilization_threshold = Some(1.5), None, 3, 0));
+        assert_eq!((code, msg.contains("utilizationThreshold")), (422, true), "{msg}");
+        let (code, msg) = deny(verdict_of(
+            |g| {
+                g.spec.driver = ScalingDriver::Builtin;
+                g.spec.min_size = 3;
+                g.spec.builtin.max_nodes = Some(2);
+            },
+            None,
+            3,
+            0,
+        ));
+        assert_eq!((code, msg.contains("maxNodes")), (422, true), "{msg}");
+    }
+
+    #[test]
+    fn the_driver_is_not_switched_under_live_claims() {
+        let old = group("pool");
+        let switch = |g: &mut Group| g.spec.driver = ScalingDriver::Builtin;
+        match verdict_of(switch, Some(&old), 3, 2) {
+            Verdict::Deny(d) => {
+                assert!(d.code == 403 && d.message.contains("2 live claim"), "{}", d.message)
+            }
+            other => panic!("expected a denial, got {other:?}"),
+        }
+        assert!(verdict_of(switch, Some(&old), 3, 0).is_allowed());
+    }
+
+    #[test]
+    fn a_floor_above_the_slots_is_a_warning() {
+        match verdict_of(|g| g.spec.min_size = 4, None, 3, 0) {
+            Verdict::Allow { warnings, .. } => {
+                assert_eq!(warnings.len(), 1);
+                assert!(warnings[0].contains("minSize is 4") && warnings[0].contains("3 slot"));
+            }
+            other => panic!("expected a warning, got {other:?}"),
+        }
+    }
+}

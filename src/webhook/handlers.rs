@@ -1,0 +1,285 @@
+//! One handler per kind and operation: parse the review, read what the rules need, decide.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use super::WebhookState;
+use super::claim_rules::{self, ClaimFacts};
+use super::group_rules::{self, GroupFacts};
+use super::lookup::{Lookup, LookupError};
+use super::slot_rules::{self, SlotFacts};
+use super::verdict::{Denial, Verdict};
+use crate::api::{GROUP_LABEL, Group, Node, NodeClaim};
+use crate::phase;
+
+type Review = Json<AdmissionReview<DynamicObject>>;
+
+/// Runs `decide` on a parsed request inside a span, and answers the review.
+async fn answer<F, Fut>(
+    route: &'static str,
+    review: AdmissionReview<DynamicObject>,
+    decide: F,
+) -> Review
+where
+    F: FnOnce(AdmissionRequest<DynamicObject>) -> Fut,
+    Fut: std::future::Future<Output = (AdmissionRequest<DynamicObject>, Verdict)>,
+{
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::warn!(%error, route, "malformed AdmissionReview");
+            let response = kube::core::admission::AdmissionResponse::invalid(format!(
+                "malformed AdmissionReview: {error}"
+            ));
+            return Json(response.into_review());
+        }
+    };
+    let span = tracing::info_span!(
+        "admission",
+        route,
+        uid = %request.uid,
+        operation = ?request.operation,
+        name = %request.name,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        user = request.user_info.username.as_deref().unwrap_or(""),
+        allowed = tracing::field::Empty,
+    );
+    async move {
+        let (request, verdict) = decide(request).await;
+        tracing::Span::current().record("allowed", verdict.is_allowed());
+        if let Verdict::Deny(denial) = &verdict {
+            tracing::info!(code = denial.code, message = %denial.message, "denied");
+        }
+        Json(verdict.respond(&request).into_review())
+    }
+    .instrument(span)
+    .await
+}
+
+fn parse<T: DeserializeOwned>(object: Option<&DynamicObject>, what: &str) -> Result<T, Verdict> {
+    let object = object
+        .ok_or_else(|| Verdict::Deny(Denial::invalid(format!("the request carries no {what}"))))?;
+    serde_json::to_value(object).and_then(serde_json::from_value).map_err(|e| {
+        Verdict::Deny(Denial::invalid(format!(
+            "the {what} does not match the v2alpha1 schema: {e}"
+        )))
+    })
+}
+
+fn unavailable(error: LookupError) -> Verdict {
+    tracing::warn!(%error, "admission lookup failed");
+    Verdict::Deny(Denial {
+        code: 503,
+        reason: "ServiceUnavailable",
+        message: format!("the webhook could not read the cluster ({error}); retry"),
+    })
+}
+
+fn lookup(state: &WebhookState, request: &AdmissionRequest<DynamicObject>) -> Lookup {
+    Lookup::new(state.client.clone(), request.namespace.as_deref().unwrap_or(&state.namespace))
+}
+
+pub async fn mutate_claim(State(state): State<Arc<WebhookState>>, Json(review): Review) -> Review {
+    answer("mutate-nodeclaim", review, |request| async move {
+        let verdict = async {
+            if request.operation != Operation::Create {
+                return Verdict::allow();
+            }
+            let claim: NodeClaim = match parse(request.object.as_ref(), "NodeClaim") {
+                Ok(claim) => claim,
+                Err(verdict) => return verdict,
+            };
+            let username = request.user_info.username.clone().unwrap_or_default();
+            match claim_facts(&state, &request, &claim).await {
+                Ok(facts) => {
+                    let ns = request.namespace.clone().unwrap_or_default();
+                    let facts = facts.as_facts(&ns, state.clock.now());
+                    let stamp = claim_rules::stamp(&claim, &username, &facts);
+                    Verdict::Allow {
+                        warnings: vec![],
+                        patch: claim_rules::stamp_patch(&claim, &stamp),
+                    }
+                }
+                Err(error) => unavailable(error),
+            }
+        }
+        .await;
+        (request, verdict)
+    })
+    .await
+}
+
+pub async fn validate_claim(
+    State(state): State<Arc<WebhookState>>,
+    Json(review): Review,
+) -> Review {
+    answer("validate-nodeclaim", review, |request| async move {
+        let verdict = async {
+            let claim: NodeClaim = match parse(request.object.as_ref(), "NodeClaim") {
+                Ok(claim) => claim,
+                Err(verdict) => return verdict,
+            };
+            match request.operation {
+                Operation::Create => match claim_facts(&state, &request, &claim).await {
+                    Ok(facts) => {
+                        let ns = request.namespace.clone().unwrap_or_default();
+                        claim_rules::validate_create(
+                            &claim,
+                            &facts.as_facts(&ns, state.clock.now()),
+                        )
+                    }
+                    Err(error) => unavailable(error),
+                },
+                Operation::Update => {
+                    match parse::<NodeClaim>(request.old_object.as_ref(), "stored NodeClaim") {
+                        Ok(old) => {
+                            let user = request.user_info.username.as_deref().unwrap_or_default();
+                            claim_rules::validate_update(&old, &claim, state.is_operator(user))
+                        }
+                        Err(verdict) => verdict,
+                    }
+                }
+                _ => Verdict::allow(),
+            }
+        }
+        .await;
+        (request, verdict)
+    })
+    .await
+}
+
+pub async fn validate_slot(State(state): State<Arc<WebhookState>>, Json(review): Review) -> Review {
+    answer("validate-node", review, |request| async move {
+        let verdict = async {
+            if !matches!(request.operation, Operation::Create | Operation::Update) {
+                return Verdict::allow();
+            }
+            let slot: Node = match parse(request.object.as_ref(), "Node") {
+                Ok(slot) => slot,
+                Err(verdict) => return verdict,
+            };
+            let old: Option<Node> = match request.operation {
+                Operation::Update => match parse(request.old_object.as_ref(), "stored Node") {
+                    Ok(old) => Some(old),
+                    Err(verdict) => return verdict,
+                },
+                _ => None,
+            };
+            let lookup = lookup(&state, &request);
+            let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned();
+            let group_exists = match &group {
+                Some(g) => match lookup.group(g).await {
+                    Ok(found) => found.is_some(),
+                    Err(error) => return unavailable(error),
+                },
+                None => false,
+            };
+            let provider_id_changes =
+                old.as_ref().is_some_and(|o| o.spec.provider_id != slot.spec.provider_id);
+            let claims = if provider_id_changes {
+                match lookup.claims_of_slot(&request.name).await {
+                    Ok(claims) => claims,
+                    Err(error) => return unavailable(error),
+                }
+            } else {
+                Vec::new()
+            };
+            let ns = request.namespace.clone().unwrap_or_default();
+            let facts = SlotFacts { namespace: &ns, group_exists, claims_of_slot: &claims };
+            slot_rules::validate(&slot, old.as_ref(), &facts)
+        }
+        .await;
+        (request, verdict)
+    })
+    .await
+}
+
+pub async fn validate_group(
+    State(state): State<Arc<WebhookState>>,
+    Json(review): Review,
+) -> Review {
+    answer("validate-group", review, |request| async move {
+        let verdict = async {
+            if !matches!(request.operation, Operation::Create | Operation::Update) {
+                return Verdict::allow();
+            }
+            let group: Group = match parse(request.object.as_ref(), "Group") {
+                Ok(group) => group,
+                Err(verdict) => return verdict,
+            };
+            let old: Option<Group> = match request.operation {
+                Operation::Update => match parse(request.old_object.as_ref(), "stored Group") {
+                    Ok(old) => Some(old),
+                    Err(verdict) => return verdict,
+                },
+                _ => None,
+            };
+            let lookup = lookup(&state, &request);
+            let (slots, claims) = match tokio::try_join!(
+                lookup.slots_of_group(&request.name),
+                lookup.claims_of_group(&request.name)
+            ) {
+                Ok(found) => found,
+                Err(error) => return unavailable(error),
+            };
+            let live_claims = claims.iter().filter(|c| phase::is_live(Some(phase::of(c)))).count();
+            group_rules::validate(
+                &group,
+                old.as_ref(),
+                &GroupFacts { slots: slots.len(), live_claims },
+            )
+        }
+        .await;
+        (request, verdict)
+    })
+    .await
+}
+
+/// The cluster state a claim's rules read, owned.
+struct OwnedClaimFacts {
+    slot: Option<Node>,
+    group: Option<Group>,
+    others: Vec<NodeClaim>,
+}
+
+impl OwnedClaimFacts {
+    fn as_facts<'a>(&'a self, namespace: &'a str, now: jiff::Timestamp) -> ClaimFacts<'a> {
+        ClaimFacts {
+            namespace,
+            slot: self.slot.as_ref(),
+            group: self.group.as_ref(),
+            other_claims_of_slot: &self.others,
+            now,
+        }
+    }
+}
+
+async fn claim_facts(
+    state: &WebhookState,
+    request: &AdmissionRequest<DynamicObject>,
+    claim: &NodeClaim,
+) -> Result<OwnedClaimFacts, LookupError> {
+    let lookup = lookup(state, request);
+    let (slot, group, claims) = tokio::try_join!(
+        lookup.slot(&claim.spec.slot_ref.name),
+        lookup.group(&claim.spec.request.group),
+        lookup.claims_of_slot(&claim.spec.slot_ref.name),
+    )?;
+    // On create the claim may have only a generateName; match by name and uid both.
+    let me = (claim.metadata.name.as_deref(), claim.metadata.uid.as_deref());
+    let others = claims
+        .into_iter()
+        .filter(|c| {
+            let same_name = me.0.is_some() && c.metadata.name.as_deref() == me.0;
+            let same_uid = me.1.is_some() && c.metadata.uid.as_deref() == me.1;
+            !(same_name || same_uid)
+        })
+        .collect();
+    Ok(OwnedClaimFacts { slot, group, others })
+}

@@ -1,0 +1,60 @@
+//! Admission webhooks: the rules of the model that can be judged at write time. Handlers read
+//! the cluster and decide; they never write. The rules themselves are pure functions
+//! (`claim_rules`, `slot_rules`, `group_rules`) so they are table-tested without a server.
+
+pub mod claim_rules;
+pub mod configuration;
+pub mod group_rules;
+mod handlers;
+mod lookup;
+pub mod server;
+pub mod slot_rules;
+pub mod verdict;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post};
+use kube::Client;
+
+/// The clock rules judge time by; replaceable so tests can pin it.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> jiff::Timestamp;
+}
+
+/// The system clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> jiff::Timestamp {
+        jiff::Timestamp::now()
+    }
+}
+
+/// What the webhook handlers share.
+pub struct WebhookState {
+    pub client: Client,
+    /// The namespace slots, groups and claims live in.
+    pub namespace: String,
+    /// Usernames allowed to do what only the operator may (clear a claim's deadline).
+    pub operator_usernames: Vec<String>,
+    pub clock: Box<dyn Clock>,
+}
+
+impl WebhookState {
+    fn is_operator(&self, username: &str) -> bool {
+        self.operator_usernames.iter().any(|u| u == username)
+    }
+}
+
+/// The admission routes, one per kind and operation class.
+pub fn router(state: Arc<WebhookState>) -> Router {
+    Router::new()
+        .route(configuration::PATH_MUTATE_CLAIM, post(handlers::mutate_claim))
+        .route(configuration::PATH_VALIDATE_CLAIM, post(handlers::validate_claim))
+        .route(configuration::PATH_VALIDATE_SLOT, post(handlers::validate_slot))
+        .route(configuration::PATH_VALIDATE_GROUP, post(handlers::validate_group))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
