@@ -8,8 +8,11 @@
 
 pub mod api;
 pub mod claim;
+pub mod clock;
+pub mod controller;
 mod fixtures;
 pub mod manifests;
+pub mod operator;
 pub mod phase;
 pub mod tls;
 pub mod webhook;

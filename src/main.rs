@@ -14,6 +14,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator: admission webhooks, controllers (on the elected leader).
+    Run(homelab_autoscaler::operator::RunArgs),
+    /// Write a self-signed CA and serving certificate (tls.crt, tls.key, ca.crt) for development.
+    Certs {
+        /// Where to write them.
+        #[arg(long, default_value = "certs/dev")]
+        out: PathBuf,
+        /// DNS names of the certificate.
+        #[arg(long, value_delimiter = ',', default_value = "localhost")]
+        dns_names: Vec<String>,
+        /// IP addresses of the certificate.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1")]
+        ips: Vec<std::net::IpAddr>,
+    },
     /// Render or check the manifests generated from the code (crds/).
     Manifests {
         #[command(subcommand)]
@@ -35,9 +49,32 @@ enum ManifestsAction {
     },
 }
 
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    init_tracing();
     match cli.command {
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(homelab_autoscaler::operator::run(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Certs { out, dns_names, ips } => {
+            let bundle = homelab_autoscaler::tls::issue_self_signed(&dns_names, &ips)?;
+            bundle.write_secret_layout(&out)?;
+            println!("wrote {}/{{tls.crt,tls.key,ca.crt}}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Manifests { action: ManifestsAction::Write { root } } => {
             for path in homelab_autoscaler::manifests::write_all(&root)? {
                 println!("wrote {}", path.display());

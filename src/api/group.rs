@@ -1,3 +1,6 @@
+// kube-derive takes one `printcolumn(...)` per column; clippy reads repeated keys as duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::Duration;
 use kube::{CustomResource, KubeSchema};
@@ -16,6 +19,7 @@ use super::common::{Pricing, TaintSelector};
     version = "v2alpha1",
     kind = "Group",
     namespaced,
+    derive = "PartialEq",
     status = "GroupStatus",
     shortname = "hgroup",
     category = "homelab",

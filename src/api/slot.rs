@@ -1,3 +1,6 @@
+// kube-derive takes one `printcolumn(...)` per column; clippy reads repeated keys as duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Taint, Toleration};
@@ -18,6 +21,7 @@ use super::nodeclaim::{ClaimCall, NodeClaimPhase};
     version = "v2alpha1",
     kind = "Node",
     namespaced,
+    derive = "PartialEq",
     status = "NodeStatus",
     shortname = "slot",
     category = "homelab",

@@ -52,16 +52,64 @@ pub const BOOT_BUDGET: Duration = Duration::from_secs(
         + BUDGET_MARGIN.as_secs(),
 );
 
-/// The end of a claim's boot window: `requestedAt + max(budget, maxNodeProvisionTime)`.
-/// Never shorter than the pool's maxNodeProvisionTime, because cluster-autoscaler waits that
-/// long and answers a claim failed early with another IncreaseSize.
+/// The deadlines of one attempt, as the operator runs with them. The defaults are the
+/// constants above; an operator (or a test) may shorten them, and the budget follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    pub job_timeout: Duration,
+    pub job_monitor_poll: Duration,
+    /// How long a machine has to register its node after the startup Job completed.
+    pub registration: Duration,
+    pub readiness_gate: Duration,
+    pub uncordon_retry_max: Duration,
+    pub margin: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            job_timeout: DEFAULT_JOB_TIMEOUT,
+            job_monitor_poll: JOB_MONITOR_POLL_INTERVAL,
+            registration: DEFAULT_UNCORDON_TIMEOUT,
+            readiness_gate: DEFAULT_READINESS_GATE_TIMEOUT,
+            uncordon_retry_max: MAX_UNCORDON_RETRY_INTERVAL,
+            margin: BUDGET_MARGIN,
+        }
+    }
+}
+
+impl Timeouts {
+    /// The boot budget: every deadline of an attempt in series, plus the margin.
+    pub fn budget(&self) -> Duration {
+        self.job_timeout
+            + self.job_monitor_poll
+            + self.registration
+            + self.readiness_gate
+            + self.uncordon_retry_max
+            + self.margin
+    }
+
+    /// The end of a claim's boot window: `requestedAt + max(budget, maxNodeProvisionTime)`.
+    /// Never shorter than the pool's maxNodeProvisionTime, because cluster-autoscaler waits that
+    /// long and answers a claim failed early with another IncreaseSize.
+    pub fn deadline_at(
+        &self,
+        requested_at: Timestamp,
+        max_node_provision_time: Option<Duration>,
+    ) -> Timestamp {
+        let budget = self.budget();
+        let window = max_node_provision_time.map_or(budget, |m| m.max(budget));
+        let window = jiff::SignedDuration::try_from(window).unwrap_or(jiff::SignedDuration::MAX);
+        requested_at.checked_add(window).unwrap_or(Timestamp::MAX)
+    }
+}
+
+/// [`Timeouts::deadline_at`] with the default timeouts.
 pub fn deadline_at(
     requested_at: Timestamp,
     max_node_provision_time: Option<Duration>,
 ) -> Timestamp {
-    let window = max_node_provision_time.map_or(BOOT_BUDGET, |m| m.max(BOOT_BUDGET));
-    let window = jiff::SignedDuration::try_from(window).unwrap_or(jiff::SignedDuration::MAX);
-    requested_at.checked_add(window).unwrap_or(Timestamp::MAX)
+    Timeouts::default().deadline_at(requested_at, max_node_provision_time)
 }
 
 #[cfg(test)]
@@ -73,6 +121,11 @@ mod tests {
         assert_eq!(BOOT_BUDGET, Duration::from_secs(12 * 60 + 10));
         let sum: Duration = budget_constants().iter().map(|c| c.value).sum();
         assert_eq!(sum, BOOT_BUDGET, "the budget is the sum of its members");
+        assert_eq!(
+            Timeouts::default().budget(),
+            BOOT_BUDGET,
+            "the default timeouts are the constants"
+        );
     }
 
     #[test]

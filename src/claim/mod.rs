@@ -5,7 +5,7 @@ pub mod attempt;
 pub mod budget;
 
 pub use attempt::{AttemptSeed, PriorClaim, prior_of_slot, reset_of_slot, seed_attempt};
-pub use budget::{BOOT_BUDGET, BudgetConstant, budget_constants, deadline_at};
+pub use budget::{BOOT_BUDGET, BudgetConstant, Timeouts, budget_constants, deadline_at};
 
 use std::time::Duration;
 

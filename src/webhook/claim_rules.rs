@@ -23,6 +23,8 @@ pub struct ClaimFacts<'a> {
     /// Every other claim of the slot (not the one under review), live or not.
     pub other_claims_of_slot: &'a [NodeClaim],
     pub now: Timestamp,
+    /// The timeouts the operator runs with; the deadline follows from them.
+    pub timeouts: claim::Timeouts,
 }
 
 impl ClaimFacts<'_> {
@@ -60,7 +62,7 @@ pub fn stamp(claim: &NodeClaim, username: &str, facts: &ClaimFacts<'_>) -> Stamp
             Some(AttemptSeed::Attempt(n)) => Some(n),
             _ => claim.spec.attempt,
         },
-        deadline_at: claim::deadline_at(requested_at, mnpt.map(Into::into)),
+        deadline_at: facts.timeouts.deadline_at(requested_at, mnpt.map(Into::into)),
         max_node_provision_time: mnpt,
         ttl_seconds_after_finished: claim
             .spec
@@ -234,6 +236,7 @@ mod tests {
             group,
             other_claims_of_slot: others,
             now: NOW.parse().unwrap(),
+            timeouts: claim::Timeouts::default(),
         }
     }
 

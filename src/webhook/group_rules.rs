@@ -50,23 +50,25 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
             findings.invalid(format!("{field}: {v} is not a fraction between 0 and 1"));
         }
     }
-    if let Some(max) = spec.builtin.max_nodes {
-        if spec.driver == ScalingDriver::Builtin && spec.min_size > max {
-            findings.invalid(format!(
-                "spec.minSize ({}) is above spec.builtin.maxNodes ({max})",
-                spec.min_size
-            ));
-        }
+    if let Some(max) = spec.builtin.max_nodes
+        && spec.driver == ScalingDriver::Builtin
+        && spec.min_size > max
+    {
+        findings.invalid(format!(
+            "spec.minSize ({}) is above spec.builtin.maxNodes ({max})",
+            spec.min_size
+        ));
     }
-    if let Some(old) = old {
-        if old.spec.driver != spec.driver && facts.live_claims > 0 {
-            findings.forbidden(format!(
-                "spec.driver cannot change while the group has {} live claim(s): the new driver \
-                 would not know the old one's machines. Scale the group to zero (or wait for its \
-                 claims to end), then switch",
-                facts.live_claims
-            ));
-        }
+    if let Some(old) = old
+        && old.spec.driver != spec.driver
+        && facts.live_claims > 0
+    {
+        findings.forbidden(format!(
+            "spec.driver cannot change while the group has {} live claim(s): the new driver \
+             would not know the old one's machines. Scale the group to zero (or wait for its \
+             claims to end), then switch",
+            facts.live_claims
+        ));
     }
     if spec.min_size as usize > facts.slots {
         findings.warn(format!(

@@ -99,7 +99,7 @@ pub async fn mutate_claim(State(state): State<Arc<WebhookState>>, Json(review): 
             match claim_facts(&state, &request, &claim).await {
                 Ok(facts) => {
                     let ns = request.namespace.clone().unwrap_or_default();
-                    let facts = facts.as_facts(&ns, state.clock.now());
+                    let facts = facts.as_facts(&state, &ns, state.clock.now());
                     let stamp = claim_rules::stamp(&claim, &username, &facts);
                     Verdict::Allow {
                         warnings: vec![],
@@ -131,7 +131,7 @@ pub async fn validate_claim(
                         let ns = request.namespace.clone().unwrap_or_default();
                         claim_rules::validate_create(
                             &claim,
-                            &facts.as_facts(&ns, state.clock.now()),
+                            &facts.as_facts(&state, &ns, state.clock.now()),
                         )
                     }
                     Err(error) => unavailable(error),
@@ -249,8 +249,14 @@ struct OwnedClaimFacts {
 }
 
 impl OwnedClaimFacts {
-    fn as_facts<'a>(&'a self, namespace: &'a str, now: jiff::Timestamp) -> ClaimFacts<'a> {
+    fn as_facts<'a>(
+        &'a self,
+        state: &WebhookState,
+        namespace: &'a str,
+        now: jiff::Timestamp,
+    ) -> ClaimFacts<'a> {
         ClaimFacts {
+            timeouts: state.timeouts,
             namespace,
             slot: self.slot.as_ref(),
             group: self.group.as_ref(),

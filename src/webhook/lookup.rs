@@ -14,7 +14,7 @@ pub struct LookupError {
     source: kube::Error,
 }
 
-fn ctx<T>(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LookupError {
+fn ctx(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LookupError {
     let what = what.into();
     move |source| LookupError { what, source }
 }
@@ -37,40 +37,25 @@ impl Lookup {
     }
 
     pub async fn slot(&self, name: &str) -> Result<Option<Node>, LookupError> {
-        self.slots.get_opt(name).await.map_err(ctx::<()>(format!("slot {name}")))
+        self.slots.get_opt(name).await.map_err(ctx(format!("slot {name}")))
     }
 
     pub async fn group(&self, name: &str) -> Result<Option<Group>, LookupError> {
-        self.groups.get_opt(name).await.map_err(ctx::<()>(format!("group {name}")))
+        self.groups.get_opt(name).await.map_err(ctx(format!("group {name}")))
     }
 
     pub async fn claims_of_slot(&self, slot: &str) -> Result<Vec<NodeClaim>, LookupError> {
         let params = ListParams::default().fields(&format!("spec.slotRef.name={slot}"));
-        Ok(self
-            .claims
-            .list(&params)
-            .await
-            .map_err(ctx::<()>(format!("claims of slot {slot}")))?
-            .items)
+        Ok(self.claims.list(&params).await.map_err(ctx(format!("claims of slot {slot}")))?.items)
     }
 
     pub async fn claims_of_group(&self, group: &str) -> Result<Vec<NodeClaim>, LookupError> {
         let params = ListParams::default().fields(&format!("spec.request.group={group}"));
-        Ok(self
-            .claims
-            .list(&params)
-            .await
-            .map_err(ctx::<()>(format!("claims of group {group}")))?
-            .items)
+        Ok(self.claims.list(&params).await.map_err(ctx(format!("claims of group {group}")))?.items)
     }
 
     pub async fn slots_of_group(&self, group: &str) -> Result<Vec<Node>, LookupError> {
         let params = ListParams::default().labels(&format!("{GROUP_LABEL}={group}"));
-        Ok(self
-            .slots
-            .list(&params)
-            .await
-            .map_err(ctx::<()>(format!("slots of group {group}")))?
-            .items)
+        Ok(self.slots.list(&params).await.map_err(ctx(format!("slots of group {group}")))?.items)
     }
 }

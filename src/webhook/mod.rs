@@ -17,19 +17,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use kube::Client;
 
-/// The clock rules judge time by; replaceable so tests can pin it.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> jiff::Timestamp;
-}
-
-/// The system clock.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> jiff::Timestamp {
-        jiff::Timestamp::now()
-    }
-}
+pub use crate::clock::{Clock, SystemClock};
 
 /// What the webhook handlers share.
 pub struct WebhookState {
@@ -39,6 +27,8 @@ pub struct WebhookState {
     /// Usernames allowed to do what only the operator may (clear a claim's deadline).
     pub operator_usernames: Vec<String>,
     pub clock: Box<dyn Clock>,
+    /// The timeouts the operator runs with, which claims' deadlines follow.
+    pub timeouts: crate::claim::Timeouts,
 }
 
 impl WebhookState {

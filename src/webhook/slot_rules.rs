@@ -62,25 +62,21 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
     check_pod_spec("spec.shutdownPodSpec", &slot.spec.shutdown_pod_spec, &mut findings);
     if let Some(value) =
         slot.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ATTEMPTS_RESET_AT))
+        && value.parse::<jiff::Timestamp>().is_err()
     {
-        if value.parse::<jiff::Timestamp>().is_err() {
-            findings.invalid(format!(
-                "metadata.annotations.{ANNOTATION_ATTEMPTS_RESET_AT}: {value:?} is not an RFC 3339 time such as 2026-03-04T09:38:15Z"
-            ));
-        }
+        findings.invalid(format!(
+            "metadata.annotations.{ANNOTATION_ATTEMPTS_RESET_AT}: {value:?} is not an RFC 3339 time such as 2026-03-04T09:38:15Z"
+        ));
     }
-    if let Some(old) = old {
-        if old.spec.provider_id != slot.spec.provider_id {
-            if let Some(live) =
-                facts.claims_of_slot.iter().find(|c| phase::is_live(Some(phase::of(c))))
-            {
-                findings.forbidden(format!(
-                    "spec.providerID cannot change while claim {:?} is live: cluster-autoscaler \
-                     tracks the machine by it. Change it when the slot has no live claim",
-                    live.metadata.name.as_deref().unwrap_or_default()
-                ));
-            }
-        }
+    if let Some(old) = old
+        && old.spec.provider_id != slot.spec.provider_id
+        && let Some(live) = facts.claims_of_slot.iter().find(|c| phase::is_live(Some(phase::of(c))))
+    {
+        findings.forbidden(format!(
+            "spec.providerID cannot change while claim {:?} is live: cluster-autoscaler \
+             tracks the machine by it. Change it when the slot has no live claim",
+            live.metadata.name.as_deref().unwrap_or_default()
+        ));
     }
     findings.verdict()
 }

@@ -1,0 +1,153 @@
+//! pending → booting: the boot is committed. Before it, the newest of two live claims on one slot
+//! steps aside (read fresh from the API, not the cache); then the finalizer lands on a metadata
+//! write, the startup Job is created, and the status write records the attempt.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::chokepoint::{self, PhaseMove, params};
+use super::{has_finalizer, overdue, requeue_at};
+use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
+use crate::controller::Context;
+use crate::controller::error::{KubeContext, Result, is_already_exists};
+use crate::controller::jobs::{self, JobContext, Lifecycle};
+use crate::controller::machine::TO_BE_DELETED_TAINT;
+use crate::phase::{self, Writer};
+
+pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {
+    if overdue(ctx, claim) {
+        let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController)
+            .because("DeadlineExceeded", "the claim was still pending at its deadline");
+        chokepoint::move_phase(ctx, claim, fail).await?;
+        return Ok(Action::await_change());
+    }
+    if claim.status.as_ref().is_some_and(|s| s.scale_down_requested_at.is_some()) {
+        let by = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.scale_down_requested_by.clone())
+            .unwrap_or_default();
+        let cancel = PhaseMove::new(NodeClaimPhase::Completed, Writer::ScaleDown)
+            .because("CancelledByScaleDown", format!("cancelled before its boot started ({by})"));
+        chokepoint::move_phase(ctx, claim, cancel).await?;
+        return Ok(Action::await_change());
+    }
+    if let Some(older) = older_live_claim(ctx, claim).await? {
+        let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController).because(
+            "Superseded",
+            format!(
+                "slot {} already has live claim {older}; one live claim per slot",
+                claim.spec.slot_ref.name
+            ),
+        );
+        chokepoint::move_phase(ctx, claim, fail).await?;
+        return Ok(Action::await_change());
+    }
+    let attempt = claim.spec.attempt.unwrap_or(1);
+    if attempt > MAX_CONSECUTIVE_ATTEMPTS {
+        let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController).because(
+            "AttemptLimitReached",
+            format!("attempt {attempt} is past the bound of {MAX_CONSECUTIVE_ATTEMPTS} failed boots in a row"),
+        );
+        chokepoint::move_phase(ctx, claim, fail).await?;
+        return Ok(Action::await_change());
+    }
+    let Some(slot) = ctx.slot(&claim.spec.slot_ref.name) else {
+        // Not in the cache yet; `release::slot_gone` already ruled out a deleted slot.
+        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+    };
+
+    // The finalizer lands before the booting write: a manager that dies between the two leaves
+    // a committed boot that still carries its deadline.
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let claims: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let claim = if has_finalizer(claim) {
+        claim.clone()
+    } else {
+        let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+        finalizers.push(FINALIZER.into());
+        let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": claim.metadata.resource_version } });
+        claims
+            .patch(&name, &params(), &Patch::Merge(&patch))
+            .await
+            .during(|| format!("adding the finalizer to claim {name}"))?
+    };
+
+    let job_name = jobs::startup_job_name(&name);
+    let job = jobs::build(&JobContext {
+        slot: &slot,
+        group: &claim.spec.request.group,
+        claim: Some(&claim),
+        lifecycle: Lifecycle::Startup,
+        name: job_name.clone(),
+        max_run_time: ctx.timeouts.job_timeout,
+    });
+    match Api::<Job>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .create(&PostParams::default(), &job)
+        .await
+    {
+        Ok(_) => {}
+        Err(error) if is_already_exists(&error) => {}
+        Err(error) => return Err(error).during(|| format!("creating startup Job {job_name}")),
+    }
+    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
+
+    let boot = PhaseMove::new(NodeClaimPhase::Booting, Writer::Lifecycle)
+        .with("attempt", json!(attempt))
+        .with("bootCommittedAt", json!(Time(ctx.now())))
+        .with("startupJob", json!(job_name));
+    if chokepoint::move_phase(ctx, &claim, boot).await? {
+        ctx.publish(
+            slot.as_ref(),
+            EventType::Normal,
+            "ScaleUpRequested",
+            format!("claim {name} (attempt {attempt}) started startup Job {job_name}"),
+        )
+        .await;
+    }
+    Ok(claim.spec.deadline_at.as_ref().map_or_else(Action::await_change, |d| requeue_at(ctx, d.0)))
+}
+
+/// The name of a live claim on the same slot that is older than `claim`, read from the API.
+async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<String>> {
+    let slot = &claim.spec.slot_ref.name;
+    let list = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .list(&ListParams::default().fields(&format!("spec.slotRef.name={slot}")))
+        .await
+        .during(|| format!("listing the claims of slot {slot}"))?;
+    let key = |c: &NodeClaim| {
+        (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.metadata.name.clone())
+    };
+    Ok(list
+        .items
+        .iter()
+        .filter(|c| c.metadata.uid != claim.metadata.uid)
+        .filter(|c| phase::is_live(Some(phase::of(c))) && c.metadata.deletion_timestamp.is_none())
+        .filter(|c| key(c) < key(claim))
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .next())
+}
+
+/// A machine coming back must not carry cluster-autoscaler's deletion taint from its last
+/// scale-down, or nothing schedules onto it.
+async fn clear_to_be_deleted_taint(ctx: &Context, node_name: &str) -> Result<()> {
+    let Some(node) = ctx.core_node(node_name) else { return Ok(()) };
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    if !taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT) {
+        return Ok(());
+    }
+    let kept: Vec<_> = taints.into_iter().filter(|t| t.key != TO_BE_DELETED_TAINT).collect();
+    let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
+    Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
+        .patch(node_name, &params(), &Patch::Merge(&patch))
+        .await
+        .during(|| format!("removing {TO_BE_DELETED_TAINT} from node {node_name}"))?;
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The claim controller: moves claims through their phases. Seed §3, §4 and §11 in code:
+//! boot (`boot`), the Job outcome and readiness gate (`gate`), the machine-gone bound of a ready
+//! claim (`ready`), and release, collection and finalizers (`release`). Every phase write goes
+//! through `chokepoint`.
+
+mod boot;
+pub mod chokepoint;
+mod gate;
+mod ready;
+pub(crate) mod release;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{Context, Result};
+use crate::api::{Node, NodeClaim, NodeClaimPhase};
+use crate::claim::FINALIZER;
+use crate::phase;
+
+/// Runs the claim controller until `shutdown`.
+pub async fn controller(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let claims: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let jobs =
+        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(ctx.client.clone(), &ctx.namespace);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
+    let slots: Api<Node> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let by_node = ctx.clone();
+    let by_slot = ctx.clone();
+    let managed = watcher::Config::default().labels(&format!(
+        "{}={}",
+        super::jobs::LABEL_MANAGED_BY.0,
+        super::jobs::LABEL_MANAGED_BY.1
+    ));
+    let controller = Controller::new(claims, watcher::Config::default())
+        .owns(jobs, managed)
+        // A machine's node changing wakes the claims of its slot (the gate, machine gone).
+        .watches(nodes, watcher::Config::default(), move |node| {
+            claims_of(&by_node, node.metadata.name.as_deref())
+        })
+        .watches(slots, watcher::Config::default(), move |slot| {
+            claims_of(&by_slot, slot.metadata.name.as_deref())
+        })
+        .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    super::drive("claim", controller.run(reconcile, super::error_policy, ctx)).await;
+}
+
+fn claims_of(ctx: &Context, slot: Option<&str>) -> Vec<ObjectRef<NodeClaim>> {
+    let Some(slot) = slot else { return Vec::new() };
+    ctx.claims_of_slot(slot).iter().map(|c| ObjectRef::from_obj(c.as_ref())).collect()
+}
+
+/// When to look again if nothing happens: at `at`, but at least a second from now.
+fn requeue_at(ctx: &Context, at: jiff::Timestamp) -> Action {
+    let wait = at.duration_since(ctx.now()).as_secs_f64().max(1.0);
+    Action::requeue(Duration::from_secs_f64(wait.min(3600.0)))
+}
+
+fn has_finalizer(claim: &NodeClaim) -> bool {
+    claim.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|x| x == FINALIZER))
+}
+
+/// Whether the claim's boot window has run past its deadline.
+fn overdue(ctx: &Context, claim: &NodeClaim) -> bool {
+    phase::in_boot_window(Some(phase::of(claim)))
+        && claim.spec.deadline_at.as_ref().is_some_and(|d| d.0 <= ctx.now())
+}
+
+async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let span = tracing::info_span!("reconcile_claim", claim = %name, slot = %claim.spec.slot_ref.name, phase = ?phase::of(&claim));
+    async move {
+        let claim = claim.as_ref();
+        if claim.metadata.deletion_timestamp.is_none()
+            && claim.status.as_ref().and_then(|s| s.phase).is_none()
+        {
+            // The first sight of a claim: record pending so `kubectl get` shows it, and publish
+            // ClaimCreated. The write wakes the next pass.
+            let pending =
+                chokepoint::PhaseMove::new(NodeClaimPhase::Pending, phase::Writer::ClaimController);
+            chokepoint::move_phase(&ctx, claim, pending).await?;
+            return Ok(Action::await_change());
+        }
+        if let Some(action) = release::slot_gone(&ctx, claim).await? {
+            return Ok(action);
+        }
+        if claim.metadata.deletion_timestamp.is_some() {
+            return release::reconcile_deletion(&ctx, claim).await;
+        }
+        match phase::of(claim) {
+            NodeClaimPhase::Pending => boot::reconcile_pending(&ctx, claim).await,
+            NodeClaimPhase::Booting => gate::reconcile_booting(&ctx, claim).await,
+            NodeClaimPhase::Ready => ready::reconcile_ready(&ctx, claim).await,
+            NodeClaimPhase::Completed | NodeClaimPhase::Failed => {
+                release::reconcile_terminal(&ctx, claim).await
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}

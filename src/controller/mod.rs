@@ -1,0 +1,51 @@
+//! The controllers. Each owns one object: the claim controller moves claims (it is the only
+//! writer of `NodeClaim.status.phase`, through `claim::chokepoint`); the slot controller runs the
+//! shutdown path, observes machines and writes the slot's status; the group controller counts.
+//! They run only on the elected leader.
+
+pub mod claim;
+mod context;
+mod error;
+pub mod group;
+pub mod jobs;
+pub mod machine;
+pub mod slot;
+
+pub use context::{Context, Stores};
+pub use error::{Error, Result};
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::controller::Action;
+use tokio_util::sync::CancellationToken;
+
+/// Runs every controller until `shutdown`.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let claims = claim::controller(ctx.clone(), shutdown.clone());
+    let slots = slot::controller(ctx.clone(), shutdown.clone());
+    let groups = group::controller(ctx.clone(), shutdown.clone());
+    tokio::join!(claims, slots, groups);
+}
+
+/// Requeue policy on error: retry soon, the error is logged by the caller.
+pub fn error_policy<K>(_object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "reconcile failed; retrying");
+    Action::requeue(std::time::Duration::from_secs(if error.is_conflict() { 1 } else { 10 }))
+}
+
+/// Drains a controller's result stream, logging what happened.
+async fn drive<S, T, E>(name: &'static str, stream: S)
+where
+    S: futures::Stream<Item = std::result::Result<T, E>>,
+    T: std::fmt::Debug,
+    E: std::fmt::Display,
+{
+    stream
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(controller = name, %error, "reconcile error");
+            }
+        })
+        .await;
+}

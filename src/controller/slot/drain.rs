@@ -1,0 +1,101 @@
+//! Cordon and drain through the Eviction API, honouring PodDisruptionBudgets for a bounded
+//! time. DaemonSet and mirror pods stay (they die with the machine).
+
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::api::{Api, EvictParams, ListParams, Patch};
+use serde_json::json;
+
+use crate::controller::Context;
+use crate::controller::claim::chokepoint::params;
+use crate::controller::error::{KubeContext, Result, is_not_found};
+use crate::controller::machine;
+
+/// How a drain pass ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drained {
+    /// Nothing evictable is left on the node.
+    Empty,
+    /// A PodDisruptionBudget refused an eviction (HTTP 429); try again soon.
+    Blocked { pods: usize },
+}
+
+/// Marks the node unschedulable.
+pub async fn cordon(ctx: &Context, node: &CoreNode) -> Result<()> {
+    if machine::is_cordoned(node) {
+        return Ok(());
+    }
+    let name = node.metadata.name.clone().unwrap_or_default();
+    Api::<CoreNode>::all(ctx.client.clone())
+        .patch(&name, &params(), &Patch::Merge(&json!({ "spec": { "unschedulable": true } })))
+        .await
+        .during(|| format!("cordoning node {name}"))?;
+    Ok(())
+}
+
+fn evictable(pod: &Pod) -> bool {
+    let owned_by_daemonset =
+        pod.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet");
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let finished = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    !owned_by_daemonset && !mirror && !finished && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// Evicts every evictable pod on the node once.
+pub async fn evict_all(ctx: &Context, node_name: &str) -> Result<Drained> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let list = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
+        .await
+        .during(|| format!("listing the pods on node {node_name}"))?;
+    let mut blocked = 0;
+    for pod in list.items.iter().filter(|p| evictable(p)) {
+        let (Some(name), Some(ns)) =
+            (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref())
+        else {
+            continue;
+        };
+        match Api::<Pod>::namespaced(ctx.client.clone(), ns)
+            .evict(name, &EvictParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 429 => blocked += 1,
+            Err(error) if is_not_found(&error) => {}
+            Err(error) => return Err(error).during(|| format!("evicting pod {ns}/{name}")),
+        }
+    }
+    Ok(if blocked == 0 { Drained::Empty } else { Drained::Blocked { pods: blocked } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    #[test]
+    fn daemonset_mirror_and_finished_pods_stay() {
+        let mut pod = Pod::default();
+        assert!(evictable(&pod));
+        pod.metadata.owner_references =
+            Some(vec![OwnerReference { kind: "DaemonSet".into(), ..OwnerReference::default() }]);
+        assert!(!evictable(&pod));
+        let mut mirror = Pod::default();
+        mirror.metadata.annotations =
+            Some([("kubernetes.io/config.mirror".to_string(), "x".to_string())].into());
+        assert!(!evictable(&mirror));
+        let mut done = Pod::default();
+        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert!(!evictable(&done));
+    }
+}

@@ -1,0 +1,271 @@
+//! The shutdown path: a machine that no claim wants is cordoned, drained and powered off by a
+//! shutdown Job. It runs for a claim marked for scale-down once its machine is ready, for a
+//! failed boot (forced, whatever is observed: an overdue boot must not join later), and for a
+//! machine observed up with no claim at all. Shutdown Jobs are counted on the claim they serve,
+//! bounded by three, with a 30-minute pause before the count restarts.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Node as CoreNode;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::drain::{self, Drained};
+use super::observe::newest;
+use crate::api::{GROUP_LABEL, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
+use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
+use crate::controller::claim::chokepoint;
+use crate::controller::claim::release::awaits_forced_shutdown;
+use crate::controller::error::{KubeContext, Result, is_already_exists};
+use crate::controller::jobs::{self, JobContext, JobOutcome, LABEL_LIFECYCLE, Lifecycle};
+use crate::controller::{Context, machine};
+use crate::phase;
+
+const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why the machine is being powered off, and the claim (if any) the shutdown is counted on.
+#[derive(Debug, PartialEq)]
+pub enum Verdict<'a> {
+    /// Keep the machine: a claim wants it, or a committed boot is still running.
+    Keep,
+    /// Power it off, counting on this claim (None: nothing asked for it).
+    PowerOff { claim: Option<&'a NodeClaim> },
+}
+
+/// Decides whether the slot's machine should be powered off. Pure.
+pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> Verdict<'a> {
+    let live = |c: &&&NodeClaim| phase::is_live(Some(phase::of(c)));
+    if claims.iter().filter(live).any(|c| !phase::is_marked(c)) {
+        return Verdict::Keep;
+    }
+    // A marked booting claim runs to ready or failed before its machine is reversed.
+    if claims.iter().filter(live).any(|c| phase::of(c) == NodeClaimPhase::Booting) {
+        return Verdict::Keep;
+    }
+    let marked_ready =
+        newest(claims.iter().copied().filter(|c| phase::of(c) == NodeClaimPhase::Ready));
+    let owed = newest(claims.iter().copied().filter(|c| awaits_forced_shutdown(c)));
+    if let Some(claim) = marked_ready.or(owed) {
+        return Verdict::PowerOff { claim: Some(claim) };
+    }
+    if !powered_on {
+        return Verdict::Keep;
+    }
+    // Up and unwanted: count on the newest terminal claim that still holds its finalizer.
+    let holding = newest(
+        claims
+            .iter()
+            .copied()
+            .filter(|c| phase::is_terminal(Some(phase::of(c))) && c.metadata.finalizers.is_some()),
+    );
+    Verdict::PowerOff { claim: holding }
+}
+
+pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> Result<Action> {
+    let slot_name = slot.metadata.name.clone().unwrap_or_default();
+    let owned = ctx.claims_of_slot(&slot_name);
+    let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
+    let on = machine::powered_on(node);
+    let Verdict::PowerOff { claim } = decide(&claims, on) else {
+        return Ok(Action::await_change());
+    };
+
+    let shutdown_jobs: Vec<_> = ctx
+        .jobs_of_slot(&slot_name)
+        .into_iter()
+        .filter(|j| {
+            j.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_LIFECYCLE))
+                .is_some_and(|l| l == "shutdown")
+        })
+        .collect();
+    if shutdown_jobs.iter().any(|j| jobs::outcome(j) == JobOutcome::Running) {
+        return Ok(Action::await_change());
+    }
+    let now = ctx.now();
+    let grace =
+        SignedDuration::try_from(SHUTDOWN_ATTEMPT_RESET_GRACE).unwrap_or(SignedDuration::MAX);
+    let (mut attempts, last_at) = match claim {
+        Some(c) => {
+            let s = c.status.as_ref();
+            (
+                s.and_then(|s| s.shutdown_attempts).unwrap_or(0),
+                s.and_then(|s| s.last_shutdown_attempt_at.as_ref()).map(|t| t.0),
+            )
+        }
+        None => {
+            // Nothing asked for this machine: count the slot's own recent shutdown Jobs.
+            let recent: Vec<Timestamp> = shutdown_jobs
+                .iter()
+                .filter(|j| {
+                    j.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(LABEL_NODECLAIM))
+                })
+                .filter_map(|j| j.metadata.creation_timestamp.as_ref().map(|t| t.0))
+                .filter(|t| t.checked_add(grace).is_ok_and(|end| end > now))
+                .collect();
+            (i32::try_from(recent.len()).unwrap_or(i32::MAX), recent.into_iter().max())
+        }
+    };
+    if attempts > 0 && !on && claim.is_some_and(|c| !awaits_forced_shutdown(c)) {
+        // The last shutdown landed; the claim's release path takes it from here.
+        return Ok(Action::await_change());
+    }
+    if attempts >= MAX_CONSECUTIVE_ATTEMPTS {
+        let pause_end = last_at.and_then(|t| t.checked_add(grace).ok()).unwrap_or(now);
+        if now < pause_end {
+            let who =
+                claim.and_then(|c| c.metadata.name.clone()).unwrap_or_else(|| slot_name.clone());
+            let note = format!(
+                "{attempts} shutdown Jobs did not power off node {}; pausing until {pause_end}. To retry now: \
+                 kubectl patch nodeclaim {who} -n {} --subresource=status --type=merge -p '{{\"status\":{{\"shutdownAttempts\":0,\"lastShutdownAttemptAt\":null}}}}'",
+                slot.spec.kubernetes_node_name, ctx.namespace
+            );
+            match claim {
+                Some(c) => {
+                    ctx.publish(c, EventType::Warning, "ShutdownAttemptLimitReached", note).await
+                }
+                None => {
+                    ctx.publish(slot, EventType::Warning, "ShutdownAttemptLimitReached", note).await
+                }
+            }
+            let wait = pause_end.duration_since(now).as_secs().max(1);
+            return Ok(Action::requeue(std::time::Duration::from_secs(
+                u64::try_from(wait).unwrap_or(u64::MAX),
+            )));
+        }
+        attempts = 0;
+    }
+    if attempts > 0 && on {
+        let who = claim.and_then(|c| c.metadata.name.clone()).unwrap_or_default();
+        ctx.publish(
+            slot,
+            EventType::Warning,
+            "ShutdownNotObserved",
+            format!(
+                "claim {who}: shutdown Job {attempts} finished but node {} is still up",
+                slot.spec.kubernetes_node_name
+            ),
+        )
+        .await;
+    }
+
+    if let Some(node) = node {
+        drain::cordon(ctx, node).await?;
+        let started = claim
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.scale_down_requested_at.as_ref().or(s.finished_at.as_ref()))
+            .map_or(now, |t| t.0);
+        let drain_end = started
+            .checked_add(SignedDuration::try_from(ctx.drain_timeout).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(now);
+        if let Drained::Blocked { pods } =
+            drain::evict_all(ctx, &slot.spec.kubernetes_node_name).await?
+        {
+            if now < drain_end {
+                tracing::info!(pods, "eviction blocked by a PodDisruptionBudget; retrying");
+                return Ok(Action::requeue(DRAIN_RETRY));
+            }
+            tracing::warn!(pods, "drain timed out on PodDisruptionBudgets; powering off anyway");
+        }
+    }
+
+    let attempt = attempts + 1;
+    let owner = claim
+        .and_then(|c| c.metadata.name.clone())
+        .unwrap_or_else(|| format!("{slot_name}-{}", now.as_second()));
+    let job_name = jobs::shutdown_job_name(&owner, attempt);
+    let group =
+        slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned().unwrap_or_default();
+    let job = jobs::build(&JobContext {
+        slot,
+        group: &group,
+        claim,
+        lifecycle: Lifecycle::Shutdown,
+        name: job_name.clone(),
+        max_run_time: ctx.timeouts.job_timeout,
+    });
+    match Api::<Job>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .create(&PostParams::default(), &job)
+        .await
+    {
+        Ok(_) => {}
+        Err(error) if is_already_exists(&error) => return Ok(Action::await_change()),
+        Err(error) => return Err(error).during(|| format!("creating shutdown Job {job_name}")),
+    }
+    if let Some(claim) = claim {
+        chokepoint::patch_status(
+            ctx,
+            claim,
+            json!({ "shutdownAttempts": attempt, "lastShutdownAttemptAt": Time(now) }),
+        )
+        .await?;
+    }
+    let about = claim
+        .and_then(|c| c.metadata.name.clone())
+        .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
+    ctx.publish(
+        slot,
+        EventType::Normal,
+        "ScaleDownRequested",
+        format!("{about}: shutdown Job {job_name} (attempt {attempt})"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NodeClaimPhase::*, NodeClaimStatus};
+    use crate::fixtures::{at, claim_in};
+
+    fn marked(mut c: NodeClaim) -> NodeClaim {
+        c.status.get_or_insert_with(NodeClaimStatus::default).scale_down_requested_at =
+            Some(at("2026-03-04T10:00:00Z"));
+        c
+    }
+
+    fn committed_failure(name: &str) -> NodeClaim {
+        let mut c = claim_in(name, "m1", Some(Failed), "2026-03-04T09:00:00Z");
+        c.status.get_or_insert_with(NodeClaimStatus::default).boot_committed_at =
+            Some(at("2026-03-04T09:01:00Z"));
+        c
+    }
+
+    #[test]
+    fn shutdown_decision_table() {
+        let ready = claim_in("ready", "m1", Some(Ready), "2026-03-04T09:00:00Z");
+        let booting = claim_in("booting", "m1", Some(Booting), "2026-03-04T09:00:00Z");
+        let ready_marked = marked(ready.clone());
+        let booting_marked = marked(booting.clone());
+        let failed = committed_failure("failed");
+        let mut failed_shut = failed.clone();
+        failed_shut.status.as_mut().unwrap().shutdown_attempts = Some(1);
+
+        assert_eq!(decide(&[], false), Verdict::Keep, "nothing asked, nothing up");
+        assert_eq!(decide(&[], true), Verdict::PowerOff { claim: None }, "up with no claim");
+        assert_eq!(decide(&[&ready], true), Verdict::Keep, "wanted");
+        assert_eq!(decide(&[&booting], false), Verdict::Keep, "a boot in flight");
+        assert_eq!(
+            decide(&[&booting_marked], true),
+            Verdict::Keep,
+            "a marked boot runs to its end first"
+        );
+        assert_eq!(
+            decide(&[&ready_marked], true),
+            Verdict::PowerOff { claim: Some(&ready_marked) }
+        );
+        assert_eq!(
+            decide(&[&failed], false),
+            Verdict::PowerOff { claim: Some(&failed) },
+            "forced, whatever is observed"
+        );
+        assert_eq!(decide(&[&failed_shut], false), Verdict::Keep, "forced shutdown already fired");
+        assert_eq!(decide(&[&failed_shut, &ready], true), Verdict::Keep, "a newer claim wants it");
+    }
+}

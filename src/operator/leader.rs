@@ -1,0 +1,92 @@
+//! Only the Lease holder moves claims. Losing the Lease stops the controllers at once; winning
+//! it (again) starts them with fresh caches.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio_util::sync::CancellationToken;
+
+use super::RunArgs;
+use super::admin::Readiness;
+use crate::clock::SystemClock;
+use crate::controller::{self, Context};
+
+async fn run_controllers(
+    client: Client,
+    args: &RunArgs,
+    ready: &Readiness,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let ctx = Context::start(
+        client,
+        &args.namespace,
+        args.timeouts(),
+        super::drain_timeout(args),
+        Arc::new(SystemClock),
+        &stop,
+    )
+    .await
+    .context("starting the caches")?;
+    ready.set(true);
+    tracing::info!("controllers running");
+    controller::run(ctx, stop).await;
+    ready.set(false);
+    Ok(())
+}
+
+pub async fn run_controllers_while_leader(
+    client: Client,
+    args: &RunArgs,
+    ready: Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    if args.no_leader_election {
+        return run_controllers(client, args, &ready, shutdown).await;
+    }
+    let identity = std::env::var("POD_NAME")
+        .unwrap_or_else(|_| format!("homelab-autoscaler-{}", std::process::id()));
+    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.namespace)
+        .with_identity(identity)
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .context("creating the leader-election Lease manager")?;
+    let (mut leading, lease_task) = manager.watch().await;
+    // Webhooks and gRPC serve in every replica; readiness does not wait for the Lease.
+    ready.set(true);
+    loop {
+        // Wait to lead.
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                _ = shutdown.cancelled() => { drop(leading); let _ = lease_task.await; return Ok(()); }
+                changed = leading.changed() => changed.context("the Lease manager stopped")?,
+            }
+        }
+        tracing::info!("elected leader");
+        let term = shutdown.child_token();
+        let controllers = run_controllers(client.clone(), args, &ready, term.clone());
+        tokio::pin!(controllers);
+        loop {
+            tokio::select! {
+                result = &mut controllers => { result?; break; }
+                changed = leading.changed() => {
+                    changed.context("the Lease manager stopped")?;
+                    if !*leading.borrow_and_update() {
+                        tracing::warn!("lost the Lease; stopping the controllers");
+                        term.cancel();
+                    }
+                }
+            }
+        }
+        ready.set(true);
+        if shutdown.is_cancelled() {
+            drop(leading);
+            let _ = lease_task.await;
+            return Ok(());
+        }
+    }
+}

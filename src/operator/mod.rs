@@ -1,0 +1,147 @@
+//! `homelab-autoscaler run`: wires the parts together. Admission webhooks and the externalgrpc
+//! server run in every replica (they only read, or create claims); the controllers run only on
+//! the replica holding the Lease.
+
+mod admin;
+mod leader;
+mod webhook_tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::DEFAULT_NAMESPACE;
+use crate::claim::Timeouts;
+use crate::clock::SystemClock;
+use crate::webhook::{self, WebhookState};
+
+/// Settings of a running operator.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// The namespace slots, groups and claims live in.
+    #[arg(long, env = "HOMELAB_AUTOSCALER_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Where the admission webhooks listen (HTTPS).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+    /// A directory with tls.crt and tls.key (a cert-manager Secret mount). Without it the
+    /// operator makes its own CA and patches the webhook configurations' caBundle.
+    #[arg(long)]
+    pub webhook_cert_dir: Option<PathBuf>,
+    /// DNS names of the self-made webhook certificate.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "homelab-autoscaler-webhook.homelab-autoscaler-system.svc"
+    )]
+    pub webhook_dns_names: Vec<String>,
+    /// Where the admin endpoints listen (plain HTTP: /live, /ready).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Run the controllers without electing a leader (a single replica, or tests).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// The Lease the replicas elect a leader with.
+    #[arg(long, default_value = "homelab-autoscaler")]
+    pub lease_name: String,
+    /// Users that may do what only the operator may (clear a claim's deadline). Defaults to the
+    /// operator's ServiceAccount in its namespace.
+    #[arg(long, value_delimiter = ',')]
+    pub operator_usernames: Vec<String>,
+    /// The startup Job's timeout (budget member).
+    #[arg(long, default_value = "5m")]
+    pub startup_job_timeout: kube::core::Duration,
+    /// How long a machine has to register its node after its startup Job (budget member).
+    #[arg(long, default_value = "90s")]
+    pub registration_timeout: kube::core::Duration,
+    /// How long a registered node has to clear the readiness gate (budget member).
+    #[arg(long, default_value = "4m")]
+    pub readiness_gate_timeout: kube::core::Duration,
+    /// How long a drain waits on PodDisruptionBudgets before the machine is powered off anyway.
+    #[arg(long, default_value = "5m")]
+    pub drain_timeout: kube::core::Duration,
+}
+
+impl RunArgs {
+    /// The attempt timeouts: the seed's constants, with the configurable members replaced.
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            job_timeout: self.startup_job_timeout.into(),
+            registration: self.registration_timeout.into(),
+            readiness_gate: self.readiness_gate_timeout.into(),
+            ..Timeouts::default()
+        }
+    }
+
+    fn operator_usernames(&self) -> Vec<String> {
+        if self.operator_usernames.is_empty() {
+            vec![format!("system:serviceaccount:{}:homelab-autoscaler", self.namespace)]
+        } else {
+            self.operator_usernames.clone()
+        }
+    }
+}
+
+/// Runs the operator until SIGINT/SIGTERM.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    crate::tls::install_crypto_provider();
+    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let ready = admin::Readiness::default();
+
+    let tls = webhook_tls::serving_config(&client, &args, &shutdown).await?;
+    let state = Arc::new(WebhookState {
+        client: client.clone(),
+        namespace: args.namespace.clone(),
+        operator_usernames: args.operator_usernames(),
+        clock: Box::new(SystemClock),
+        timeouts: args.timeouts(),
+    });
+    let listener = tokio::net::TcpListener::bind(args.webhook_addr)
+        .await
+        .with_context(|| format!("binding the webhook listener on {}", args.webhook_addr))?;
+    tracing::info!(addr = %args.webhook_addr, "admission webhooks listening");
+    let webhooks = tokio::spawn(webhook::server::serve_https(
+        listener,
+        tls,
+        webhook::router(state),
+        shutdown.clone(),
+    ));
+    let admin = tokio::spawn(admin::serve(args.admin_addr, ready.clone(), shutdown.clone()));
+
+    let controllers = leader::run_controllers_while_leader(client, &args, ready, shutdown.clone());
+    let result = controllers.await;
+    shutdown.cancel();
+    let _ = tokio::join!(webhooks, admin);
+    result
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+}
+
+/// The drain timeout as a std Duration.
+fn drain_timeout(args: &RunArgs) -> Duration {
+    args.drain_timeout.into()
+}
