@@ -14,5 +14,6 @@ mod fixtures;
 pub mod manifests;
 pub mod operator;
 pub mod phase;
+pub mod simulator;
 pub mod tls;
 pub mod webhook;

@@ -16,6 +16,8 @@ struct Cli {
 enum Command {
     /// Run the operator: admission webhooks, controllers (on the elected leader).
     Run(homelab_autoscaler::operator::RunArgs),
+    /// Play every slot's machine with kwok nodes (demo and end-to-end tests).
+    Simulate(homelab_autoscaler::simulator::SimulateArgs),
     /// Write a self-signed CA and serving certificate (tls.crt, tls.key, ca.crt) for development.
     Certs {
         /// Where to write them.
@@ -67,6 +69,21 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Run(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(homelab_autoscaler::operator::run(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(async {
+                let client = kube::Client::try_default().await?;
+                let shutdown = tokio_util::sync::CancellationToken::new();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::signal::ctrl_c().await;
+                    stop.cancel();
+                });
+                homelab_autoscaler::simulator::run(client, args, shutdown).await;
+                anyhow::Ok(())
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Certs { out, dns_names, ips } => {

@@ -1,0 +1,126 @@
+//! Finds (and on first use builds) the upstream programs the control plane runs, through
+//! tests/harness/build-binaries.sh. The script is the one place that knows how to build them;
+//! it honours HOMELAB_TEST_ASSETS (prebuilt binaries) and HOMELAB_TEST_CACHE, rebuilds only what
+//! is missing or stale, and prints the binary directory on its last stdout line.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use tokio::sync::OnceCell;
+
+use super::progress;
+
+/// Which programs a test binary needs, named as build-binaries.sh names its profiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// etcd, kube-apiserver, kubectl.
+    Integration,
+    /// Integration plus kube-controller-manager, kube-scheduler and kwok.
+    Cluster,
+}
+
+impl Profile {
+    fn name(self) -> &'static str {
+        match self {
+            Profile::Integration => "integration",
+            Profile::Cluster => "cluster",
+        }
+    }
+
+    fn programs(self) -> &'static [&'static str] {
+        match self {
+            Profile::Integration => &["etcd", "kube-apiserver", "kubectl"],
+            Profile::Cluster => &[
+                "etcd",
+                "kube-apiserver",
+                "kubectl",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kwok",
+            ],
+        }
+    }
+}
+
+/// A directory holding the programs of a profile.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    dir: PathBuf,
+}
+
+impl Binaries {
+    /// The path of `program` (for example "kube-apiserver").
+    pub fn path(&self, program: &str) -> PathBuf {
+        self.dir.join(program)
+    }
+}
+
+static INTEGRATION: OnceCell<Binaries> = OnceCell::const_new();
+static CLUSTER: OnceCell<Binaries> = OnceCell::const_new();
+
+/// The programs of `profile`, running build-binaries.sh at most once per profile and process.
+pub async fn binaries(profile: Profile) -> Result<Binaries> {
+    // The cluster profile is a superset: once it ran, the integration programs are there too.
+    if let Some(cluster) = CLUSTER.get() {
+        return Ok(cluster.clone());
+    }
+    let cell = match profile {
+        Profile::Integration => &INTEGRATION,
+        Profile::Cluster => &CLUSTER,
+    };
+    cell.get_or_try_init(|| run_build_script(profile)).await.cloned()
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/build-binaries.sh")
+}
+
+async fn run_build_script(profile: Profile) -> Result<Binaries> {
+    let script = script();
+    progress(&format!(
+        "locating the {} binaries with {} (the first run builds them from source, which takes \
+         many minutes; its progress follows)",
+        profile.name(),
+        script.display()
+    ));
+    let started = Instant::now();
+    // stderr is inherited so the script's progress shows live; stdout carries the answer.
+    let output = tokio::process::Command::new("bash")
+        .arg(&script)
+        .arg(profile.name())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} {} failed ({}); its messages are above in the test output",
+            script.display(),
+            profile.name(),
+            output.status
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = stdout
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .map(|line| PathBuf::from(line.trim()))
+        .with_context(|| format!("{} printed no binary directory", script.display()))?;
+    for program in profile.programs() {
+        let path = dir.join(program);
+        if !path.is_file() {
+            bail!("{} reported {} but {program} is not there", script.display(), dir.display());
+        }
+    }
+    progress(&format!(
+        "{} binaries ready in {} after {:.1?}",
+        profile.name(),
+        dir.display(),
+        started.elapsed()
+    ));
+    Ok(Binaries { dir })
+}

@@ -1,0 +1,333 @@
+//! A real Kubernetes control plane on 127.0.0.1: etcd and kube-apiserver always, and on request
+//! kube-controller-manager, kube-scheduler and kwok. One per test binary, started by the first
+//! test that asks and shared by the rest.
+//!
+//! The shared object lives in a static and outlives every test's tokio runtime, so it holds only
+//! runtime-free things (paths, std child processes, a `kube::Config`); each test builds its own
+//! `kube::Client` with [`ControlPlane::client`]. Teardown needs no code here: see `process.rs`.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client, Config};
+use tokio::sync::OnceCell;
+
+use super::base::{
+    free_ports, load_config, spawn_apiserver, start_etcd, wait_apiserver_ready, write_kubeconfig,
+};
+use super::binaries::{Binaries, Profile, binaries};
+use super::pki::{CertAndKey, Pki};
+use super::process::{Janitor, Process};
+use super::{progress, wait};
+
+/// Which components beyond etcd and kube-apiserver a test needs. Asking again for a component
+/// that already runs is free; a component, once started, runs until the test binary exits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Components {
+    /// kube-controller-manager: Jobs, ServiceAccounts, namespace and node lifecycle.
+    pub controller_manager: bool,
+    /// kube-scheduler: binds pods to (kwok) nodes.
+    pub scheduler: bool,
+    /// kwok: plays kubelet for nodes annotated `kwok.x-k8s.io/node: fake` and their pods.
+    pub kwok: bool,
+}
+
+impl Components {
+    /// The API alone: CRDs, validation, webhooks, RBAC.
+    pub const API: Self = Self { controller_manager: false, scheduler: false, kwok: false };
+    /// A cluster in which pods run: every component.
+    pub const CLUSTER: Self = Self { controller_manager: true, scheduler: true, kwok: true };
+
+    fn profile(self) -> Profile {
+        if self == Self::API { Profile::Integration } else { Profile::Cluster }
+    }
+}
+
+pub struct ControlPlane {
+    // Field order is drop order, which matters only for a failed start: the processes are
+    // killed first, then the janitor removes the directory.
+    etcd: Process,
+    apiserver: Process,
+    pub(super) controller_manager: OnceCell<Process>,
+    pub(super) scheduler: OnceCell<Process>,
+    pub(super) kwok: OnceCell<Process>,
+    janitor: Janitor,
+    dir: PathBuf,
+    pki: Pki,
+    kubeconfig: PathBuf,
+    config: Config,
+    kubectl: PathBuf,
+}
+
+static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+
+impl ControlPlane {
+    /// The test binary's control plane, started on first use, with at least `components`
+    /// running.
+    pub async fn shared(components: Components) -> Result<&'static ControlPlane> {
+        let plane = SHARED.get_or_try_init(|| Self::start(components.profile())).await?;
+        plane.ensure(components).await?;
+        Ok(plane)
+    }
+
+    /// Starts `components` that are not running yet.
+    pub async fn ensure(&self, components: Components) -> Result<()> {
+        if components.controller_manager {
+            self.controller_manager.get_or_try_init(|| self.start_controller_manager()).await?;
+        }
+        if components.scheduler {
+            self.scheduler.get_or_try_init(|| self.start_scheduler()).await?;
+        }
+        if components.kwok {
+            self.kwok.get_or_try_init(|| self.start_kwok()).await?;
+        }
+        Ok(())
+    }
+
+    /// A new client for the admin user. Call it in each test: a client belongs to the tokio
+    /// runtime it was made in, and every `#[tokio::test]` has its own.
+    pub fn client(&self) -> Result<Client> {
+        Client::try_from(self.config.clone()).context("building a kube client")
+    }
+
+    /// The admin kubeconfig (certificate files next to it), for kubectl or a product binary.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The CA that signed the apiserver's certificate, PEM encoded.
+    pub fn ca_pem(&self) -> String {
+        self.pki.ca_pem()
+    }
+
+    /// A serving certificate for `names` signed by the control plane's CA, for a webhook server
+    /// a test runs; pass [`ControlPlane::ca_pem`] as the webhook's CA bundle.
+    pub fn issue_serving_cert(&self, names: &[&str]) -> Result<CertAndKey> {
+        self.pki.serving_cert(names)
+    }
+
+    /// Runs the built kubectl against this control plane. A failing kubectl is not an error
+    /// here: the caller inspects the status and output.
+    pub async fn kubectl<I, S>(&self, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<S> = args.into_iter().collect();
+        let shown: Vec<String> =
+            args.iter().map(|arg| arg.as_ref().to_string_lossy().into_owned()).collect();
+        tokio::process::Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.join("kubectl-cache"))
+            .args(&args)
+            .env_clear()
+            .env("HOME", self.dir.join("home"))
+            .output()
+            .await
+            .with_context(|| format!("running kubectl {}", shown.join(" ")))
+    }
+
+    /// Creates a namespace named `<prefix>-<unique suffix>` and returns its name. With
+    /// kube-controller-manager running it also waits for the namespace's `default`
+    /// ServiceAccount, without which no pod (so no Job) can be created there. Namespaces are
+    /// never deleted: the whole control plane goes away with the test binary.
+    pub async fn fresh_namespace(&self, prefix: &str) -> Result<String> {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let namespace = Namespace {
+            metadata: ObjectMeta { name: Some(name.clone()), ..ObjectMeta::default() },
+            ..Namespace::default()
+        };
+        let client = self.client()?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        if let Some(controller_manager) = self.controller_manager.get() {
+            let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
+            wait::until(
+                &format!("ServiceAccount {name}/default"),
+                wait::start_timeout(),
+                || controller_manager.ensure_running(),
+                || async {
+                    accounts.get_opt("default").await?.context("not there yet")?;
+                    Ok(())
+                },
+            )
+            .await?;
+        }
+        Ok(name)
+    }
+
+    /// The last `lines` lines of every running component's log.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for process in self.processes() {
+            out.push_str(&format!(
+                "\n===== {} ({}) =====\n{}\n",
+                process.name(),
+                process.log_path().display(),
+                process.log_tail(lines)
+            ));
+        }
+        out
+    }
+
+    /// A guard that prints the components' log tails if the test panics while it is alive.
+    /// Bind it first thing in a test: `let _logs = plane.logs_on_failure();`
+    pub fn logs_on_failure(&self) -> FailureLogs<'_> {
+        FailureLogs { plane: self }
+    }
+
+    fn processes(&self) -> impl Iterator<Item = &Process> {
+        let optional = [&self.controller_manager, &self.scheduler, &self.kwok];
+        [&self.etcd, &self.apiserver]
+            .into_iter()
+            .chain(optional.into_iter().filter_map(OnceCell::get))
+    }
+
+    /// Starts etcd and kube-apiserver, retrying with fresh ports: a port found free can be
+    /// taken by someone else before the component binds it.
+    async fn start(profile: Profile) -> Result<Self> {
+        let binaries = binaries(profile).await?;
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(&binaries).await {
+                Ok(plane) => {
+                    progress(&format!(
+                        "control plane ready in {:.1?} (kubeconfig {})",
+                        started.elapsed(),
+                        plane.kubeconfig.display()
+                    ));
+                    return Ok(plane);
+                }
+                Err(err) if attempt < 3 => {
+                    progress(&format!("control plane start failed, retrying: {err:#}"));
+                    attempt += 1;
+                }
+                Err(err) => return Err(err.context("starting the test control plane")),
+            }
+        }
+    }
+
+    async fn start_once(binaries: &Binaries) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("homelab-control-plane-")
+            .tempdir()
+            .context("creating the control plane's directory")?
+            .keep();
+        let janitor = Janitor::start(&dir)?;
+        let pki = Pki::generate(&dir.join("pki"))?;
+        let [etcd_port, peer_port, api_port] = free_ports()?;
+
+        let etcd = start_etcd(binaries, &dir, etcd_port, peer_port).await?;
+        let apiserver = spawn_apiserver(binaries, &dir, &pki, etcd_port, api_port)?;
+        let kubeconfig = write_kubeconfig(&dir, &pki, api_port)?;
+        let config = load_config(&kubeconfig).await?;
+        wait_apiserver_ready(&apiserver, &config).await?;
+        Ok(Self {
+            etcd,
+            apiserver,
+            controller_manager: OnceCell::new(),
+            scheduler: OnceCell::new(),
+            kwok: OnceCell::new(),
+            janitor,
+            dir,
+            pki,
+            kubeconfig,
+            config,
+            kubectl: binaries.path("kubectl"),
+        })
+    }
+
+    /// Spawns a component of the cluster profile, logging into the control plane's directory.
+    pub(super) async fn spawn(&self, name: &str, args: Vec<String>) -> Result<Process> {
+        let binaries = binaries(Profile::Cluster).await?;
+        Process::spawn(
+            name,
+            &binaries.path(name),
+            &args,
+            &self.dir.join("home").join(name),
+            &self.dir.join("logs"),
+        )
+    }
+
+    pub(super) fn kubeconfig_arg(&self) -> String {
+        format!("--kubeconfig={}", self.kubeconfig.display())
+    }
+
+    async fn start_controller_manager(&self) -> Result<Process> {
+        let started = Instant::now();
+        let process = self
+            .spawn(
+                "kube-controller-manager",
+                vec![
+                    self.kubeconfig_arg(),
+                    "--leader-elect=false".into(),
+                    // 0 turns the HTTPS endpoint off; its default port binds 0.0.0.0.
+                    "--secure-port=0".into(),
+                    "--controllers=*".into(),
+                    // Signs legacy tokens and publishes kube-root-ca.crt in every namespace.
+                    format!(
+                        "--service-account-private-key-file={}",
+                        self.pki.service_account_private.display()
+                    ),
+                    format!("--root-ca-file={}", self.pki.ca_cert.display()),
+                ],
+            )
+            .await?;
+        // Effective once its ServiceAccount controller has created default/default.
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client()?, "default");
+        wait::until(
+            "kube-controller-manager to create ServiceAccount default/default",
+            wait::start_timeout(),
+            || process.ensure_running(),
+            || async {
+                accounts.get_opt("default").await?.context("not there yet")?;
+                Ok(())
+            },
+        )
+        .await?;
+        progress(&format!("kube-controller-manager ready in {:.1?}", started.elapsed()));
+        Ok(process)
+    }
+
+    async fn start_scheduler(&self) -> Result<Process> {
+        // Its effect is visible only once there is a node and a pod; tests see it then.
+        let process = self
+            .spawn(
+                "kube-scheduler",
+                vec![
+                    self.kubeconfig_arg(),
+                    "--leader-elect=false".into(),
+                    "--secure-port=0".into(),
+                ],
+            )
+            .await?;
+        process.ensure_running()?;
+        progress("kube-scheduler started");
+        Ok(process)
+    }
+}
+
+/// Prints the components' log tails when dropped during a panic (a failing assertion).
+pub struct FailureLogs<'a> {
+    plane: &'a ControlPlane,
+}
+
+impl Drop for FailureLogs<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("control plane logs at the failure:{}", self.plane.log_tails(40));
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Installing the product's API into the test control plane: the CRDs from crds/, and webhook
+//! configurations pointed at a server the test runs on 127.0.0.1.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Resource, ResourceExt};
+use serde::Deserialize;
+
+use super::control_plane::ControlPlane;
+use super::wait;
+
+/// The field manager of everything the test support applies.
+const FIELD_MANAGER: &str = "homelab-test-support";
+
+/// A webhook configuration to register, of either kind.
+#[derive(Clone, Debug)]
+pub enum WebhookConfiguration {
+    Validating(ValidatingWebhookConfiguration),
+    Mutating(MutatingWebhookConfiguration),
+}
+
+impl WebhookConfiguration {
+    /// Every Validating/MutatingWebhookConfiguration in a (multi-document) YAML text; other
+    /// kinds are skipped.
+    pub fn from_yaml(text: &str) -> Result<Vec<Self>> {
+        let mut found = Vec::new();
+        for document in serde_yaml::Deserializer::from_str(text) {
+            let value = serde_yaml::Value::deserialize(document).context("parsing YAML")?;
+            match value.get("kind").and_then(|kind| kind.as_str()) {
+                Some("ValidatingWebhookConfiguration") => found.push(Self::Validating(
+                    serde_yaml::from_value(value).context("a ValidatingWebhookConfiguration")?,
+                )),
+                Some("MutatingWebhookConfiguration") => found.push(Self::Mutating(
+                    serde_yaml::from_value(value).context("a MutatingWebhookConfiguration")?,
+                )),
+                _ => {}
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl ControlPlane {
+    /// Applies every CRD in the repository's crds/ (server-side apply, so it is idempotent and
+    /// tests may call it concurrently) and waits until each is Established. Returns the names.
+    pub async fn install_crds(&self) -> Result<Vec<String>> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client()?);
+        let mut names = Vec::new();
+        for crd in read_crds(&dir)? {
+            let name = crd.name_any();
+            crds.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
+                .await
+                .with_context(|| format!("applying CRD {name}"))?;
+            names.push(name);
+        }
+        for name in &names {
+            let established = await_condition(crds.clone(), name, conditions::is_crd_established());
+            tokio::time::timeout(wait::start_timeout(), established)
+                .await
+                .with_context(|| format!("CRD {name} not Established in time"))?
+                .with_context(|| format!("watching CRD {name}"))?;
+        }
+        Ok(names)
+    }
+
+    /// Registers webhook configurations so the apiserver calls `url_base` (for example
+    /// `https://127.0.0.1:8443`): each webhook's `clientConfig` becomes `url: <url_base><path>`,
+    /// the path taken from its `service.path` (or its `url`), with `ca_pem` as the caBundle.
+    /// Applied server-side, so registering again updates in place.
+    pub async fn register_webhooks(
+        &self,
+        configurations: Vec<WebhookConfiguration>,
+        url_base: &str,
+        ca_pem: &str,
+    ) -> Result<()> {
+        ensure!(url_base.starts_with("https://"), "the apiserver calls webhooks over https only");
+        let client = self.client()?;
+        for configuration in configurations {
+            match configuration {
+                WebhookConfiguration::Validating(mut config) => {
+                    for webhook in config.webhooks.iter_mut().flatten() {
+                        point_at(&mut webhook.client_config, url_base, ca_pem)?;
+                    }
+                    apply(Api::all(client.clone()), config).await?;
+                }
+                WebhookConfiguration::Mutating(mut config) => {
+                    for webhook in config.webhooks.iter_mut().flatten() {
+                        point_at(&mut webhook.client_config, url_base, ca_pem)?;
+                    }
+                    apply(Api::all(client.clone()), config).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("listing {}", dir.display()))?;
+    files.retain(|path| path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"));
+    files.sort();
+    let mut crds = Vec::new();
+    for path in &files {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let crd = CustomResourceDefinition::deserialize(document)
+                .with_context(|| format!("parsing a CRD in {}", path.display()))?;
+            crds.push(crd);
+        }
+    }
+    if crds.is_empty() {
+        bail!("no CRDs found in {}", dir.display());
+    }
+    Ok(crds)
+}
+
+/// Rewrites a webhook's client config to call `url_base` with the path it had.
+fn point_at(config: &mut WebhookClientConfig, url_base: &str, ca_pem: &str) -> Result<()> {
+    let path = match (&config.service, &config.url) {
+        (Some(service), _) => service.path.clone().unwrap_or_default(),
+        (None, Some(url)) => url_path(url)?,
+        (None, None) => String::new(),
+    };
+    let path = if path.is_empty() || path.starts_with('/') { path } else { format!("/{path}") };
+    config.url = Some(format!("{}{path}", url_base.trim_end_matches('/')));
+    config.service = None;
+    config.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
+    Ok(())
+}
+
+/// The path (and query) of an absolute URL.
+fn url_path(url: &str) -> Result<String> {
+    let rest = url.split_once("://").map(|(_, rest)| rest).context("webhook url has no scheme")?;
+    Ok(rest.find('/').map(|at| rest[at..].to_owned()).unwrap_or_default())
+}
+
+async fn apply<K>(api: Api<K>, object: K) -> Result<()>
+where
+    K: Resource<DynamicType = ()>
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let name = object.name_any();
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object))
+        .await
+        .with_context(|| format!("applying {} {name}", K::kind(&())))?;
+    Ok(())
+}
