@@ -1,0 +1,475 @@
+//! The claim, slot and group controllers against a real control plane: kube-apiserver,
+//! controller-manager (Jobs, garbage collection), scheduler, and kwok playing the machines
+//! through the project's own simulator. Each test runs the controllers for its own namespace.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use homelab_autoscaler::api::{
+    Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
+};
+use homelab_autoscaler::claim::{FINALIZER, Timeouts};
+use homelab_autoscaler::clock::SystemClock;
+use homelab_autoscaler::controller::{self, Context};
+use homelab_autoscaler::simulator::{self, BEHAVIOUR_ANNOTATION, SimulateArgs};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{Components, ControlPlane, FailureLogs, eventually};
+use tokio_util::sync::CancellationToken;
+
+/// How long a test waits for the controllers to act.
+const ACT: Duration = Duration::from_secs(60);
+
+/// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
+fn timeouts() -> Timeouts {
+    Timeouts {
+        job_timeout: Duration::from_secs(10),
+        job_monitor_poll: Duration::from_secs(1),
+        registration: Duration::from_secs(8),
+        readiness_gate: Duration::from_secs(8),
+        uncordon_retry_max: Duration::from_secs(1),
+        margin: Duration::from_secs(1),
+    }
+}
+
+/// One test's world: a namespace, the controllers and the machine simulator running for it,
+/// and a "lab" node where lifecycle Jobs run. Stopped when dropped.
+struct Lab {
+    client: Client,
+    ns: String,
+    stop: CancellationToken,
+    _logs: FailureLogs<'static>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Lab {
+    async fn start(prefix: &str) -> Lab {
+        homelab_autoscaler::tls::install_crypto_provider();
+        let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
+        let logs = plane.logs_on_failure();
+        plane.install_crds().await.expect("install CRDs");
+        let client = plane.client().expect("client");
+        let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+        plane
+            .add_machine(
+                &format!("{ns}-lab"),
+                vec![],
+                BTreeMap::from([("homelab.test/lab".into(), ns.clone())]),
+            )
+            .await
+            .expect("lab node");
+        let stop = CancellationToken::new();
+        let ctx = Context::start(
+            client.clone(),
+            &ns,
+            timeouts(),
+            Duration::from_secs(5),
+            Arc::new(SystemClock),
+            &stop,
+        )
+        .await
+        .expect("controller context");
+        tokio::spawn(controller::run(ctx, stop.clone()));
+        let args = SimulateArgs {
+            namespace: ns.clone(),
+            boot_delay: "1s".parse().expect("duration"),
+            gate_delay: "1s".parse().expect("duration"),
+        };
+        tokio::spawn(simulator::run(client.clone(), args, stop.clone()));
+        Lab { client, ns, stop, _logs: logs }
+    }
+
+    fn claims(&self) -> Api<NodeClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn slots(&self) -> Api<Node> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn nodes(&self) -> Api<CoreNode> {
+        Api::all(self.client.clone())
+    }
+
+    /// A pool with a readiness gate on `bootstrap.test/not-ready`, and slots named
+    /// `<ns>-<suffix>` whose lifecycle Jobs run on the lab node.
+    async fn pool(&self, slots: &[(&str, Option<&str>)]) -> Vec<String> {
+        let group: Group = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+            "metadata": { "name": "pool" },
+            "spec": { "nodeReadinessTaints": [{ "key": "bootstrap.test/not-ready", "effect": "NoSchedule" }] },
+        }))
+        .expect("group");
+        Api::<Group>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &group)
+            .await
+            .expect("create group");
+        let mut names = Vec::new();
+        for (suffix, behaviour) in slots {
+            let name = format!("{}-{suffix}", self.ns);
+            let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": self.ns } });
+            let mut annotations = serde_json::Map::new();
+            if let Some(b) = behaviour {
+                annotations.insert(BEHAVIOUR_ANNOTATION.into(), json!(b));
+            }
+            let slot: Node = serde_json::from_value(json!({
+                "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
+                "metadata": { "name": name, "labels": { "group": "pool" }, "annotations": annotations },
+                "spec": { "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod },
+            }))
+            .expect("slot");
+            self.slots().create(&PostParams::default(), &slot).await.expect("create slot");
+            names.push(name);
+        }
+        names
+    }
+
+    /// Creates a claim as the provider does (stamped, owned by its slot).
+    async fn claim(&self, name: &str, slot: &str, deadline_in: Option<Duration>) -> NodeClaim {
+        self.claim_with_ttl(name, slot, deadline_in, 3600).await
+    }
+
+    async fn claim_with_ttl(
+        &self,
+        name: &str,
+        slot: &str,
+        deadline_in: Option<Duration>,
+        ttl: i32,
+    ) -> NodeClaim {
+        let slot_obj = self.slots().get(slot).await.expect("slot");
+        let now = jiff::Timestamp::now();
+        let deadline = match deadline_in {
+            Some(d) => {
+                now.checked_add(jiff::SignedDuration::try_from(d).expect("duration")).expect("time")
+            }
+            None => timeouts().deadline_at(now, None),
+        };
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+            "metadata": {
+                "name": name,
+                "ownerReferences": [{
+                    "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node", "name": slot,
+                    "uid": slot_obj.metadata.uid, "controller": true,
+                }],
+            },
+            "spec": {
+                "slotRef": { "name": slot },
+                "request": { "call": "IncreaseSize", "delta": 1, "group": "pool" },
+                "requestedAt": Time(now), "requestedBy": "test", "attempt": 1,
+                "deadlineAt": Time(deadline), "ttlSecondsAfterFinished": ttl,
+            },
+        }))
+        .expect("claim");
+        self.claims().create(&PostParams::default(), &claim).await.expect("create claim")
+    }
+
+    async fn claim_until(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&NodeClaim) -> bool,
+    ) -> NodeClaim {
+        let claims = self.claims();
+        eventually(&format!("claim {name}: {what}"), ACT, || async {
+            let claim = claims.get(name).await.with_context(|| format!("reading claim {name}"))?;
+            ensure!(pred(&claim), "not yet: status {:?}", claim.status);
+            Ok(claim)
+        })
+        .await
+        .expect(what)
+    }
+
+    async fn claim_gone(&self, name: &str) {
+        let claims = self.claims();
+        eventually(&format!("claim {name} to be gone"), ACT, || async {
+            let claim = claims.get_opt(name).await?;
+            ensure!(
+                claim.is_none(),
+                "still there: {:?}",
+                claim.map(|c| (c.metadata.finalizers, c.status))
+            );
+            Ok(())
+        })
+        .await
+        .expect("claim gone");
+    }
+
+    async fn slot_until(&self, name: &str, what: &str, pred: impl Fn(&Node) -> bool) -> Node {
+        let slots = self.slots();
+        eventually(&format!("slot {name}: {what}"), ACT, || async {
+            let slot = slots.get(name).await?;
+            ensure!(pred(&slot), "not yet: status {:?}", slot.status);
+            Ok(slot)
+        })
+        .await
+        .expect(what)
+    }
+
+    async fn node_gone(&self, name: &str) {
+        let nodes = self.nodes();
+        eventually(&format!("node {name} to be gone"), ACT, || async {
+            ensure!(nodes.get_opt(name).await?.is_none(), "node {name} is still registered");
+            Ok(())
+        })
+        .await
+        .expect("node gone");
+    }
+
+    /// Marks a claim for scale-down and deletes it, as the provider's DeleteNodes does.
+    async fn scale_down(&self, name: &str) {
+        let patch = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
+        self.claims()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("mark");
+        self.claims().delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+
+    async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        let list = events
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await
+            .expect("events");
+        list.items.into_iter().filter_map(|e| e.reason).collect()
+    }
+}
+
+fn phase(claim: &NodeClaim) -> Option<NodeClaimPhase> {
+    claim.status.as_ref().and_then(|s| s.phase)
+}
+
+fn reason(claim: &NodeClaim) -> Option<String> {
+    claim.status.as_ref().and_then(|s| s.reason.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
+    let lab = Lab::start("ctl-happy").await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+
+    let booting = lab
+        .claim_until("c1", "booting", |c| {
+            phase(c) == Some(NodeClaimPhase::Booting) || phase(c) == Some(NodeClaimPhase::Ready)
+        })
+        .await;
+    assert!(
+        booting.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER),
+        "the finalizer arrives with the boot"
+    );
+    let job = lab.jobs().get("c1-startup").await.expect("startup Job");
+    let owners = job.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        owners.iter().find(|o| o.controller == Some(true)).map(|o| o.kind.as_str()),
+        Some("NodeClaim")
+    );
+    assert!(
+        owners.iter().any(|o| o.kind == "Node" && o.name == slot),
+        "the slot is a second owner"
+    );
+
+    let ready = lab
+        .claim_until("c1", "ready", |c| {
+            phase(c) == Some(NodeClaimPhase::Ready) && c.spec.deadline_at.is_none()
+        })
+        .await;
+    let status = ready.status.clone().expect("status");
+    assert_eq!(status.attempt, Some(1));
+    assert!(status.ready_at.is_some() && status.boot_committed_at.is_some());
+    let node = lab.nodes().get(&slot).await.expect("machine's node");
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.provider_id.clone()),
+        Some(format!("homelab://{slot}"))
+    );
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        (labels.get(LABEL_GROUP).map(String::as_str), labels.get(LABEL_SLOT)),
+        (Some("pool"), Some(&slot))
+    );
+    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(
+        taints.iter().all(|t| t.key != "bootstrap.test/not-ready"),
+        "the gate waited for the bootstrap taint to clear"
+    );
+
+    let reported = lab
+        .slot_until(&slot, "reported ready", |s| {
+            s.status.as_ref().and_then(|s| s.phase) == Some(SlotPhase::Ready)
+        })
+        .await;
+    let status = reported.status.expect("slot status");
+    assert_eq!(status.power_state, Some(ObservedPower::On));
+    let digest = status.last_claim.expect("digest");
+    assert_eq!((digest.name.as_str(), digest.attempt, digest.reached_ready), ("c1", 1, true));
+    let reasons = lab.event_reasons("c1").await;
+    for reason in ["ClaimCreated", "ClaimBooting", "ClaimReady"] {
+        assert!(reasons.iter().any(|r| r == reason), "{reason} missing from {reasons:?}");
+    }
+
+    lab.scale_down("c1").await;
+    lab.node_gone(&slot).await;
+    lab.claim_gone("c1").await;
+    let shutdown_jobs: Vec<_> = lab
+        .jobs()
+        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=shutdown"))
+        .await
+        .expect("jobs")
+        .items;
+    assert_eq!(shutdown_jobs.len(), 1, "one shutdown Job");
+    lab.slot_until(&slot, "reported off", |s| {
+        s.status.as_ref().is_some_and(|s| {
+            s.phase == Some(SlotPhase::Off) && s.power_state == Some(ObservedPower::Off)
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overdue_boot_fails_and_its_machine_is_forced_off() {
+    let lab = Lab::start("ctl-deadline").await;
+    let slot = lab.pool(&[("m1", Some("never-boots"))]).await.remove(0);
+    // A deadline shorter than the registration wait: the deadline is what ends this attempt.
+    lab.claim("c1", &slot, Some(Duration::from_secs(4))).await;
+    let failed =
+        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    assert_eq!(reason(&failed).as_deref(), Some("DeadlineExceeded"));
+    // The forced shutdown fires although no machine is observed, then the finalizer comes off.
+    let released = lab
+        .claim_until("c1", "forced shutdown and release", |c| {
+            c.status.as_ref().and_then(|s| s.shutdown_attempts) == Some(1)
+                && c.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+        })
+        .await;
+    assert!(released.status.and_then(|s| s.finished_at).is_some());
+    assert!(lab.event_reasons("c1").await.iter().any(|r| r == "ClaimFailed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
+    let lab = Lab::start("ctl-gate").await;
+    let slot = lab.pool(&[("m1", Some("never-clears-gate"))]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    let failed =
+        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    assert_eq!(reason(&failed).as_deref(), Some("ReadinessGateTimeout"));
+    assert!(
+        failed
+            .status
+            .and_then(|s| s.message)
+            .is_some_and(|m| m.contains("bootstrap.test/not-ready"))
+    );
+    // The machine is powered off by the forced shutdown (the simulator removes its node).
+    lab.node_gone(&slot).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newer_of_two_live_claims_on_one_slot_is_superseded() {
+    let lab = Lab::start("ctl-supersede").await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    // Creation timestamps have one-second resolution; make the order unambiguous.
+    eventually("a second to pass", ACT, || async {
+        let c1 = lab.claims().get("c1").await?;
+        let created = c1.metadata.creation_timestamp.map(|t| t.0).context("creation time")?;
+        ensure!(jiff::Timestamp::now().as_second() > created.as_second(), "same second");
+        Ok(())
+    })
+    .await
+    .expect("time passes");
+    lab.claim("c2", &slot, None).await;
+    let superseded =
+        lab.claim_until("c2", "superseded", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    assert_eq!(reason(&superseded).as_deref(), Some("Superseded"));
+    assert!(superseded.status.and_then(|s| s.boot_committed_at).is_none(), "it never booted");
+    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    assert!(lab.event_reasons("c2").await.iter().any(|r| r == "ClaimSuperseded"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_machine_that_disappears_fails_machine_gone_after_the_grace() {
+    let lab = Lab::start("ctl-gone").await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.nodes().delete(&slot, &DeleteParams::default()).await.expect("delete node");
+    lab.claim_until("c1", "machine observed off", |c| {
+        c.status.as_ref().is_some_and(|s| s.machine_observed_off.is_some())
+    })
+    .await;
+    let gone = lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    assert_eq!(reason(&gone).as_deref(), Some("MachineGone"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_up_with_no_claim_is_powered_off() {
+    let lab = Lab::start("ctl-unwanted").await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let node: CoreNode = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": slot, "annotations": { support::KWOK_NODE_ANNOTATION: "fake" } },
+    }))
+    .expect("node");
+    lab.nodes().create(&PostParams::default(), &node).await.expect("machine up");
+    lab.node_gone(&slot).await;
+    let slot_obj = lab
+        .slot_until(&slot, "reported off", |s| {
+            s.status.as_ref().and_then(|s| s.phase) == Some(SlotPhase::Off)
+        })
+        .await;
+    assert!(slot_obj.status.and_then(|s| s.last_claim).is_none(), "no claim was involved");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_slot_releases_its_claim() {
+    let lab = Lab::start("ctl-slotgone").await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.slots().delete(&slot, &DeleteParams::default()).await.expect("delete slot");
+    // Garbage collection deletes the claim; the claim controller releases its finalizer after a
+    // fresh read confirms the slot is gone, so nothing is left stuck in Terminating.
+    lab.claim_gone("c1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_claim_is_collected_after_its_ttl() {
+    let lab = Lab::start("ctl-ttl").await;
+    let slot = lab.pool(&[("m1", Some("never-boots"))]).await.remove(0);
+    lab.claim_with_ttl("c1", &slot, Some(Duration::from_secs(3)), 1).await;
+    let failed =
+        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    assert!(
+        failed.status.and_then(|s| s.finished_at).is_some(),
+        "a terminal claim carries its end"
+    );
+    lab.claim_gone("c1").await;
+    // The slot keeps the story after the claim is collected.
+    let kept = lab
+        .slots()
+        .get(&slot)
+        .await
+        .expect("slot")
+        .status
+        .and_then(|s| s.last_claim)
+        .expect("digest");
+    assert_eq!(
+        (kept.name.as_str(), kept.reason.as_deref(), kept.boot_committed),
+        ("c1", Some("DeadlineExceeded"), true)
+    );
+}
