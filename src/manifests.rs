@@ -36,25 +36,41 @@ fn render(path: &str, value: &impl serde::Serialize) -> Result<Generated, Manife
     Ok(Generated { path: path.into(), content: format!("{HEADER}{}", yaml(path, value)?) })
 }
 
-/// A typed object with its apiVersion and kind, which k8s-openapi's serializer adds.
-fn admission(path: &str) -> Result<Generated, ManifestError> {
-    let (mutating, validating) = configuration::in_cluster(DEFAULT_NAMESPACE);
-    let content = format!(
-        "{HEADER}# The chart renders these with its own namespace; this copy uses the default one.\n{}---\n{}",
-        yaml(path, &mutating)?,
-        yaml(path, &validating)?
-    );
+/// The admission configurations for `namespace`, as one multi-document file.
+fn admission(path: &str, namespace: &str, note: &str) -> Result<Generated, ManifestError> {
+    let (mutating, validating) = configuration::in_cluster(namespace);
+    let content =
+        format!("{HEADER}{note}{}---\n{}", yaml(path, &mutating)?, yaml(path, &validating)?);
     Ok(Generated { path: path.into(), content })
 }
 
+/// The chart carries the same CRDs (Helm installs `crds/` before the templates) and the admission
+/// configurations with the release namespace templated in.
+const CHART: &str = "charts/homelab-autoscaler";
+
 /// Every generated file.
 pub fn generated() -> Result<Vec<Generated>, ManifestError> {
-    Ok(vec![
-        render("crds/groups.infra.homecluster.dev.yaml", &Group::crd())?,
-        render("crds/nodes.infra.homecluster.dev.yaml", &Node::crd())?,
-        render("crds/nodeclaims.infra.homecluster.dev.yaml", &NodeClaim::crd())?,
-        admission("webhooks/admission.yaml")?,
-    ])
+    let crds = [
+        ("groups.infra.homecluster.dev.yaml", Group::crd()),
+        ("nodes.infra.homecluster.dev.yaml", Node::crd()),
+        ("nodeclaims.infra.homecluster.dev.yaml", NodeClaim::crd()),
+    ];
+    let mut files = Vec::new();
+    for (name, crd) in &crds {
+        files.push(render(&format!("crds/{name}"), crd)?);
+        files.push(render(&format!("{CHART}/crds/{name}"), crd)?);
+    }
+    files.push(admission(
+        "webhooks/admission.yaml",
+        DEFAULT_NAMESPACE,
+        "# The chart renders these with its own namespace; this copy uses the default one.\n",
+    )?);
+    files.push(admission(
+        &format!("{CHART}/templates/admission.yaml"),
+        "{{ .Release.Namespace }}",
+        "",
+    )?);
+    Ok(files)
 }
 
 /// Writes every generated file under `root`.
