@@ -15,7 +15,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the operator: admission webhooks, controllers (on the elected leader).
-    Run(homelab_autoscaler::operator::RunArgs),
+    Run(Box<homelab_autoscaler::operator::RunArgs>),
     /// Play every slot's machine with kwok nodes (demo and end-to-end tests).
     Simulate(homelab_autoscaler::simulator::SimulateArgs),
     /// Write a self-signed CA and serving certificate (tls.crt, tls.key, ca.crt) for development.
@@ -68,7 +68,7 @@ fn main() -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(homelab_autoscaler::operator::run(args))?;
+            runtime.block_on(homelab_autoscaler::operator::run(*args))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Simulate(args) => {

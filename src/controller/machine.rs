@@ -88,7 +88,8 @@ mod tests {
     fn observation_table() {
         let gate = crate::api::default_readiness_taints();
         // ready, cordoned, taints, powered on, gate open, usable
-        let table: &[(bool, bool, &[&str], bool, bool, bool)] = &[
+        type Row<'a> = (bool, bool, &'a [&'a str], bool, bool, bool);
+        let table: &[Row] = &[
             (true, false, &[], true, true, true),
             (true, true, &[], true, true, false),
             (true, false, &["node.cilium.io/agent-not-ready"], true, false, false),

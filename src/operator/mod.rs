@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::api::DEFAULT_NAMESPACE;
 use crate::claim::Timeouts;
 use crate::clock::SystemClock;
+use crate::grpc::{self, GrpcServerConfig};
+use crate::provider::{Provider, ProviderConfig};
 use crate::webhook::{self, WebhookState};
 
 /// Settings of a running operator.
@@ -39,6 +41,19 @@ pub struct RunArgs {
         default_value = "homelab-autoscaler-webhook.homelab-autoscaler-system.svc"
     )]
     pub webhook_dns_names: Vec<String>,
+    /// Where the externalgrpc provider listens for cluster-autoscaler. Unset: not served.
+    #[arg(long)]
+    pub grpc_addr: Option<SocketAddr>,
+    /// A directory with tls.crt, tls.key and ca.crt: serve gRPC with mutual TLS, as
+    /// cluster-autoscaler's cloud-config (cert, key, cacert) dials. Unset: plaintext.
+    #[arg(long, requires = "grpc_addr")]
+    pub grpc_cert_dir: Option<PathBuf>,
+    /// The node label naming a node's GPU type (GPULabel).
+    #[arg(long, default_value = "accelerator")]
+    pub gpu_label: String,
+    /// The GPU types the pools offer (GetAvailableGPUTypes).
+    #[arg(long, value_delimiter = ',')]
+    pub gpu_types: Vec<String>,
     /// Where the admin endpoints listen (plain HTTP: /live, /ready).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
@@ -113,12 +128,45 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let admin = tokio::spawn(admin::serve(args.admin_addr, ready.clone(), shutdown.clone()));
+    let grpc = match args.grpc_addr {
+        Some(addr) => {
+            Some(tokio::spawn(serve_grpc(client.clone(), &args, addr, shutdown.clone()).await?))
+        }
+        None => None,
+    };
 
     let controllers = leader::run_controllers_while_leader(client, &args, ready, shutdown.clone());
     let result = controllers.await;
     shutdown.cancel();
     let _ = tokio::join!(webhooks, admin);
+    if let Some(grpc) = grpc {
+        let _ = grpc.await;
+    }
     result
+}
+
+/// Starts the provider's caches, waits for them, and returns the gRPC server's future.
+async fn serve_grpc(
+    client: kube::Client,
+    args: &RunArgs,
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = ()> + use<>> {
+    let mut config = ProviderConfig::new(args.namespace.clone());
+    config.gpu_label = args.gpu_label.clone();
+    config.gpu_types = args.gpu_types.clone();
+    config.timeouts = args.timeouts();
+    let provider = Provider::start(client, config);
+    provider.wait_synced(Duration::from_secs(60)).await.context("syncing the provider's caches")?;
+    let server = match &args.grpc_cert_dir {
+        Some(dir) => GrpcServerConfig::mutual_tls(addr, dir.clone()),
+        None => GrpcServerConfig::plaintext(addr),
+    };
+    Ok(async move {
+        if let Err(error) = grpc::serve(provider, server, shutdown).await {
+            tracing::error!(%error, "the externalgrpc server stopped");
+        }
+    })
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

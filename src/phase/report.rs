@@ -60,7 +60,8 @@ mod tests {
     #[test]
     fn report_table() {
         // (live claim phase, marked, on, usable, shutdown job, report)
-        let table: &[(Option<Option<NodeClaimPhase>>, bool, bool, bool, bool, SlotPhase)] = &[
+        type Row = (Option<Option<NodeClaimPhase>>, bool, bool, bool, bool, SlotPhase);
+        let table: &[Row] = &[
             (None, false, false, false, false, SlotPhase::Off),
             (None, false, true, true, false, SlotPhase::Draining),
             (None, false, false, false, true, SlotPhase::Draining),

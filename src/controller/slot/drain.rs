@@ -91,11 +91,13 @@ mod tests {
         mirror.metadata.annotations =
             Some([("kubernetes.io/config.mirror".to_string(), "x".to_string())].into());
         assert!(!evictable(&mirror));
-        let mut done = Pod::default();
-        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
-            phase: Some("Succeeded".into()),
-            ..Default::default()
-        });
+        let done = Pod {
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some("Succeeded".into()),
+                ..Default::default()
+            }),
+            ..Pod::default()
+        };
         assert!(!evictable(&done));
     }
 }

@@ -1,0 +1,208 @@
+//! The CloudProvider service: each call reads the request, asks the provider core on behalf of
+//! cluster-autoscaler, and writes the answer. No decision is taken here.
+
+use tonic::{Request, Response, Status};
+
+use crate::provider::{Caller, Provider};
+
+use super::convert;
+use super::proto;
+use super::proto::cloud_provider_server::{CloudProvider, CloudProviderServer};
+use super::status::to_status;
+
+/// The externalgrpc service over a [`Provider`], acting for cluster-autoscaler.
+#[derive(Clone)]
+pub struct CloudProviderService {
+    provider: Provider,
+    caller: Caller,
+}
+
+impl CloudProviderService {
+    pub fn new(provider: Provider) -> Self {
+        Self { provider, caller: Caller::cluster_autoscaler() }
+    }
+
+    /// The tonic service to add to a server.
+    pub fn into_server(self) -> CloudProviderServer<Self> {
+        CloudProviderServer::new(self)
+    }
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl CloudProvider for CloudProviderService {
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroups"))]
+    async fn node_groups(
+        &self,
+        _: Request<proto::NodeGroupsRequest>,
+    ) -> Answer<proto::NodeGroupsResponse> {
+        let groups = self.provider.node_groups(&self.caller).map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupsResponse {
+            node_groups: groups.into_iter().map(convert::node_group).collect(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupForNode"))]
+    async fn node_group_for_node(
+        &self,
+        request: Request<proto::NodeGroupForNodeRequest>,
+    ) -> Answer<proto::NodeGroupForNodeResponse> {
+        let node = convert::node_ref(request.get_ref().node.as_ref());
+        let group = self.provider.node_group_for_node(&self.caller, &node).map_err(to_status)?;
+        // An unmanaged node gets a group with an empty id, never an error.
+        let node_group = group.map(convert::node_group).unwrap_or_default();
+        Ok(Response::new(proto::NodeGroupForNodeResponse { node_group: Some(node_group) }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "PricingNodePrice"))]
+    async fn pricing_node_price(
+        &self,
+        request: Request<proto::PricingNodePriceRequest>,
+    ) -> Answer<proto::PricingNodePriceResponse> {
+        let r = request.get_ref();
+        let window = convert::window(
+            (r.start_timestamp.as_ref(), r.end_timestamp.as_ref()),
+            (r.start_time.as_ref(), r.end_time.as_ref()),
+        )?;
+        let node = convert::node_ref(r.node.as_ref());
+        let price = self.provider.node_price(&self.caller, &node, window).map_err(to_status)?;
+        Ok(Response::new(proto::PricingNodePriceResponse { price }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "PricingPodPrice"))]
+    async fn pricing_pod_price(
+        &self,
+        request: Request<proto::PricingPodPriceRequest>,
+    ) -> Answer<proto::PricingPodPriceResponse> {
+        let r = request.get_ref();
+        let window = convert::window(
+            (r.start_timestamp.as_ref(), r.end_timestamp.as_ref()),
+            (r.start_time.as_ref(), r.end_time.as_ref()),
+        )?;
+        let pod = convert::pod_placement(&r.pod_bytes, &r.pod)?;
+        let price = self.provider.pod_price(&self.caller, &pod, window).map_err(to_status)?;
+        Ok(Response::new(proto::PricingPodPriceResponse { price }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "GPULabel"))]
+    async fn gpu_label(
+        &self,
+        _: Request<proto::GpuLabelRequest>,
+    ) -> Answer<proto::GpuLabelResponse> {
+        Ok(Response::new(proto::GpuLabelResponse { label: self.provider.gpu_label().to_owned() }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "GetAvailableGPUTypes"))]
+    async fn get_available_gpu_types(
+        &self,
+        _: Request<proto::GetAvailableGpuTypesRequest>,
+    ) -> Answer<proto::GetAvailableGpuTypesResponse> {
+        // cluster-autoscaler reads only the keys.
+        let gpu_types = self
+            .provider
+            .gpu_types()
+            .iter()
+            .map(|t| (t.clone(), prost_types::Any::default()))
+            .collect();
+        Ok(Response::new(proto::GetAvailableGpuTypesResponse { gpu_types }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "Cleanup"))]
+    async fn cleanup(&self, _: Request<proto::CleanupRequest>) -> Answer<proto::CleanupResponse> {
+        Ok(Response::new(proto::CleanupResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "Refresh"))]
+    async fn refresh(&self, _: Request<proto::RefreshRequest>) -> Answer<proto::RefreshResponse> {
+        self.provider.refresh();
+        Ok(Response::new(proto::RefreshResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupTargetSize", group = %request.get_ref().id))]
+    async fn node_group_target_size(
+        &self,
+        request: Request<proto::NodeGroupTargetSizeRequest>,
+    ) -> Answer<proto::NodeGroupTargetSizeResponse> {
+        let target_size =
+            self.provider.target_size(&self.caller, &request.get_ref().id).map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupTargetSizeResponse { target_size }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupIncreaseSize", group = %request.get_ref().id, delta = request.get_ref().delta))]
+    async fn node_group_increase_size(
+        &self,
+        request: Request<proto::NodeGroupIncreaseSizeRequest>,
+    ) -> Answer<proto::NodeGroupIncreaseSizeResponse> {
+        let r = request.get_ref();
+        self.provider.increase_size(&self.caller, &r.id, r.delta).await.map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupIncreaseSizeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupDeleteNodes", group = %request.get_ref().id, nodes = request.get_ref().nodes.len()))]
+    async fn node_group_delete_nodes(
+        &self,
+        request: Request<proto::NodeGroupDeleteNodesRequest>,
+    ) -> Answer<proto::NodeGroupDeleteNodesResponse> {
+        let r = request.get_ref();
+        let nodes: Vec<_> = r.nodes.iter().map(|n| convert::node_ref(Some(n))).collect();
+        self.provider.delete_nodes(&self.caller, &r.id, &nodes).await.map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupDeleteNodesResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupDecreaseTargetSize", group = %request.get_ref().id, delta = request.get_ref().delta))]
+    async fn node_group_decrease_target_size(
+        &self,
+        request: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
+    ) -> Answer<proto::NodeGroupDecreaseTargetSizeResponse> {
+        let r = request.get_ref();
+        self.provider
+            .decrease_target_size(&self.caller, &r.id, r.delta)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupDecreaseTargetSizeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupNodes", group = %request.get_ref().id))]
+    async fn node_group_nodes(
+        &self,
+        request: Request<proto::NodeGroupNodesRequest>,
+    ) -> Answer<proto::NodeGroupNodesResponse> {
+        let instances =
+            self.provider.instances(&self.caller, &request.get_ref().id).map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupNodesResponse {
+            instances: instances.into_iter().map(convert::instance).collect(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupTemplateNodeInfo", group = %request.get_ref().id))]
+    async fn node_group_template_node_info(
+        &self,
+        request: Request<proto::NodeGroupTemplateNodeInfoRequest>,
+    ) -> Answer<proto::NodeGroupTemplateNodeInfoResponse> {
+        use prost::Message;
+        let node =
+            self.provider.template_node(&self.caller, &request.get_ref().id).map_err(to_status)?;
+        let bytes = node.encode_to_vec();
+        // The same bytes serve both generations of the client: an embedded Node message and a
+        // bytes field share a wire type.
+        Ok(Response::new(proto::NodeGroupTemplateNodeInfoResponse {
+            node_info: bytes.clone(),
+            node_bytes: bytes,
+            resource_slice_bytes: Vec::new(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGroupGetOptions", group = %request.get_ref().id))]
+    async fn node_group_get_options(
+        &self,
+        request: Request<proto::NodeGroupAutoscalingOptionsRequest>,
+    ) -> Answer<proto::NodeGroupAutoscalingOptionsResponse> {
+        let r = request.get_ref();
+        let defaults = convert::defaults(r.defaults.as_ref());
+        let resolved = self.provider.options(&self.caller, &r.id, &defaults).map_err(to_status)?;
+        Ok(Response::new(proto::NodeGroupAutoscalingOptionsResponse {
+            node_group_autoscaling_options: Some(convert::options(resolved)),
+        }))
+    }
+}

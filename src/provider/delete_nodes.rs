@@ -1,0 +1,274 @@
+//! NodeGroupDeleteNodes: release the machines of the named nodes. cluster-autoscaler has
+//! drained them already. Each live claim of a named slot is marked (status.scaleDownRequestedAt
+//! and By, through the status subresource) and then deleted: a pending claim goes at once, a
+//! booting or ready one is held by its finalizer until the shutdown path has powered the
+//! machine off. Both steps are skipped when already done, so a repeated call is harmless.
+//!
+//! A failed claim named here is cluster-autoscaler acknowledging the create error it was shown
+//! (it calls DeleteNodes on such an instance every loop until it leaves the list): the claim is
+//! stamped status.failureAcknowledgedAt and is no longer listed.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::phase;
+
+use super::error::ProviderError;
+use super::groups::{GroupSnapshot, phase_of};
+use super::node_lookup::{NodeRef, find_slot};
+use super::{Caller, Provider};
+
+/// What a DeleteNodes did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteOutcome {
+    /// Live claims marked and deleted (or found already so).
+    pub released: Vec<String>,
+    /// Failed claims acknowledged.
+    pub acknowledged: Vec<String>,
+}
+
+/// What to do for one named node.
+#[derive(Clone, Debug)]
+pub struct NodeRelease {
+    pub slot: String,
+    /// The slot's live claims: marked, then deleted.
+    pub release: Vec<Arc<NodeClaim>>,
+    /// The slot's failed claims not yet acknowledged.
+    pub acknowledge: Vec<Arc<NodeClaim>>,
+}
+
+/// Resolves the named nodes to their slots' claims and checks the group's floor.
+pub fn plan_delete(
+    snapshot: &GroupSnapshot,
+    nodes: &[NodeRef],
+) -> Result<Vec<NodeRelease>, ProviderError> {
+    let slots: Vec<_> = snapshot.slots.iter().map(|s| s.slot.clone()).collect();
+    let mut plan: Vec<NodeRelease> = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let Some(slot) = find_slot(&slots, node) else {
+            return Err(ProviderError::NodeNotInGroup {
+                node: node.display_name().to_owned(),
+                group: snapshot.name().to_owned(),
+            });
+        };
+        let name = super::groups::slot_name(slot);
+        if plan.iter().any(|p| p.slot == name) {
+            continue;
+        }
+        let Some(state) = snapshot.slot(name) else { continue };
+        let release =
+            state.claims.iter().filter(|c| phase::is_live(phase_of(c))).cloned().collect();
+        let acknowledge = state
+            .claims
+            .iter()
+            .filter(|c| phase_of(c) == Some(NodeClaimPhase::Failed) && !is_acknowledged(c))
+            .cloned()
+            .collect();
+        plan.push(NodeRelease { slot: name.to_owned(), release, acknowledge });
+    }
+
+    let newly_unwanted =
+        plan.iter().filter(|p| snapshot.slot(&p.slot).is_some_and(|s| s.is_wanted())).count();
+    let by = super::groups::saturating_i32(newly_unwanted);
+    let (target, min_size) = (snapshot.target_size(), snapshot.group.spec.min_size);
+    if by > 0 && target - by < min_size {
+        return Err(ProviderError::BelowMinSize {
+            group: snapshot.name().to_owned(),
+            target,
+            by,
+            min_size,
+        });
+    }
+    Ok(plan)
+}
+
+/// cluster-autoscaler has been told about this failure and no longer needs to see it.
+pub fn is_acknowledged(claim: &NodeClaim) -> bool {
+    claim.status.as_ref().is_some_and(|s| s.failure_acknowledged_at.is_some())
+}
+
+impl Provider {
+    /// Releases the machines of the named nodes of a group.
+    #[tracing::instrument(skip_all, fields(group = %group, caller = %caller.requested_by, nodes = nodes.len()))]
+    pub async fn delete_nodes(
+        &self,
+        caller: &Caller,
+        group: &str,
+        nodes: &[NodeRef],
+    ) -> Result<DeleteOutcome, ProviderError> {
+        let _writes = self.lock_writes().await;
+        let snapshot = self.snapshot_for_write(caller, group).await?;
+        let plan = plan_delete(&snapshot, nodes)?;
+        let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
+        let now = Timestamp::now();
+        let mut outcome = DeleteOutcome::default();
+        for node in &plan {
+            for claim in &node.release {
+                self.release(&api, claim, caller, now).await?;
+                outcome.released.push(claim.metadata.name.clone().unwrap_or_default());
+            }
+            for claim in &node.acknowledge {
+                self.acknowledge(&api, claim, now).await?;
+                outcome.acknowledged.push(claim.metadata.name.clone().unwrap_or_default());
+            }
+            tracing::info!(slot = %node.slot, "machine released");
+        }
+
+        let namespace = &self.config().namespace;
+        self.stores()
+            .settle(self.config().settle_timeout, "claims released", |stores| {
+                let shown = |name: &String, done: &dyn Fn(&NodeClaim) -> bool| {
+                    stores
+                        .claims
+                        .get(&ObjectRef::new(name).within(namespace))
+                        .is_none_or(|c| done(&c))
+                };
+                outcome.released.iter().all(|n| shown(n, &phase::is_marked))
+                    && outcome.acknowledged.iter().all(|n| shown(n, &is_acknowledged))
+            })
+            .await;
+        Ok(outcome)
+    }
+
+    /// Marks a live claim for scale-down and deletes it; each step only if not done yet.
+    async fn release(
+        &self,
+        api: &Api<NodeClaim>,
+        claim: &NodeClaim,
+        caller: &Caller,
+        now: Timestamp,
+    ) -> Result<(), ProviderError> {
+        let Some(name) = claim.metadata.name.as_deref() else { return Ok(()) };
+        let status = claim.status.as_ref();
+        if status.and_then(|s| s.scale_down_requested_at.as_ref()).is_none() {
+            let patch = serde_json::json!({ "status": {
+                "scaleDownRequestedAt": Time(now),
+                "scaleDownRequestedBy": format!("{} (DeleteNodes)", caller.requested_by),
+            }});
+            let marked =
+                api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+            match marked {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(source) => {
+                    return Err(ProviderError::kube(
+                        format!("marking claim {name} for scale-down"),
+                        source,
+                    ));
+                }
+            }
+        }
+        if claim.metadata.deletion_timestamp.is_none() {
+            let params = DeleteParams::default().preconditions(Preconditions {
+                uid: claim.metadata.uid.clone(),
+                resource_version: None,
+            });
+            match api.delete(name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => {
+                    return Err(ProviderError::kube(
+                        format!("deleting claim {name} for scale-down"),
+                        source,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that cluster-autoscaler has seen a failed claim.
+    async fn acknowledge(
+        &self,
+        api: &Api<NodeClaim>,
+        claim: &NodeClaim,
+        now: Timestamp,
+    ) -> Result<(), ProviderError> {
+        let Some(name) = claim.metadata.name.as_deref() else { return Ok(()) };
+        let patch = serde_json::json!({ "status": { "failureAcknowledgedAt": Time(now) } });
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(source) => {
+                Err(ProviderError::kube(format!("acknowledging failed claim {name}"), source))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::super::groups::tests::{claim, group, marked, slot};
+    use super::*;
+    use NodeClaimPhase::*;
+
+    fn node(name: &str) -> NodeRef {
+        NodeRef {
+            provider_id: format!("homelab://{name}"),
+            name: name.into(),
+            ..NodeRef::default()
+        }
+    }
+
+    fn snap(min_size: i32, claims: Vec<NodeClaim>) -> GroupSnapshot {
+        let slots = vec![slot("a", "pool"), slot("b", "pool")];
+        let claims: Vec<Arc<NodeClaim>> = claims.into_iter().map(Arc::new).collect();
+        GroupSnapshot::build(group("pool", min_size), &slots, &claims, &HashSet::new())
+    }
+
+    fn claim_names(claims: &[Arc<NodeClaim>]) -> Vec<&str> {
+        claims.iter().filter_map(|c| c.metadata.name.as_deref()).collect()
+    }
+
+    #[test]
+    fn a_named_node_releases_its_live_claim_and_acknowledges_old_failures() {
+        let s = snap(
+            0,
+            vec![
+                claim("a-2", "a", Some(Ready), "2026-03-04T09:30:00Z"),
+                claim("a-1", "a", Some(Failed), "2026-03-04T09:00:00Z"),
+            ],
+        );
+        let plan = plan_delete(&s, &[node("a"), node("a")]).unwrap();
+        assert_eq!(plan.len(), 1, "a node named twice is released once");
+        assert_eq!(claim_names(&plan[0].release), ["a-2"]);
+        assert_eq!(claim_names(&plan[0].acknowledge), ["a-1"]);
+    }
+
+    #[test]
+    fn an_already_marked_claim_is_released_again_idempotently_and_spends_no_floor() {
+        let s = snap(1, vec![marked(claim("a-1", "a", Some(Ready), "2026-03-04T09:00:00Z"))]);
+        let plan = plan_delete(&s, &[node("a")]).unwrap();
+        assert_eq!(claim_names(&plan[0].release), ["a-1"]);
+    }
+
+    #[test]
+    fn refusals() {
+        let s = snap(1, vec![claim("a-1", "a", Some(Ready), "2026-03-04T09:00:00Z")]);
+        assert!(matches!(
+            plan_delete(&s, &[node("a")]),
+            Err(ProviderError::BelowMinSize { target: 1, by: 1, min_size: 1, .. })
+        ));
+        assert!(matches!(
+            plan_delete(&s, &[node("elsewhere")]),
+            Err(ProviderError::NodeNotInGroup { .. })
+        ));
+    }
+
+    #[test]
+    fn an_acknowledged_failure_is_not_acknowledged_again() {
+        let mut failed = claim("b-1", "b", Some(Failed), "2026-03-04T09:00:00Z");
+        if let Some(st) = failed.status.as_mut() {
+            st.failure_acknowledged_at = Some(Time(Timestamp::UNIX_EPOCH));
+        }
+        let plan = plan_delete(&snap(0, vec![failed]), &[node("b")]).unwrap();
+        assert!(plan[0].release.is_empty() && plan[0].acknowledge.is_empty());
+    }
+}

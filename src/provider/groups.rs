@@ -1,0 +1,311 @@
+//! Which groups a caller scales and what each one holds: its slots (by the `group=<name>`
+//! label), the claims that name each slot, and whether each slot's machine has registered a
+//! Kubernetes node. Built from the reflector stores in one pass; everything else in the provider
+//! reads this snapshot, so a call sees one consistent state.
+
+use std::cmp::Ordering;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::api::{GROUP_LABEL, Group, NodeClaim, ScalingDriver};
+use crate::phase;
+
+use super::Slot;
+
+/// A node group as an autoscaler sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGroupInfo {
+    /// The Group's name.
+    pub id: String,
+    /// The Group's minSize.
+    pub min_size: i32,
+    /// The number of slots in the Group: a pool cannot grow past its machines.
+    pub max_size: i32,
+    /// One line for the autoscaler's logs.
+    pub debug: String,
+}
+
+/// The name a driver goes by in messages and in `spec.driver`.
+pub fn driver_name(driver: ScalingDriver) -> &'static str {
+    match driver {
+        ScalingDriver::ClusterAutoscaler => "cluster-autoscaler",
+        ScalingDriver::Builtin => "builtin",
+    }
+}
+
+/// The `spec.providerID` the machine of a slot registers with: the slot's declared one (k3s
+/// registers `k3s://<name>`), else `homelab://<slot>`, which the operator writes onto the node.
+pub fn provider_id_of(slot: &Slot) -> String {
+    match slot.spec.provider_id.as_deref() {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ => format!("homelab://{}", slot_name(slot)),
+    }
+}
+
+/// The slot's name (its metadata name, which equals `spec.kubernetesNodeName`).
+pub fn slot_name(slot: &Slot) -> &str {
+    slot.metadata.name.as_deref().unwrap_or(&slot.spec.kubernetes_node_name)
+}
+
+/// The group a slot joins by its label, if any.
+pub fn group_of(slot: &Slot) -> Option<&str> {
+    slot.metadata.labels.as_ref()?.get(GROUP_LABEL).map(String::as_str)
+}
+
+/// Orders claims newest first: by `spec.requestedAt`, then creation time, then name, so the
+/// order is total and the same in every replica.
+pub fn newest_first(a: &NodeClaim, b: &NodeClaim) -> Ordering {
+    let requested = |c: &NodeClaim| c.spec.requested_at.as_ref().map(|t| t.0);
+    let created = |c: &NodeClaim| c.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    requested(b)
+        .cmp(&requested(a))
+        .then_with(|| created(b).cmp(&created(a)))
+        .then_with(|| b.metadata.name.cmp(&a.metadata.name))
+}
+
+/// One slot of a group with the claims that name it.
+#[derive(Clone, Debug)]
+pub struct SlotState {
+    pub slot: Arc<Slot>,
+    /// Every claim naming this slot, newest first.
+    pub claims: Vec<Arc<NodeClaim>>,
+    /// A Kubernetes node named after the slot exists: the machine has registered.
+    pub registered: bool,
+}
+
+impl SlotState {
+    pub fn name(&self) -> &str {
+        slot_name(&self.slot)
+    }
+
+    /// The newest live claim: the one that holds the slot (marked or not).
+    pub fn live_claim(&self) -> Option<&Arc<NodeClaim>> {
+        self.claims.iter().find(|c| phase::is_live(phase_of(c)))
+    }
+
+    /// No live claim: the only shape IncreaseSize may claim.
+    pub fn is_free(&self) -> bool {
+        self.live_claim().is_none()
+    }
+
+    /// A live claim not marked for scale-down: the slot counts towards the target size.
+    pub fn is_wanted(&self) -> bool {
+        self.claims.iter().any(|c| phase::wants_machine(phase_of(c), phase::is_marked(c)))
+    }
+
+    /// The newest claim of any phase.
+    pub fn newest_claim(&self) -> Option<&Arc<NodeClaim>> {
+        self.claims.first()
+    }
+
+    pub fn instance_id(&self) -> String {
+        provider_id_of(&self.slot)
+    }
+}
+
+/// The phase field of a claim (absent reads as pending in every predicate of `phase`).
+pub fn phase_of(claim: &NodeClaim) -> Option<crate::api::NodeClaimPhase> {
+    claim.status.as_ref().and_then(|s| s.phase)
+}
+
+/// A group and everything in it, at one instant.
+#[derive(Clone, Debug)]
+pub struct GroupSnapshot {
+    pub group: Arc<Group>,
+    /// The group's slots, by name.
+    pub slots: Vec<SlotState>,
+}
+
+impl GroupSnapshot {
+    /// Assembles a group's snapshot from whole-namespace listings.
+    pub fn build(
+        group: Arc<Group>,
+        slots: &[Arc<Slot>],
+        claims: &[Arc<NodeClaim>],
+        registered_nodes: &HashSet<String>,
+    ) -> Self {
+        let name = group.metadata.name.clone().unwrap_or_default();
+        let mut members: Vec<SlotState> = slots
+            .iter()
+            .filter(|s| group_of(s) == Some(name.as_str()))
+            .map(|slot| {
+                let slot_name = slot_name(slot);
+                let mut own: Vec<Arc<NodeClaim>> =
+                    claims.iter().filter(|c| c.spec.slot_ref.name == slot_name).cloned().collect();
+                own.sort_by(|a, b| newest_first(a, b));
+                SlotState {
+                    registered: registered_nodes.contains(&slot.spec.kubernetes_node_name)
+                        || registered_nodes.contains(slot_name),
+                    slot: slot.clone(),
+                    claims: own,
+                }
+            })
+            .collect();
+        members.sort_by(|a, b| a.name().cmp(b.name()));
+        Self { group, slots: members }
+    }
+
+    pub fn name(&self) -> &str {
+        self.group.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn slot_count(&self) -> i32 {
+        saturating_i32(self.slots.len())
+    }
+
+    /// Slots held by a live claim, marked or not: they are not free.
+    pub fn live_count(&self) -> i32 {
+        saturating_i32(self.slots.iter().filter(|s| !s.is_free()).count())
+    }
+
+    /// The target size: slots whose machine is wanted.
+    pub fn target_size(&self) -> i32 {
+        saturating_i32(self.slots.iter().filter(|s| s.is_wanted()).count())
+    }
+
+    pub fn slot(&self, name: &str) -> Option<&SlotState> {
+        self.slots.iter().find(|s| s.name() == name)
+    }
+
+    /// The group as an autoscaler sees it.
+    pub fn info(&self) -> NodeGroupInfo {
+        let spec = &self.group.spec;
+        NodeGroupInfo {
+            id: self.name().to_owned(),
+            min_size: spec.min_size.max(0),
+            max_size: self.slot_count(),
+            debug: format!(
+                "homelab group {}: {} slots, {} wanted, minSize {}",
+                self.name(),
+                self.slot_count(),
+                self.target_size(),
+                spec.min_size
+            ),
+        }
+    }
+}
+
+pub(crate) fn saturating_i32(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::api::{
+        ClaimCall, ClaimRequest, GroupSpec, LifecyclePodSpec, NodeClaimPhase, NodeClaimSpec,
+        NodeClaimStatus, NodeSpec, SlotRef,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    pub fn slot(name: &str, group: &str) -> Arc<Slot> {
+        let mut s = Slot::new(
+            name,
+            NodeSpec {
+                startup_pod_spec: LifecyclePodSpec::default(),
+                shutdown_pod_spec: LifecyclePodSpec::default(),
+                kubernetes_node_name: name.into(),
+                provider_id: None,
+                node_taints: vec![],
+                node_labels: Default::default(),
+                node_capacity: Default::default(),
+                pricing: None,
+                power_state: None,
+            },
+        );
+        s.metadata.labels = Some([(GROUP_LABEL.to_string(), group.to_string())].into());
+        Arc::new(s)
+    }
+
+    pub fn group(name: &str, min_size: i32) -> Arc<Group> {
+        let spec: GroupSpec = serde_json::from_value(serde_json::json!({ "minSize": min_size }))
+            .expect("a group spec from defaults");
+        Arc::new(Group::new(name, spec))
+    }
+
+    pub fn claim(
+        name: &str,
+        slot: &str,
+        phase: Option<NodeClaimPhase>,
+        requested_at: &str,
+    ) -> NodeClaim {
+        let mut c = NodeClaim::new(
+            name,
+            NodeClaimSpec {
+                slot_ref: SlotRef { name: slot.into() },
+                request: ClaimRequest {
+                    call: ClaimCall::IncreaseSize,
+                    delta: Some(1),
+                    group: "pool".into(),
+                    nodes: vec![],
+                    reason: None,
+                },
+                requested_at: Some(Time(requested_at.parse().expect("a timestamp"))),
+                requested_by: None,
+                attempt: Some(1),
+                deadline_at: None,
+                max_node_provision_time: None,
+                ttl_seconds_after_finished: None,
+            },
+        );
+        c.status = Some(NodeClaimStatus { phase, ..Default::default() });
+        c
+    }
+
+    pub fn marked(mut c: NodeClaim) -> NodeClaim {
+        if let Some(s) = c.status.as_mut() {
+            s.scale_down_requested_at = Some(Time("2026-03-04T10:00:00Z".parse().unwrap()));
+        }
+        c
+    }
+
+    #[test]
+    fn a_snapshot_holds_only_the_groups_slots_and_their_claims_newest_first() {
+        use NodeClaimPhase::*;
+        let slots = vec![slot("b", "pool"), slot("a", "pool"), slot("x", "other")];
+        let claims: Vec<Arc<NodeClaim>> = vec![
+            claim("a-1", "a", Some(Failed), "2026-03-04T09:00:00Z"),
+            claim("a-2", "a", Some(Booting), "2026-03-04T09:30:00Z"),
+            claim("b-1", "b", Some(Completed), "2026-03-04T09:00:00Z"),
+            claim("x-1", "x", None, "2026-03-04T09:00:00Z"),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let registered: HashSet<String> = ["a".to_string()].into();
+        let snap = GroupSnapshot::build(group("pool", 1), &slots, &claims, &registered);
+
+        let names: Vec<&str> = snap.slots.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let a = snap.slot("a").unwrap();
+        assert_eq!(a.claims[0].metadata.name.as_deref(), Some("a-2"));
+        assert!(a.registered && !a.is_free() && a.is_wanted());
+        let b = snap.slot("b").unwrap();
+        assert!(!b.registered && b.is_free() && !b.is_wanted());
+        assert_eq!((snap.slot_count(), snap.live_count(), snap.target_size()), (2, 1, 1));
+        assert_eq!(snap.info().max_size, 2);
+        assert_eq!(snap.info().min_size, 1);
+    }
+
+    #[test]
+    fn a_marked_claim_holds_its_slot_but_is_not_wanted() {
+        let slots = vec![slot("a", "pool")];
+        let claims = vec![Arc::new(marked(claim(
+            "a-1",
+            "a",
+            Some(NodeClaimPhase::Ready),
+            "2026-03-04T09:00:00Z",
+        )))];
+        let snap = GroupSnapshot::build(group("pool", 0), &slots, &claims, &HashSet::new());
+        assert_eq!((snap.live_count(), snap.target_size()), (1, 0));
+    }
+
+    #[test]
+    fn the_provider_id_is_the_declared_one_or_homelab_scheme() {
+        let plain = slot("worker-1", "pool");
+        assert_eq!(provider_id_of(&plain), "homelab://worker-1");
+        let mut k3s = (*plain).clone();
+        k3s.spec.provider_id = Some("k3s://worker-1".into());
+        assert_eq!(provider_id_of(&k3s), "k3s://worker-1");
+    }
+}

@@ -1,0 +1,226 @@
+//! NodeGroupIncreaseSize: `delta` new claims on `delta` free slots, in one call. A free slot
+//! has no live claim; the provider picks among them (see [`super::slot_choice`]) and refuses,
+//! before writing anything, a request the pool cannot meet: more machines than slots, or not
+//! enough free slots that may boot now. Provisioning continues after the call returns.
+
+use jiff::Timestamp;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::NodeClaim;
+
+use super::claim_object::{ClaimIntent, new_claim};
+use super::error::ProviderError;
+use super::groups::GroupSnapshot;
+use super::slot_choice::{ChosenSlot, SlotCandidate, candidate, choose};
+use super::{Caller, Provider};
+
+/// A claim IncreaseSize created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreatedClaim {
+    pub name: String,
+    pub slot: String,
+    pub attempt: i32,
+}
+
+/// A slot to claim and the sentence that explains the choice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedClaim {
+    pub slot: ChosenSlot,
+    pub choice: String,
+}
+
+/// Decides which slots an IncreaseSize claims, or why it cannot.
+pub fn plan_increase(
+    snapshot: &GroupSnapshot,
+    delta: i32,
+    now: Timestamp,
+) -> Result<Vec<PlannedClaim>, ProviderError> {
+    if delta <= 0 {
+        return Err(ProviderError::InvalidDelta {
+            call: "IncreaseSize",
+            delta,
+            expected: "positive",
+        });
+    }
+    let (slots, live) = (snapshot.slot_count(), snapshot.live_count());
+    if live.saturating_add(delta) > slots {
+        return Err(ProviderError::OverCapacity {
+            group: snapshot.name().to_owned(),
+            slots,
+            live,
+            delta,
+        });
+    }
+    let group_pricing = snapshot.group.spec.pricing.as_ref();
+    let candidates: Vec<SlotCandidate> = snapshot
+        .slots
+        .iter()
+        .filter(|s| s.is_free())
+        .map(|s| candidate(s, group_pricing, now))
+        .collect();
+    let wanted = usize::try_from(delta).unwrap_or(usize::MAX);
+    let chosen =
+        choose(&candidates, wanted).map_err(|shortfall| ProviderError::NotEnoughFreeSlots {
+            group: snapshot.name().to_owned(),
+            wanted: delta,
+            bootable: shortfall.bootable,
+            exhausted: shortfall.exhausted,
+        })?;
+    let free = candidates.len();
+    Ok(chosen
+        .into_iter()
+        .enumerate()
+        .map(|(rank, slot)| {
+            let rate = candidates
+                .iter()
+                .find(|c| c.name == slot.name)
+                .and_then(|c| c.hourly_rate)
+                .map_or_else(|| "unpriced".to_owned(), |r| format!("hourlyRate {r}"));
+            let choice = format!(
+                "slot {} picked as choice {} of {free} free slots (not exhausted, cheapest first, \
+                 then fewest recent failures, then name): {rate}, {} recent failed boots",
+                slot.name,
+                rank + 1,
+                slot.attempt - 1,
+            );
+            PlannedClaim { slot, choice }
+        })
+        .collect())
+}
+
+impl Provider {
+    /// Claims `delta` free slots of the group. All or nothing: if a create fails, the claims
+    /// this call already created are deleted again (they are pending, so nothing is in flight).
+    #[tracing::instrument(skip(self, caller), fields(caller = %caller.requested_by))]
+    pub async fn increase_size(
+        &self,
+        caller: &Caller,
+        group: &str,
+        delta: i32,
+    ) -> Result<Vec<CreatedClaim>, ProviderError> {
+        if delta <= 0 {
+            return Err(ProviderError::InvalidDelta {
+                call: "IncreaseSize",
+                delta,
+                expected: "positive",
+            });
+        }
+        let _writes = self.lock_writes().await;
+        let snapshot = self.snapshot_for_write(caller, group).await?;
+        // Times are stored with second precision; deciding with the stored value keeps
+        // requestedAt and deadlineAt exactly the budget apart.
+        let now = Timestamp::from_second(Timestamp::now().as_second())
+            .unwrap_or_else(|_| Timestamp::now());
+        let plan = plan_increase(&snapshot, delta, now)?;
+
+        let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
+        let mut created: Vec<CreatedClaim> = Vec::with_capacity(plan.len());
+        for planned in &plan {
+            let Some(state) = snapshot.slot(&planned.slot.name) else { continue };
+            let claim = new_claim(&ClaimIntent {
+                slot: &state.slot,
+                group: &snapshot.group,
+                delta,
+                caller,
+                attempt: planned.slot.attempt,
+                requested_at: now,
+                timeouts: self.config().timeouts,
+                choice: &planned.choice,
+            });
+            match api.create(&PostParams::default(), &claim).await {
+                Ok(made) => {
+                    let name = made.metadata.name.unwrap_or_default();
+                    tracing::info!(claim = %name, choice = %planned.choice, "claim created");
+                    created.push(CreatedClaim {
+                        name,
+                        slot: planned.slot.name.clone(),
+                        attempt: planned.slot.attempt,
+                    });
+                }
+                Err(source) => {
+                    self.roll_back(&api, &created).await;
+                    return Err(ProviderError::kube(
+                        format!(
+                            "creating a claim for slot {} of group {group} (IncreaseSize +{delta}; \
+                             {} created and rolled back)",
+                            planned.slot.name,
+                            created.len()
+                        ),
+                        source,
+                    ));
+                }
+            }
+        }
+
+        let namespace = &self.config().namespace;
+        self.stores()
+            .settle(self.config().settle_timeout, "claims created", |stores| {
+                created.iter().all(|c| {
+                    stores.claims.get(&ObjectRef::new(&c.name).within(namespace)).is_some()
+                })
+            })
+            .await;
+        Ok(created)
+    }
+
+    async fn roll_back(&self, api: &Api<NodeClaim>, created: &[CreatedClaim]) {
+        for claim in created {
+            if let Err(error) = api.delete(&claim.name, &DeleteParams::default()).await {
+                tracing::warn!(claim = %claim.name, %error, "could not roll back a created claim");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    use super::super::groups::tests::{claim, group, slot};
+    use super::*;
+    use crate::api::{NodeClaimPhase, Pricing};
+
+    fn priced(name: &str, rate: f64) -> Arc<super::super::Slot> {
+        let mut s = (*slot(name, "pool")).clone();
+        s.spec.pricing = Some(Pricing { hourly_rate: rate, pod_rate: 0.0 });
+        Arc::new(s)
+    }
+
+    fn now() -> Timestamp {
+        "2026-03-04T10:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn two_of_three_slots_go_to_the_two_cheapest() {
+        let slots = vec![priced("server", 0.9), priced("nuc", 0.05), priced("pi", 0.01)];
+        let snap = GroupSnapshot::build(group("pool", 0), &slots, &[], &HashSet::new());
+        let plan = plan_increase(&snap, 2, now()).unwrap();
+        let names: Vec<&str> = plan.iter().map(|p| p.slot.name.as_str()).collect();
+        assert_eq!(names, ["pi", "nuc"]);
+        assert!(plan[0].choice.contains("choice 1 of 3"), "{}", plan[0].choice);
+    }
+
+    #[test]
+    fn refusals() {
+        let slots = vec![priced("a", 1.0), priced("b", 1.0)];
+        let busy = vec![Arc::new(claim(
+            "a-1",
+            "a",
+            Some(NodeClaimPhase::Booting),
+            "2026-03-04T09:00:00Z",
+        ))];
+        let snap = GroupSnapshot::build(group("pool", 0), &slots, &busy, &HashSet::new());
+        assert!(matches!(
+            plan_increase(&snap, 0, now()),
+            Err(ProviderError::InvalidDelta { delta: 0, .. })
+        ));
+        assert!(matches!(
+            plan_increase(&snap, 2, now()),
+            Err(ProviderError::OverCapacity { slots: 2, live: 1, delta: 2, .. })
+        ));
+        let plan = plan_increase(&snap, 1, now()).unwrap();
+        assert_eq!(plan[0].slot.name, "b", "the busy slot is not free");
+    }
+}

@@ -1,0 +1,259 @@
+//! The provider core: what cluster-autoscaler's externalgrpc calls and the built-in scaler ask
+//! of the pool, answered from reflector caches and carried out by creating, cancelling and
+//! marking NodeClaims. It knows no transport; the gRPC layer translates the wire to these calls
+//! and [`ProviderError::kind`] back.
+//!
+//! One file per job: [`groups`] (which groups and slots), [`target_size`], [`increase`] (with
+//! the pure [`slot_choice`] and [`claim_object`]), [`decrease`], [`delete_nodes`],
+//! [`instances`], [`template`], [`options`], [`pricing`] and [`node_lookup`]
+//! (NodeGroupForNode). The caches live in `stores`.
+//!
+//! Reads never call the API server. Writes are serialized within the process, decide on the
+//! claims as the API server has them (one list), and are answered only once the caches show
+//! them (bounded by [`ProviderConfig::settle_timeout`]), so the next read agrees with them.
+
+pub mod claim_object;
+pub mod decrease;
+pub mod delete_nodes;
+pub mod error;
+pub mod groups;
+pub mod increase;
+pub mod instances;
+pub mod node_lookup;
+pub mod options;
+pub mod pricing;
+pub mod slot_choice;
+mod stores;
+pub mod target_size;
+pub mod template;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::{Group, NodeClaim, ScalingDriver};
+
+pub use decrease::DecreaseOutcome;
+pub use delete_nodes::DeleteOutcome;
+pub use error::{ErrorKind, ExhaustedSlot, ProviderError};
+pub use groups::{GroupSnapshot, NodeGroupInfo, SlotState, provider_id_of};
+pub use increase::CreatedClaim;
+pub use instances::{Instance, InstanceError, InstanceState, OTHER_ERROR_CLASS};
+pub use node_lookup::NodeRef;
+pub use options::{AutoscalingOptions, ResolvedOptions};
+pub use pricing::{PodPlacement, PriceWindow};
+
+/// A slot: one physical machine of a pool (the `nodes.infra.homecluster.dev` kind).
+pub type Slot = crate::api::Node;
+
+/// The node label cluster-autoscaler reads a node's GPU type from, unless configured.
+pub const DEFAULT_GPU_LABEL: &str = "accelerator";
+/// How long a write waits for the caches to show it before answering anyway.
+pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// `spec.requestedBy` of cluster-autoscaler's claims.
+pub const REQUESTED_BY_CLUSTER_AUTOSCALER: &str = "cluster-autoscaler";
+
+/// How the provider is set up.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProviderConfig {
+    /// The namespace of the Groups, slots and claims.
+    pub namespace: String,
+    /// The node label that names a node's GPU type (GPULabel).
+    pub gpu_label: String,
+    /// The GPU types the pool offers (GetAvailableGPUTypes).
+    pub gpu_types: Vec<String>,
+    /// How long a write waits for the caches to show it. Well inside cluster-autoscaler's 5 s.
+    pub settle_timeout: Duration,
+    /// The boot deadlines the operator runs with; a claim's deadlineAt is measured with them.
+    pub timeouts: crate::claim::Timeouts,
+}
+
+impl ProviderConfig {
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            gpu_label: DEFAULT_GPU_LABEL.into(),
+            gpu_types: Vec::new(),
+            settle_timeout: DEFAULT_SETTLE_TIMEOUT,
+            timeouts: crate::claim::Timeouts::default(),
+        }
+    }
+}
+
+/// Who is asking: the driver whose groups it may touch, and the name its claims carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// Only groups with this `spec.driver` are visible to the caller.
+    pub driver: ScalingDriver,
+    /// Written to `spec.requestedBy` and `status.scaleDownRequestedBy`.
+    pub requested_by: String,
+    /// Why, in a sentence; recorded in `spec.request.reason` of the claims it creates.
+    pub reason: Option<String>,
+}
+
+impl Caller {
+    /// cluster-autoscaler, through the externalgrpc provider.
+    pub fn cluster_autoscaler() -> Self {
+        Self {
+            driver: ScalingDriver::ClusterAutoscaler,
+            requested_by: REQUESTED_BY_CLUSTER_AUTOSCALER.into(),
+            reason: None,
+        }
+    }
+
+    /// The built-in demand scaler, with the decision it acts on.
+    pub fn builtin_scaler(reason: impl Into<String>) -> Self {
+        Self {
+            driver: ScalingDriver::Builtin,
+            requested_by: crate::claim::REQUESTED_BY_SCALER.into(),
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+/// The provider. Cheap to clone; the caches stop when the last clone is dropped.
+#[derive(Clone)]
+pub struct Provider {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: ProviderConfig,
+    stores: stores::Stores,
+    reflectors: stores::Reflectors,
+    /// Serializes writes in this process, so two calls never pick the same free slot.
+    writes: tokio::sync::Mutex<()>,
+}
+
+impl Provider {
+    /// Starts the caches (spawned on the current Tokio runtime). Call
+    /// [`Provider::wait_synced`] before serving: until then every read answers `NotSynced`.
+    pub fn start(client: Client, config: ProviderConfig) -> Self {
+        let (stores, reflectors) = stores::start(&client, &config.namespace);
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                stores,
+                reflectors,
+                writes: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Waits until every cache has its first listing, at most `timeout`.
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), ProviderError> {
+        if self.inner.reflectors.wait_synced(timeout).await {
+            Ok(())
+        } else {
+            Err(ProviderError::NotSynced)
+        }
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.inner.reflectors.is_synced()
+    }
+
+    pub fn config(&self) -> &ProviderConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub(crate) fn stores(&self) -> &stores::Stores {
+        &self.inner.stores
+    }
+
+    pub(crate) async fn lock_writes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.inner.writes.lock().await
+    }
+
+    /// Answers only once the caches are warm: an empty cache would read as an empty pool.
+    pub(crate) fn ensure_synced(&self) -> Result<(), ProviderError> {
+        if self.is_synced() { Ok(()) } else { Err(ProviderError::NotSynced) }
+    }
+
+    /// Refresh: the caches are kept current by their watches, so there is nothing to do.
+    pub fn refresh(&self) {}
+
+    /// NodeGroups: every group the caller scales.
+    #[tracing::instrument(skip_all)]
+    pub fn node_groups(&self, caller: &Caller) -> Result<Vec<NodeGroupInfo>, ProviderError> {
+        Ok(self.snapshots(caller.driver)?.iter().map(GroupSnapshot::info).collect())
+    }
+
+    /// One group the caller scales, as the caches hold it now.
+    pub fn snapshot(&self, caller: &Caller, group: &str) -> Result<GroupSnapshot, ProviderError> {
+        self.ensure_synced()?;
+        let namespace = &self.inner.config.namespace;
+        let key = ObjectRef::<Group>::new(group).within(namespace);
+        let Some(found) = self.inner.stores.groups.get(&key) else {
+            return Err(ProviderError::GroupNotFound {
+                group: group.to_owned(),
+                namespace: namespace.clone(),
+            });
+        };
+        if found.spec.driver != caller.driver {
+            return Err(ProviderError::WrongDriver {
+                group: group.to_owned(),
+                driver: groups::driver_name(found.spec.driver),
+                caller: groups::driver_name(caller.driver),
+            });
+        }
+        Ok(self.build_snapshot(found))
+    }
+
+    /// The group as [`Provider::snapshot`] has it, but with its claims listed from the API
+    /// server (a quorum read) instead of the cache. Writes decide on this: a cache a moment
+    /// behind, say after a watch restarted, would hand one free slot to two calls.
+    pub(crate) async fn snapshot_for_write(
+        &self,
+        caller: &Caller,
+        group: &str,
+    ) -> Result<GroupSnapshot, ProviderError> {
+        let cached = self.snapshot(caller, group)?;
+        let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
+        let listed = api.list(&ListParams::default()).await.map_err(|source| {
+            ProviderError::kube(format!("listing the claims of group {group}"), source)
+        })?;
+        let claims: Vec<Arc<NodeClaim>> = listed.items.into_iter().map(Arc::new).collect();
+        let slots: Vec<Arc<Slot>> = cached.slots.iter().map(|s| s.slot.clone()).collect();
+        let registered = self.inner.stores.registered_nodes();
+        Ok(GroupSnapshot::build(cached.group, &slots, &claims, &registered))
+    }
+
+    /// Every group scaled by `driver`, by name.
+    pub fn snapshots(&self, driver: ScalingDriver) -> Result<Vec<GroupSnapshot>, ProviderError> {
+        self.ensure_synced()?;
+        let mut groups = self.inner.stores.groups.state();
+        groups.retain(|g| g.spec.driver == driver);
+        groups.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(groups.into_iter().map(|g| self.build_snapshot(g)).collect())
+    }
+
+    fn build_snapshot(&self, group: Arc<Group>) -> GroupSnapshot {
+        let stores = &self.inner.stores;
+        GroupSnapshot::build(
+            group,
+            &stores.slots.state(),
+            &stores.claims.state(),
+            &stores.registered_nodes(),
+        )
+    }
+
+    /// GPULabel.
+    pub fn gpu_label(&self) -> &str {
+        &self.inner.config.gpu_label
+    }
+
+    /// GetAvailableGPUTypes.
+    pub fn gpu_types(&self) -> &[String] {
+        &self.inner.config.gpu_types
+    }
+}

@@ -1,0 +1,237 @@
+//! NodeGroupGetOptions: every option, filled from the Group where it says, else from the
+//! defaults cluster-autoscaler sends, else from cluster-autoscaler's own flag defaults. Nothing
+//! is left unset: cluster-autoscaler reads an absent duration as 0, and a maxNodeProvisionTime
+//! of 0 times out every scale-up at once.
+
+use std::time::Duration;
+
+use crate::api::GroupSpec;
+
+use super::error::ProviderError;
+use super::{Caller, Provider};
+
+/// cluster-autoscaler's flag defaults (1.36), the last resort for each option.
+pub mod fallback {
+    use std::time::Duration;
+
+    pub const SCALE_DOWN_UTILIZATION_THRESHOLD: f64 = 0.5;
+    pub const SCALE_DOWN_GPU_UTILIZATION_THRESHOLD: f64 = 0.5;
+    pub const SCALE_DOWN_UNNEEDED_TIME: Duration = Duration::from_secs(10 * 60);
+    pub const SCALE_DOWN_UNREADY_TIME: Duration = Duration::from_secs(20 * 60);
+    pub const MAX_NODE_PROVISION_TIME: Duration = Duration::from_secs(15 * 60);
+    pub const MAX_NODE_STARTUP_TIME: Duration = Duration::from_secs(15 * 60);
+}
+
+/// Options as a request carries them: any of them may be missing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AutoscalingOptions {
+    pub scale_down_utilization_threshold: Option<f64>,
+    pub scale_down_gpu_utilization_threshold: Option<f64>,
+    pub scale_down_unneeded_time: Option<Duration>,
+    pub scale_down_unready_time: Option<Duration>,
+    pub max_node_provision_time: Option<Duration>,
+    pub max_node_startup_time: Option<Duration>,
+    pub zero_or_max_node_scaling: Option<bool>,
+    pub ignore_daemon_sets_utilization: Option<bool>,
+    pub allow_non_atomic_scale_up_to_max: Option<bool>,
+}
+
+/// Options with every field decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedOptions {
+    pub scale_down_utilization_threshold: f64,
+    pub scale_down_gpu_utilization_threshold: f64,
+    pub scale_down_unneeded_time: Duration,
+    pub scale_down_unready_time: Duration,
+    pub max_node_provision_time: Duration,
+    pub max_node_startup_time: Duration,
+    pub zero_or_max_node_scaling: bool,
+    pub ignore_daemon_sets_utilization: bool,
+    pub allow_non_atomic_scale_up_to_max: bool,
+}
+
+/// A Group duration as a std one; a negative value reads as unset.
+fn duration(d: Option<kube::core::Duration>) -> Option<Duration> {
+    d.filter(|d| !d.is_negative()).map(Duration::from)
+}
+
+/// A deadline of zero means "unset" wherever it comes from: as a deadline it would fail
+/// every machine at once.
+fn deadline(d: Option<Duration>) -> Option<Duration> {
+    d.filter(|d| !d.is_zero())
+}
+
+/// A threshold outside [0, 1] (or NaN) is not a fraction and reads as unset.
+fn fraction(x: Option<f64>) -> Option<f64> {
+    x.filter(|x| (0.0..=1.0).contains(x))
+}
+
+/// Fills every option: the Group's, else the request's default, else the flag default.
+pub fn resolve(group: &GroupSpec, defaults: &AutoscalingOptions) -> ResolvedOptions {
+    let scale_down = &group.scale_down;
+    ResolvedOptions {
+        scale_down_utilization_threshold: fraction(scale_down.utilization_threshold)
+            .or(fraction(defaults.scale_down_utilization_threshold))
+            .unwrap_or(fallback::SCALE_DOWN_UTILIZATION_THRESHOLD),
+        scale_down_gpu_utilization_threshold: fraction(scale_down.gpu_utilization_threshold)
+            .or(fraction(defaults.scale_down_gpu_utilization_threshold))
+            .unwrap_or(fallback::SCALE_DOWN_GPU_UTILIZATION_THRESHOLD),
+        scale_down_unneeded_time: duration(scale_down.unneeded_time)
+            .or(defaults.scale_down_unneeded_time)
+            .unwrap_or(fallback::SCALE_DOWN_UNNEEDED_TIME),
+        scale_down_unready_time: duration(scale_down.unready_time)
+            .or(defaults.scale_down_unready_time)
+            .unwrap_or(fallback::SCALE_DOWN_UNREADY_TIME),
+        max_node_provision_time: deadline(duration(group.max_node_provision_time))
+            .or(deadline(defaults.max_node_provision_time))
+            .unwrap_or(fallback::MAX_NODE_PROVISION_TIME),
+        max_node_startup_time: deadline(defaults.max_node_startup_time)
+            .unwrap_or(fallback::MAX_NODE_STARTUP_TIME),
+        zero_or_max_node_scaling: scale_down
+            .zero_or_max_node_scaling
+            .or(defaults.zero_or_max_node_scaling)
+            .unwrap_or(false),
+        ignore_daemon_sets_utilization: scale_down
+            .ignore_daemon_sets_utilization
+            .or(defaults.ignore_daemon_sets_utilization)
+            .unwrap_or(false),
+        allow_non_atomic_scale_up_to_max: defaults
+            .allow_non_atomic_scale_up_to_max
+            .unwrap_or(false),
+    }
+}
+
+impl Provider {
+    /// The group's options, every field filled.
+    #[tracing::instrument(skip(self, caller, defaults))]
+    pub fn options(
+        &self,
+        caller: &Caller,
+        group: &str,
+        defaults: &AutoscalingOptions,
+    ) -> Result<ResolvedOptions, ProviderError> {
+        let snapshot = self.snapshot(caller, group)?;
+        Ok(resolve(&snapshot.group.spec, defaults))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ScaleDownOptions;
+
+    fn minutes(m: u64) -> Duration {
+        Duration::from_secs(m * 60)
+    }
+
+    fn group(scale_down: ScaleDownOptions, provision: Option<Duration>) -> GroupSpec {
+        let mut spec: GroupSpec = serde_json::from_value(serde_json::json!({})).unwrap();
+        spec.scale_down = scale_down;
+        spec.max_node_provision_time = provision.map(Into::into);
+        spec
+    }
+
+    fn ca_defaults() -> AutoscalingOptions {
+        AutoscalingOptions {
+            scale_down_utilization_threshold: Some(0.6),
+            scale_down_gpu_utilization_threshold: Some(0.7),
+            scale_down_unneeded_time: Some(minutes(11)),
+            scale_down_unready_time: Some(minutes(21)),
+            max_node_provision_time: Some(minutes(16)),
+            max_node_startup_time: Some(minutes(17)),
+            zero_or_max_node_scaling: Some(false),
+            ignore_daemon_sets_utilization: Some(true),
+            allow_non_atomic_scale_up_to_max: Some(true),
+        }
+    }
+
+    #[test]
+    fn options_table() {
+        let overrides = ScaleDownOptions {
+            utilization_threshold: Some(0.3),
+            gpu_utilization_threshold: Some(0.2),
+            unneeded_time: Some(minutes(2).into()),
+            unready_time: Some(minutes(3).into()),
+            zero_or_max_node_scaling: Some(true),
+            ignore_daemon_sets_utilization: Some(false),
+        };
+        let table: Vec<(&str, GroupSpec, AutoscalingOptions, ResolvedOptions)> = vec![
+            (
+                "the group's overrides win",
+                group(overrides, Some(minutes(20))),
+                ca_defaults(),
+                ResolvedOptions {
+                    scale_down_utilization_threshold: 0.3,
+                    scale_down_gpu_utilization_threshold: 0.2,
+                    scale_down_unneeded_time: minutes(2),
+                    scale_down_unready_time: minutes(3),
+                    max_node_provision_time: minutes(20),
+                    max_node_startup_time: minutes(17),
+                    zero_or_max_node_scaling: true,
+                    ignore_daemon_sets_utilization: false,
+                    allow_non_atomic_scale_up_to_max: true,
+                },
+            ),
+            (
+                "unset in the group: the request's defaults",
+                group(ScaleDownOptions::default(), None),
+                ca_defaults(),
+                ResolvedOptions {
+                    scale_down_utilization_threshold: 0.6,
+                    scale_down_gpu_utilization_threshold: 0.7,
+                    scale_down_unneeded_time: minutes(11),
+                    scale_down_unready_time: minutes(21),
+                    max_node_provision_time: minutes(16),
+                    max_node_startup_time: minutes(17),
+                    zero_or_max_node_scaling: false,
+                    ignore_daemon_sets_utilization: true,
+                    allow_non_atomic_scale_up_to_max: true,
+                },
+            ),
+            (
+                "unset everywhere: cluster-autoscaler's flag defaults, never zero",
+                group(ScaleDownOptions::default(), None),
+                AutoscalingOptions::default(),
+                ResolvedOptions {
+                    scale_down_utilization_threshold: 0.5,
+                    scale_down_gpu_utilization_threshold: 0.5,
+                    scale_down_unneeded_time: minutes(10),
+                    scale_down_unready_time: minutes(20),
+                    max_node_provision_time: minutes(15),
+                    max_node_startup_time: minutes(15),
+                    zero_or_max_node_scaling: false,
+                    ignore_daemon_sets_utilization: false,
+                    allow_non_atomic_scale_up_to_max: false,
+                },
+            ),
+        ];
+        for (name, spec, defaults, want) in table {
+            assert_eq!(resolve(&spec, &defaults), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_zero_deadline_is_never_passed_on() {
+        let spec = group(ScaleDownOptions::default(), Some(Duration::ZERO));
+        let defaults = AutoscalingOptions {
+            max_node_provision_time: Some(Duration::ZERO),
+            max_node_startup_time: Some(Duration::ZERO),
+            ..AutoscalingOptions::default()
+        };
+        let got = resolve(&spec, &defaults);
+        assert_eq!(got.max_node_provision_time, fallback::MAX_NODE_PROVISION_TIME);
+        assert_eq!(got.max_node_startup_time, fallback::MAX_NODE_STARTUP_TIME);
+    }
+
+    #[test]
+    fn a_threshold_outside_zero_to_one_is_ignored() {
+        let defaults = AutoscalingOptions {
+            scale_down_utilization_threshold: Some(70.0),
+            scale_down_gpu_utilization_threshold: Some(f64::NAN),
+            ..AutoscalingOptions::default()
+        };
+        let got = resolve(&group(ScaleDownOptions::default(), None), &defaults);
+        assert_eq!(got.scale_down_utilization_threshold, 0.5);
+        assert_eq!(got.scale_down_gpu_utilization_threshold, 0.5);
+    }
+}

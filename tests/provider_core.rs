@@ -1,0 +1,210 @@
+//! The provider core called directly, as the built-in scaler calls it, against a real
+//! kube-apiserver (tests/support): drivers keep their groups apart, exhausted slots are
+//! skipped with an explanation, and concurrent scale-ups never claim one slot twice.
+
+mod support;
+
+use std::time::Duration;
+
+use homelab_autoscaler::api::{Group, Node as Slot, NodeClaim, ScalingDriver};
+use homelab_autoscaler::provider::{Caller, ErrorKind, Provider, ProviderConfig, ProviderError};
+use jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use support::{Components, ControlPlane};
+
+struct Env {
+    client: Client,
+    ns: String,
+    provider: Provider,
+    _logs: support::FailureLogs<'static>,
+}
+
+impl Env {
+    async fn claims(&self) -> Vec<NodeClaim> {
+        let api: Api<NodeClaim> = Api::namespaced(self.client.clone(), &self.ns);
+        api.list(&ListParams::default()).await.expect("list claims").items
+    }
+}
+
+/// A namespace with the Group `pool` driven by `driver` and `slots` (name, hourly rate); each
+/// slot's optional digest JSON becomes its `status.lastClaim`.
+async fn env(
+    prefix: &str,
+    driver: ScalingDriver,
+    slots: &[(&str, f64, Option<serde_json::Value>)],
+) -> Env {
+    // The provider's log, shown with a failing test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("homelab_autoscaler=debug,kube=info")
+        .try_init();
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
+    let logs = plane.logs_on_failure();
+    plane.install_crds().await.expect("CRDs");
+    let client = plane.client().expect("client");
+    let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+
+    let driver = match driver {
+        ScalingDriver::ClusterAutoscaler => "cluster-autoscaler",
+        ScalingDriver::Builtin => "builtin",
+    };
+    let group: Group = serde_json::from_value(json!({
+        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+        "metadata": { "name": "pool" }, "spec": { "driver": driver },
+    }))
+    .expect("group");
+    Api::<Group>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &group)
+        .await
+        .expect("create group");
+
+    let slot_api: Api<Slot> = Api::namespaced(client.clone(), &ns);
+    for (name, rate, digest) in slots {
+        let name = format!("{ns}-{name}");
+        let slot: Slot = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
+            "metadata": { "name": name, "labels": { "group": "pool" } },
+            "spec": {
+                "kubernetesNodeName": name,
+                "startupPodSpec": { "image": "busybox" },
+                "shutdownPodSpec": { "image": "busybox" },
+                "pricing": { "hourlyRate": rate, "podRate": 0.0 },
+            },
+        }))
+        .expect("slot");
+        slot_api.create(&PostParams::default(), &slot).await.expect("create slot");
+        if let Some(digest) = digest {
+            let patch = Patch::Merge(json!({ "status": { "lastClaim": digest } }));
+            slot_api.patch_status(&name, &PatchParams::default(), &patch).await.expect("digest");
+        }
+    }
+
+    let provider = Provider::start(client.clone(), ProviderConfig::new(&ns));
+    provider.wait_synced(Duration::from_secs(30)).await.expect("caches synced");
+    Env { client, ns, provider, _logs: logs }
+}
+
+/// The digest of a claim that failed its third boot in a row a minute ago.
+fn three_failures() -> serde_json::Value {
+    let finished = Timestamp::now() - jiff::SignedDuration::from_secs(60);
+    json!({
+        "name": "old-claim", "phase": "failed", "attempt": 3, "bootCommitted": true,
+        "reachedReady": false, "call": "IncreaseSize", "group": "pool",
+        "reason": "StartupJobFailed",
+        "finishedAt": jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", finished).expect("time"),
+    })
+}
+
+#[tokio::test]
+async fn the_builtin_scaler_claims_through_the_same_core_with_its_own_name() {
+    let env =
+        env("provider-builtin", ScalingDriver::Builtin, &[("a", 1.0, None), ("b", 0.5, None)])
+            .await;
+    let scaler = Caller::builtin_scaler("demand 3 pods, target 1");
+    let created = env.provider.increase_size(&scaler, "pool", 1).await.expect("increase");
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].slot, format!("{}-b", env.ns), "the cheaper slot");
+
+    let claims = env.claims().await;
+    let spec = &claims[0].spec;
+    assert_eq!(spec.requested_by.as_deref(), Some("homelab-autoscaler/scaler"));
+    let reason = spec.request.reason.as_deref().unwrap_or_default();
+    assert!(reason.starts_with("demand 3 pods, target 1; slot "), "{reason}");
+    assert_eq!(env.provider.target_size(&scaler, "pool").expect("target"), 1);
+
+    // cluster-autoscaler does not see, nor scale, a builtin group.
+    let ca = Caller::cluster_autoscaler();
+    assert!(env.provider.node_groups(&ca).expect("groups").is_empty());
+    let refused = env.provider.increase_size(&ca, "pool", 1).await.expect_err("wrong driver");
+    assert!(matches!(refused, ProviderError::WrongDriver { .. }), "{refused}");
+    assert_eq!(refused.kind(), ErrorKind::NotFound);
+
+    let outcome = env
+        .provider
+        .delete_nodes(
+            &scaler,
+            "pool",
+            &[homelab_autoscaler::provider::NodeRef {
+                name: created[0].slot.clone(),
+                ..Default::default()
+            }],
+        )
+        .await
+        .expect("release");
+    assert_eq!(outcome.released, [created[0].name.clone()]);
+    assert!(env.claims().await.is_empty(), "a pending claim without finalizer is gone at once");
+}
+
+#[tokio::test]
+async fn an_exhausted_slot_is_skipped_and_named_when_nothing_else_is_free() {
+    let env = env(
+        "provider-exhausted",
+        ScalingDriver::ClusterAutoscaler,
+        &[("cheap", 0.1, Some(three_failures())), ("dear", 2.0, None)],
+    )
+    .await;
+    let ca = Caller::cluster_autoscaler();
+    let created = env.provider.increase_size(&ca, "pool", 1).await.expect("increase");
+    assert_eq!(
+        created[0].slot,
+        format!("{}-dear", env.ns),
+        "the cheap slot failed 3 boots in a row"
+    );
+
+    let refused = env
+        .provider
+        .increase_size(&ca, "pool", 1)
+        .await
+        .expect_err("only the exhausted slot is free");
+    assert_eq!(refused.kind(), ErrorKind::FailedPrecondition);
+    let message = refused.to_string();
+    assert!(message.contains(&format!("{}-cheap (3 failed boots", env.ns)), "{message}");
+    assert!(message.contains("attempts-reset-at"), "{message}");
+
+    // A person's reset ends the streak at once.
+    let slots: Api<Slot> = Api::namespaced(env.client.clone(), &env.ns);
+    let now = jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", Timestamp::now()).expect("time");
+    let patch = Patch::Merge(json!({ "metadata": { "annotations": {
+        "infra.homecluster.dev/attempts-reset-at": now,
+    } } }));
+    slots
+        .patch(&format!("{}-cheap", env.ns), &PatchParams::default(), &patch)
+        .await
+        .expect("reset");
+    let mut created = None;
+    for _ in 0..100 {
+        match env.provider.increase_size(&ca, "pool", 1).await {
+            Ok(made) => {
+                created = Some(made);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let created = created.expect("the reset slot boots");
+    assert_eq!(created[0].attempt, 1);
+}
+
+#[tokio::test]
+async fn concurrent_scale_ups_never_claim_a_slot_twice() {
+    let slots: Vec<(&str, f64, Option<serde_json::Value>)> =
+        vec![("a", 1.0, None), ("b", 1.0, None), ("c", 1.0, None)];
+    let env = env("provider-race", ScalingDriver::ClusterAutoscaler, &slots).await;
+    let ca = Caller::cluster_autoscaler();
+    let calls = (0..3).map(|_| env.provider.increase_size(&ca, "pool", 1));
+    let results = futures::future::join_all(calls).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let mut claimed: Vec<String> =
+        env.claims().await.into_iter().map(|c| c.spec.slot_ref.name).collect();
+    claimed.sort();
+    claimed.dedup();
+    assert_eq!(claimed.len(), 3, "three claims on three different slots");
+    assert_eq!(env.provider.target_size(&ca, "pool").expect("target"), 3);
+
+    let fourth = env.provider.increase_size(&ca, "pool", 1).await.expect_err("the pool is full");
+    assert_eq!(fourth.kind(), ErrorKind::FailedPrecondition);
+    let names: Vec<String> = env.claims().await.iter().map(|c| c.name_any()).collect();
+    assert_eq!(names.len(), 3);
+}
