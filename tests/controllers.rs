@@ -473,3 +473,32 @@ async fn a_finished_claim_is_collected_after_its_ttl() {
         ("c1", Some("DeadlineExceeded"), true)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_many_claims_raced_onto_one_slot_exactly_one_boots() {
+    let lab = Lab::start("ctl-race").await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let names: Vec<String> = (0..5).map(|i| format!("race-{i}")).collect();
+    futures::future::join_all(names.iter().map(|n| lab.claim(n, &slot, None))).await;
+    let mut ready = Vec::new();
+    for name in &names {
+        let settled = lab
+            .claim_until(name, "ready or superseded", |c| {
+                phase(c) == Some(NodeClaimPhase::Ready)
+                    || (phase(c) == Some(NodeClaimPhase::Failed)
+                        && reason(c).as_deref() == Some("Superseded"))
+            })
+            .await;
+        if phase(&settled) == Some(NodeClaimPhase::Ready) {
+            ready.push(name.clone());
+        }
+    }
+    assert_eq!(ready.len(), 1, "exactly one claim owns the machine: {ready:?}");
+    let startup_jobs = lab
+        .jobs()
+        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=startup"))
+        .await
+        .expect("jobs")
+        .items;
+    assert_eq!(startup_jobs.len(), 1, "one machine was bought");
+}
