@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Attempt", type_ = "integer", json_path = ".spec.attempt"),
     printcolumn(name = "Call", type_ = "string", json_path = ".spec.request.call"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
-    printcolumn(name = "Deadline", type_ = "date", json_path = ".spec.deadlineAt"),
+    printcolumn(name = "Deadline", type_ = "string", json_path = ".spec.deadlineAt"),
     printcolumn(
         name = "Requested-By",
         type_ = "string",

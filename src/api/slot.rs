@@ -50,7 +50,7 @@ pub struct NodeSpec {
     pub kubernetes_node_name: String,
     /// The node's `spec.providerID`, when its kubelet sets one (k3s registers `k3s://<name>`).
     /// Unset means `homelab://<slot>`, which the operator writes onto the node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "providerID", default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub provider_id: Option<String>,
     /// Taints the machine's node carries when it serves; cluster-autoscaler's template for the
@@ -72,8 +72,15 @@ pub struct NodeSpec {
     /// by hand, create a NodeClaim. The field stays in the schema only so that an object still
     /// setting it is refused with an explanation instead of silently pruned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = kube::core::Rule::new("false").message("spec.powerState was removed in v2alpha1: a machine now runs exactly while a NodeClaim for its slot is live. Delete spec.powerState from the manifest; to start the machine by hand, create a NodeClaim for this slot (docs/migration.md)").reason(kube::core::Reason::FieldValueForbidden))]
-    pub power_state: Option<String>,
+    #[schemars(schema_with = "any_value")]
+    pub power_state: Option<serde_json::Value>,
+}
+
+/// Any JSON value: v1alpha1 manifests wrote `powerState: on`, which YAML reads as a boolean, and
+/// a type error would hide the explanation of why the field is gone. (A CEL rule cannot see an
+/// untyped field, so the refusal is the validating webhook's, whose failurePolicy is Fail.)
+fn any_value(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
 }
 
 /// A pod that powers a machine on or off, run as a Job.

@@ -19,15 +19,41 @@ pub struct GroupFacts {
     pub live_claims: usize,
 }
 
+/// A duration as people write it in a manifest: `48h`, `1h30m`, `90s`.
+pub fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        let millis = d.subsec_millis();
+        if millis > 0 {
+            out.push_str(&format!("{s}.{millis:03}s"))
+        } else {
+            out.push_str(&format!("{s}s"))
+        }
+    }
+    out
+}
+
 pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdict {
     let mut findings = Findings::default();
     let spec = &group.spec;
     let mut duration = |field: &str, value: Option<kube::core::Duration>, max: Duration| {
         if let Some(value) = value {
             if value.is_negative() {
-                findings.invalid(format!("{field}: {value} is negative"));
+                findings.invalid(format!("{field}: {} is negative", go_duration(value.into())));
             } else if Duration::from(value) > max {
-                findings.invalid(format!("{field}: {value} is longer than {}s", max.as_secs()));
+                findings.invalid(format!(
+                    "{field}: {} is longer than {}",
+                    go_duration(value.into()),
+                    go_duration(max)
+                ));
             }
         }
     };
@@ -37,9 +63,9 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
     duration("spec.builtin.hold", Some(spec.builtin.hold), MAX_PROVISION_TIME);
     if spec.builtin.hold < MIN_HOLD {
         findings.invalid(format!(
-            "spec.builtin.hold: {} is shorter than {}s; a shorter hold powers machines off under passing pods",
-            spec.builtin.hold,
-            MIN_HOLD.as_secs()
+            "spec.builtin.hold: {} is shorter than {}; a shorter hold powers machines off under passing pods",
+            go_duration(spec.builtin.hold.into()),
+            go_duration(MIN_HOLD)
         ));
     }
     for (field, value) in [
@@ -128,6 +154,14 @@ mod tests {
             0,
         ));
         assert_eq!((code, msg.contains("maxNodes")), (422, true), "{msg}");
+    }
+
+    #[test]
+    fn durations_read_as_written() {
+        let table = [(172800, "48h"), (5400, "1h30m"), (90, "1m30s"), (10, "10s"), (0, "0s")];
+        for (secs, want) in table {
+            assert_eq!(go_duration(Duration::from_secs(secs)), want);
+        }
     }
 
     #[test]

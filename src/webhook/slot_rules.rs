@@ -6,13 +6,16 @@ use super::verdict::{Findings, Verdict};
 use crate::api::{ANNOTATION_ATTEMPTS_RESET_AT, GROUP_LABEL, LifecyclePodSpec, Node, NodeClaim};
 use crate::phase;
 
-/// Why `spec.powerState` is refused, and what to do instead.
-pub const POWER_STATE_REMOVED: &str = "spec.powerState was removed in infra.homecluster.dev/v2alpha1: \
-     desired power is no longer declared, because a declared power state was reverted by every \
-     GitOps sync. A machine now runs exactly while a NodeClaim for its slot is live. Delete \
-     spec.powerState from this manifest. To start the machine by hand, create a NodeClaim: \
-     `kubectl create -f - <<EOF` with spec.slotRef.name set to this slot and spec.request \
-     {call: Manual, group: <its group>}; to stop it, delete that claim";
+/// Why `spec.powerState` is refused, and what to do instead, naming the slot and its pool.
+pub fn power_state_removed(slot: &str, group: &str) -> String {
+    format!(
+        "spec.powerState was removed in infra.homecluster.dev/v2alpha1: a machine now runs exactly \
+         while a NodeClaim for its slot is live (a declared power state was reverted by every GitOps \
+         sync). Delete spec.powerState from this manifest. To start the machine by hand, create a \
+         NodeClaim with spec.slotRef.name: {slot} and spec.request: {{call: Manual, group: {group}}} \
+         (examples/manual-claim.yaml); delete that claim to power the machine off again"
+    )
+}
 
 /// What the rules read of the cluster for one slot.
 pub struct SlotFacts<'a> {
@@ -26,10 +29,11 @@ pub struct SlotFacts<'a> {
 /// The rules of a created or changed slot. `old` is the stored slot on update.
 pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdict {
     let mut findings = Findings::default();
-    if slot.spec.power_state.is_some() {
-        findings.invalid(POWER_STATE_REMOVED);
-    }
     let name = slot.metadata.name.as_deref().unwrap_or_default();
+    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
+    if slot.spec.power_state.is_some() {
+        findings.invalid(power_state_removed(name, group.map_or("<its group>", String::as_str)));
+    }
     if !name.is_empty() && name != slot.spec.kubernetes_node_name {
         findings.invalid(format!(
             "spec.kubernetesNodeName is {:?} but the slot is named {name:?}: name the slot after \
@@ -37,7 +41,6 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
             slot.spec.kubernetes_node_name
         ));
     }
-    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
     match group {
         None => findings.invalid(format!(
             "metadata.labels.{GROUP_LABEL}: a slot joins a pool by this label; add `{GROUP_LABEL}: <group name>`"

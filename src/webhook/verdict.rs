@@ -50,6 +50,8 @@ impl Verdict {
         match self {
             Verdict::Deny(denial) => {
                 let mut response = response.deny(denial.message);
+                // A metav1.Status that refuses says so; `deny` leaves the summary unset.
+                response.result.status = Some(kube::core::response::StatusSummary::Failure);
                 response.result.code = denial.code;
                 response.result.reason = denial.reason.to_string();
                 response

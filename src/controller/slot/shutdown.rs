@@ -118,12 +118,22 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
     if attempts >= MAX_CONSECUTIVE_ATTEMPTS {
         let pause_end = last_at.and_then(|t| t.checked_add(grace).ok()).unwrap_or(now);
         if now < pause_end {
-            let who =
-                claim.and_then(|c| c.metadata.name.clone()).unwrap_or_else(|| slot_name.clone());
+            let reset = match claim {
+                Some(c) => format!(
+                    "kubectl patch nodeclaim {} -n {} --subresource=status --type=merge -p '{{\"status\":{{\"shutdownAttempts\":0,\"lastShutdownAttemptAt\":null}}}}'",
+                    c.metadata.name.as_deref().unwrap_or_default(),
+                    ctx.namespace
+                ),
+                // No claim carries the count: it is the slot's recent shutdown Jobs.
+                None => format!(
+                    "kubectl delete jobs -n {} -l {}={slot_name},{LABEL_LIFECYCLE}=shutdown",
+                    ctx.namespace,
+                    crate::api::LABEL_SLOT
+                ),
+            };
             let note = format!(
-                "{attempts} shutdown Jobs did not power off node {}; pausing until {pause_end}. To retry now: \
-                 kubectl patch nodeclaim {who} -n {} --subresource=status --type=merge -p '{{\"status\":{{\"shutdownAttempts\":0,\"lastShutdownAttemptAt\":null}}}}'",
-                slot.spec.kubernetes_node_name, ctx.namespace
+                "{attempts} shutdown Jobs did not power off node {}; pausing until {pause_end}. To retry now: {reset}",
+                slot.spec.kubernetes_node_name
             );
             match claim {
                 Some(c) => {
