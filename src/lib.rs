@@ -16,6 +16,7 @@ pub mod manifests;
 pub mod operator;
 pub mod phase;
 pub mod provider;
+pub mod scaler;
 pub mod simulator;
 pub mod tls;
 pub mod webhook;

@@ -19,6 +19,12 @@ async fn run_controllers(
     ready: &Readiness,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    let scaler = crate::scaler::ScalerConfig {
+        interval: args.scaler_interval.into(),
+        timeouts: args.timeouts(),
+        ..crate::scaler::ScalerConfig::new(args.namespace.clone())
+    };
+    let scaler = crate::scaler::run(client.clone(), scaler, stop.clone());
     let ctx = Context::start(
         client,
         &args.namespace,
@@ -31,7 +37,7 @@ async fn run_controllers(
     .context("starting the caches")?;
     ready.set(true);
     tracing::info!("controllers running");
-    controller::run(ctx, stop).await;
+    tokio::join!(controller::run(ctx, stop), scaler);
     ready.set(false);
     Ok(())
 }

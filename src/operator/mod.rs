@@ -79,6 +79,10 @@ pub struct RunArgs {
     /// How long a drain waits on PodDisruptionBudgets before the machine is powered off anyway.
     #[arg(long, default_value = "5m")]
     pub drain_timeout: kube::core::Duration,
+    /// How often the built-in scaler decides for each `builtin` pool (it also wakes on new
+    /// pending pods).
+    #[arg(long, default_value = "10s")]
+    pub scaler_interval: kube::core::Duration,
 }
 
 impl RunArgs {

@@ -1,0 +1,37 @@
+//! The built-in demand scaler, for pools whose `spec.driver` is `builtin` (NOTES decision 8):
+//! the decision model of the scale plan (Demand, Intent, Target, Decide, the hold, per-node
+//! scale-in) applied to one Group, acting through the same provider core as
+//! cluster-autoscaler's IncreaseSize and DeleteNodes.
+//!
+//! The pure model, no I/O and no client: [`observation`] (what a pass saw of a pool, as counts),
+//! [`demand`] (the pod-work count and intent), [`target`] (machines for a demand, within
+//! podsPerNode and maxNodes), [`decide`] (what to do, with the hold and per-node scale-in).
+//! [`placement`] and [`classify`] turn Kubernetes objects into an observation (pure, but typed on
+//! the Kubernetes API). The rest does I/O: `observe` (the pass's lists), `act` (through the
+//! provider), `status` (`Group.status.lastDecision`) and [`run`] (the loop).
+
+mod act;
+pub mod classify;
+pub mod decide;
+pub mod demand;
+mod error;
+pub mod observation;
+mod observe;
+pub mod placement;
+mod run;
+mod status;
+pub mod target;
+
+pub use act::{Acted, node_ref};
+pub use decide::{Action, Decision, Outcome, Settings, State, decide};
+pub use demand::{demand, intent};
+pub use error::ScalerError;
+pub use observation::{Machine, Observation, Workload};
+pub use run::{DEFAULT_INTERVAL, MIN_GAP, ScalerConfig, run};
+pub use status::FIELD_MANAGER;
+pub use target::{DEFAULT_PODS_PER_NODE, Limits, floor, target};
+
+/// A count as an `i32`, saturating (the API's integers are 32-bit).
+fn saturating_i32(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}

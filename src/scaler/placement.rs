@@ -1,0 +1,328 @@
+//! Whether a pod could go on a node, judged by what the scheduler judges first and what a
+//! machine that is not up yet can already answer: labels (`nodeSelector` and required node
+//! affinity), the node's name (`matchFields`), and taints (tolerations). Resources are left to
+//! the scheduler: it marks a pod that fits nowhere `Unschedulable`, and the scaler believes it.
+//!
+//! A pool's machines are judged by their template: the labels and taints the slot says its node
+//! carries, plus the labels the operator mirrors onto it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Node as CoreNode, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
+};
+
+use crate::api::{LABEL_GROUP, LABEL_SLOT, Node as Slot};
+use crate::controller::machine;
+
+/// The label every node carries with its own name.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// A homelab pool's machines run Linux, and pods (Helm charts especially) often select on it.
+pub const OS_LABEL: &str = "kubernetes.io/os";
+
+/// A node as placement sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeShape<'a> {
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub taints: &'a [Taint],
+}
+
+/// The node a slot's machine registers as, described from the slot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Template {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+}
+
+impl Template {
+    /// The slot's `nodeLabels` and `nodeTaints`, its hostname, the OS every pool runs, and the
+    /// group and slot labels the operator mirrors onto the node.
+    pub fn of_slot(slot: &Slot, group: &str) -> Self {
+        let name = slot.spec.kubernetes_node_name.clone();
+        let mut labels = slot.spec.node_labels.clone();
+        labels.entry(OS_LABEL.to_owned()).or_insert_with(|| "linux".to_owned());
+        labels.insert(HOSTNAME_LABEL.to_owned(), name.clone());
+        labels.insert(LABEL_GROUP.to_owned(), group.to_owned());
+        labels.insert(
+            LABEL_SLOT.to_owned(),
+            slot.metadata.name.clone().unwrap_or_else(|| name.clone()),
+        );
+        Self { name, labels, taints: slot.spec.node_taints.clone() }
+    }
+
+    pub fn shape(&self) -> NodeShape<'_> {
+        NodeShape { name: &self.name, labels: &self.labels, taints: &self.taints }
+    }
+}
+
+/// Whether the scheduler would consider `node` for `pod` at all: its selectors match and it
+/// tolerates every taint that keeps pods off (NoSchedule, NoExecute).
+pub fn admits(pod: &PodSpec, node: NodeShape<'_>) -> bool {
+    selects(pod, node) && tolerates(pod.tolerations.as_deref().unwrap_or_default(), node.taints)
+}
+
+/// A real node that takes new pods: Ready, not cordoned, not being deleted.
+pub fn takes_pods(node: &CoreNode) -> bool {
+    machine::is_ready(node)
+        && !machine::is_cordoned(node)
+        && node.metadata.deletion_timestamp.is_none()
+}
+
+/// The shape of a real node.
+pub fn shape_of<'a>(node: &'a CoreNode, empty: &'a BTreeMap<String, String>) -> NodeShape<'a> {
+    NodeShape {
+        name: node.metadata.name.as_deref().unwrap_or_default(),
+        labels: node.metadata.labels.as_ref().unwrap_or(empty),
+        taints: node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default(),
+    }
+}
+
+fn selects(pod: &PodSpec, node: NodeShape<'_>) -> bool {
+    let selector_ok =
+        pod.node_selector.iter().flatten().all(|(key, value)| node.labels.get(key) == Some(value));
+    let required = pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+    // Terms are ORed; a pod without required terms is not constrained by affinity.
+    let affinity_ok = required.is_none_or(|r| {
+        r.node_selector_terms.is_empty()
+            || r.node_selector_terms.iter().any(|t| term_matches(t, node))
+    });
+    selector_ok && affinity_ok
+}
+
+/// A term's expressions and fields are ANDed; a term that says nothing matches nothing, as in
+/// the scheduler.
+fn term_matches(term: &NodeSelectorTerm, node: NodeShape<'_>) -> bool {
+    let expressions = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if expressions.is_empty() && fields.is_empty() {
+        return false;
+    }
+    expressions.iter().all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
+        && fields
+            .iter()
+            .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(node.name)))
+}
+
+fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = req.values.as_deref().unwrap_or_default();
+    let number = |v: &str| v.parse::<i64>().ok();
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|w| w == v)),
+        "NotIn" => value.is_none_or(|v| values.iter().all(|w| w != v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(have), Some(bound)) =
+                (value.and_then(number), values.first().and_then(|b| number(b)))
+            else {
+                return false;
+            };
+            if req.operator == "Gt" { have > bound } else { have < bound }
+        }
+        _ => false,
+    }
+}
+
+/// Every taint that keeps pods off is tolerated. PreferNoSchedule only steers the scheduler.
+fn tolerates(tolerations: &[Toleration], taints: &[Taint]) -> bool {
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|taint| tolerations.iter().any(|t| tolerates_one(t, taint)))
+}
+
+fn tolerates_one(toleration: &Toleration, taint: &Taint) -> bool {
+    if toleration.effect.as_deref().is_some_and(|e| !e.is_empty() && e != taint.effect) {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or_default();
+    match toleration.operator.as_deref() {
+        Some("Exists") => key.is_empty() || key == taint.key,
+        None | Some("") | Some("Equal") => {
+            !key.is_empty()
+                && key == taint.key
+                && toleration.value.as_deref().unwrap_or_default()
+                    == taint.value.as_deref().unwrap_or_default()
+        }
+        Some(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(spec: serde_json::Value) -> PodSpec {
+        let mut spec = spec;
+        spec["containers"] = json!([{ "name": "app", "image": "app" }]);
+        serde_json::from_value(spec).unwrap()
+    }
+
+    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect: effect.into(),
+            time_added: None,
+        }
+    }
+
+    fn slot(labels: serde_json::Value, taints: serde_json::Value) -> Slot {
+        serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
+            "metadata": { "name": "nuc-1", "labels": { "group": "pool" } },
+            "spec": {
+                "kubernetesNodeName": "nuc-1",
+                "startupPodSpec": { "image": "power" }, "shutdownPodSpec": { "image": "power" },
+                "nodeLabels": labels, "nodeTaints": taints,
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_template_carries_the_slots_labels_taints_and_the_mirrored_ones() {
+        let t = Template::of_slot(&slot(json!({ "gpu": "yes" }), json!([])), "pool");
+        assert_eq!(t.labels["gpu"], "yes");
+        assert_eq!(t.labels[LABEL_GROUP], "pool");
+        assert_eq!(t.labels[LABEL_SLOT], "nuc-1");
+        assert_eq!(t.labels[HOSTNAME_LABEL], "nuc-1");
+        assert_eq!(t.labels[OS_LABEL], "linux");
+    }
+
+    #[test]
+    fn selectors_and_affinity_against_a_template() {
+        let t = Template::of_slot(&slot(json!({ "disk": "ssd", "cores": "8" }), json!([])), "pool");
+        let affinity = |terms: serde_json::Value| {
+            pod(json!({ "affinity": { "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": terms } } } }))
+        };
+        let table = [
+            ("no constraint", pod(json!({})), true),
+            ("the group label", pod(json!({ "nodeSelector": { LABEL_GROUP: "pool" } })), true),
+            ("another group", pod(json!({ "nodeSelector": { LABEL_GROUP: "other" } })), false),
+            ("a label the slot declares", pod(json!({ "nodeSelector": { "disk": "ssd" } })), true),
+            ("linux", pod(json!({ "nodeSelector": { OS_LABEL: "linux" } })), true),
+            (
+                "In",
+                affinity(
+                    json!([{ "matchExpressions": [{ "key": "disk", "operator": "In", "values": ["nvme", "ssd"] }] }]),
+                ),
+                true,
+            ),
+            (
+                "NotIn",
+                affinity(
+                    json!([{ "matchExpressions": [{ "key": "disk", "operator": "NotIn", "values": ["ssd"] }] }]),
+                ),
+                false,
+            ),
+            (
+                "DoesNotExist",
+                affinity(
+                    json!([{ "matchExpressions": [{ "key": "gpu", "operator": "DoesNotExist" }] }]),
+                ),
+                true,
+            ),
+            (
+                "Gt",
+                affinity(
+                    json!([{ "matchExpressions": [{ "key": "cores", "operator": "Gt", "values": ["4"] }] }]),
+                ),
+                true,
+            ),
+            (
+                "Lt",
+                affinity(
+                    json!([{ "matchExpressions": [{ "key": "cores", "operator": "Lt", "values": ["4"] }] }]),
+                ),
+                false,
+            ),
+            (
+                "terms are ORed",
+                affinity(json!([
+                    { "matchExpressions": [{ "key": "gpu", "operator": "Exists" }] },
+                    { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["nuc-1"] }] },
+                ])),
+                true,
+            ),
+            ("an empty term matches nothing", affinity(json!([{}])), false),
+        ];
+        for (name, p, want) in table {
+            assert_eq!(admits(&p, t.shape()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn taints_must_be_tolerated_unless_they_only_prefer() {
+        let t = Template::of_slot(
+            &slot(
+                json!({}),
+                json!([
+                    { "key": "dedicated", "value": "ci", "effect": "NoSchedule" },
+                    { "key": "soft", "effect": "PreferNoSchedule" },
+                ]),
+            ),
+            "pool",
+        );
+        let table = [
+            ("no toleration", pod(json!({})), false),
+            (
+                "Equal with the value",
+                pod(
+                    json!({ "tolerations": [{ "key": "dedicated", "value": "ci", "effect": "NoSchedule" }] }),
+                ),
+                true,
+            ),
+            (
+                "Equal with another value",
+                pod(json!({ "tolerations": [{ "key": "dedicated", "value": "gpu" }] })),
+                false,
+            ),
+            (
+                "Exists by key",
+                pod(json!({ "tolerations": [{ "key": "dedicated", "operator": "Exists" }] })),
+                true,
+            ),
+            (
+                "Exists for everything",
+                pod(json!({ "tolerations": [{ "operator": "Exists" }] })),
+                true,
+            ),
+            (
+                "the wrong effect",
+                pod(
+                    json!({ "tolerations": [{ "key": "dedicated", "operator": "Exists", "effect": "NoExecute" }] }),
+                ),
+                false,
+            ),
+        ];
+        for (name, p, want) in table {
+            assert_eq!(admits(&p, t.shape()), want, "{name}");
+        }
+        let plain = taint("x", None, "NoExecute");
+        assert!(!tolerates(&[], std::slice::from_ref(&plain)));
+    }
+
+    #[test]
+    fn a_node_takes_pods_when_ready_and_not_cordoned() {
+        let node = |ready: &str, cordoned: bool| -> CoreNode {
+            serde_json::from_value(json!({
+                "metadata": { "name": "n" },
+                "spec": { "unschedulable": cordoned },
+                "status": { "conditions": [{ "type": "Ready", "status": ready }] },
+            }))
+            .unwrap()
+        };
+        assert!(takes_pods(&node("True", false)));
+        assert!(!takes_pods(&node("False", false)));
+        assert!(!takes_pods(&node("True", true)));
+    }
+}

@@ -1,0 +1,528 @@
+//! The built-in scaler against a real control plane: kube-apiserver, controller-manager
+//! (Deployments, Jobs, garbage collection), scheduler, and kwok playing the machines through the
+//! project's simulator. Each test runs the controllers, the simulator and the scaler for its own
+//! namespace, and names its pool differently, so pods of one test never select another's
+//! machines (nodes are cluster-wide).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use futures::StreamExt;
+use homelab_autoscaler::api::{
+    Group, LABEL_GROUP, Node, NodeClaim, NodeClaimPhase, ScalerDecision,
+};
+use homelab_autoscaler::claim::{REQUESTED_BY_SCALER, Timeouts};
+use homelab_autoscaler::clock::SystemClock;
+use homelab_autoscaler::controller::{self, Context};
+use homelab_autoscaler::provider::{Caller, Provider, ProviderConfig, ProviderError};
+use homelab_autoscaler::scaler::{self, ScalerConfig};
+use homelab_autoscaler::simulator::{self, SimulateArgs};
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use support::{Components, ControlPlane, FailureLogs, eventually, is_ready};
+use tokio_util::sync::CancellationToken;
+
+/// How long a test waits for machines to boot or pods to run.
+const ACT: Duration = Duration::from_secs(90);
+/// How long a test waits for the pool to go back to zero: the hold, then drain and shutdown.
+const RELEASE: Duration = Duration::from_secs(120);
+/// The shortest hold the Group webhook allows (the webhook is not running here).
+const HOLD: Duration = Duration::from_secs(10);
+/// How many passes a "nothing happens" observation spans.
+const QUIET_PASSES: usize = 3;
+
+/// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
+fn timeouts() -> Timeouts {
+    Timeouts {
+        job_timeout: Duration::from_secs(10),
+        job_monitor_poll: Duration::from_secs(1),
+        registration: Duration::from_secs(8),
+        readiness_gate: Duration::from_secs(8),
+        uncordon_retry_max: Duration::from_secs(1),
+        margin: Duration::from_secs(1),
+    }
+}
+
+/// One test's world: a namespace, the controllers, the simulator and the scaler running for it,
+/// and a "lab" node where lifecycle Jobs run. Stopped when dropped.
+struct Lab {
+    client: Client,
+    ns: String,
+    stop: CancellationToken,
+    _logs: FailureLogs<'static>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Lab {
+    async fn start(prefix: &str) -> Lab {
+        homelab_autoscaler::tls::install_crypto_provider();
+        let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
+        let logs = plane.logs_on_failure();
+        plane.install_crds().await.expect("install CRDs");
+        let client = plane.client().expect("client");
+        let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+        plane
+            .add_machine(
+                &format!("{ns}-lab"),
+                vec![],
+                BTreeMap::from([("homelab.test/lab".into(), ns.clone())]),
+            )
+            .await
+            .expect("lab node");
+        let stop = CancellationToken::new();
+        let ctx = Context::start(
+            client.clone(),
+            &ns,
+            timeouts(),
+            Duration::from_secs(5),
+            Arc::new(SystemClock),
+            &stop,
+        )
+        .await
+        .expect("controller context");
+        tokio::spawn(controller::run(ctx, stop.clone()));
+        let args = SimulateArgs {
+            namespace: ns.clone(),
+            boot_delay: "1s".parse().expect("duration"),
+            gate_delay: "1s".parse().expect("duration"),
+        };
+        tokio::spawn(simulator::run(client.clone(), args, stop.clone()));
+        let config = ScalerConfig {
+            interval: Duration::from_secs(1),
+            timeouts: timeouts(),
+            ..ScalerConfig::new(ns.clone())
+        };
+        tokio::spawn(scaler::run(client.clone(), config, stop.clone()));
+        Lab { client, ns, stop, _logs: logs }
+    }
+
+    fn claims(&self) -> Api<NodeClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn groups(&self) -> Api<Group> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn nodes(&self) -> Api<CoreNode> {
+        Api::all(self.client.clone())
+    }
+
+    /// A builtin pool `group` with a readiness gate on `bootstrap.test/not-ready` and `slots`
+    /// slots named `<ns>-<group>-<i>` whose lifecycle Jobs run on the lab node.
+    async fn pool(
+        &self,
+        group: &str,
+        slots: usize,
+        builtin: Value,
+        node_labels: Value,
+    ) -> Vec<String> {
+        let object: Group = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+            "metadata": { "name": group },
+            "spec": {
+                "driver": "builtin",
+                "builtin": builtin,
+                "nodeReadinessTaints": [{ "key": "bootstrap.test/not-ready", "effect": "NoSchedule" }],
+            },
+        }))
+        .expect("group");
+        self.groups().create(&PostParams::default(), &object).await.expect("create group");
+        let slots_api: Api<Node> = Api::namespaced(self.client.clone(), &self.ns);
+        let mut names = Vec::new();
+        for i in 1..=slots {
+            let name = format!("{}-{group}-{i}", self.ns);
+            let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": self.ns } });
+            let slot: Node = serde_json::from_value(json!({
+                "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
+                "metadata": { "name": name, "labels": { "group": group } },
+                "spec": {
+                    "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod,
+                    "nodeLabels": node_labels,
+                },
+            }))
+            .expect("slot");
+            slots_api.create(&PostParams::default(), &slot).await.expect("create slot");
+            names.push(name);
+        }
+        names
+    }
+
+    /// A bare pod (no owner) with `spec` merged into a one-container pod spec.
+    async fn bare_pod(&self, name: &str, spec: Value) {
+        let mut full = json!({
+            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }],
+            "terminationGracePeriodSeconds": 0,
+        });
+        for (key, value) in spec.as_object().expect("a spec object") {
+            full[key] = value.clone();
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "labels": { "app": "scaler-test" } },
+            "spec": full,
+        }))
+        .expect("pod");
+        self.pods().create(&PostParams::default(), &pod).await.expect("create pod");
+    }
+
+    async fn last_decision(&self, group: &str) -> anyhow::Result<ScalerDecision> {
+        let group = self.groups().get(group).await?;
+        group.status.and_then(|s| s.last_decision).context("no decision yet")
+    }
+
+    /// Waits for `passes` distinct decisions on `group` taken after `since`, checking each with
+    /// `check` (a failed check fails the test). The Group's own updates are the clock: every pass
+    /// writes its decision, so no fixed sleep is needed.
+    async fn over_passes(
+        &self,
+        group: &str,
+        since: Timestamp,
+        passes: usize,
+        check: impl AsyncCheck,
+    ) {
+        let config = watcher::Config::default().fields(&format!("metadata.name={group}"));
+        let mut updates = std::pin::pin!(watcher(self.groups(), config).applied_objects());
+        let counted = std::cell::Cell::new(0_usize);
+        let observed = async {
+            let mut seen = BTreeSet::new();
+            while seen.len() < passes {
+                let Some(next) = updates.next().await else { break };
+                let group = next.expect("watching the group");
+                let Some(decision) = group.status.and_then(|s| s.last_decision) else { continue };
+                if decision.at.0 < since || seen.contains(&decision.at.0) {
+                    continue;
+                }
+                check.check(self, &decision).await;
+                seen.insert(decision.at.0);
+                counted.set(seen.len());
+            }
+            seen.len()
+        };
+        let got = tokio::time::timeout(ACT, observed).await.unwrap_or_else(|_| {
+            panic!(
+                "{passes} scaler passes on {group} after {since} within {ACT:?}; saw {}",
+                counted.get()
+            )
+        });
+        assert_eq!(got, passes, "the watch on {group} ended early");
+    }
+
+    /// The claims that are not finished.
+    async fn live_claims(&self) -> anyhow::Result<Vec<NodeClaim>> {
+        let all = self.claims().list(&ListParams::default()).await?.items;
+        Ok(all.into_iter().filter(is_live).collect())
+    }
+}
+
+/// A check run on each decision by [`Lab::over_passes`].
+trait AsyncCheck {
+    async fn check(&self, lab: &Lab, decision: &ScalerDecision);
+}
+
+fn phase(claim: &NodeClaim) -> Option<NodeClaimPhase> {
+    claim.status.as_ref().and_then(|s| s.phase)
+}
+
+fn is_live(claim: &NodeClaim) -> bool {
+    matches!(
+        phase(claim),
+        None | Some(NodeClaimPhase::Pending | NodeClaimPhase::Booting | NodeClaimPhase::Ready)
+    )
+}
+
+fn running_on(pod: &Pod) -> Option<&str> {
+    let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+    running.then(|| pod.spec.as_ref().and_then(|s| s.node_name.as_deref())).flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_pending_pods_boot_three_machines_and_the_pool_returns_to_zero_after_the_hold() {
+    let lab = Lab::start("scaler-up").await;
+    let slots = lab
+        .pool("pool", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }), json!({}))
+        .await;
+
+    // A builtin pool is not offered to cluster-autoscaler.
+    let provider = Provider::start(lab.client.clone(), ProviderConfig::new(lab.ns.clone()));
+    provider.wait_synced(ACT).await.expect("provider caches");
+    eventually("the pool in the provider's cache", ACT, || async {
+        ensure!(provider.snapshots(homelab_autoscaler::api::ScalingDriver::Builtin)?.len() == 1);
+        Ok(())
+    })
+    .await
+    .expect("cached");
+    let ca = Caller::cluster_autoscaler();
+    assert!(provider.node_groups(&ca).expect("node groups").is_empty());
+    assert!(matches!(provider.snapshot(&ca, "pool"), Err(ProviderError::WrongDriver { .. })));
+
+    for i in 1..=3 {
+        lab.bare_pod(&format!("work-{i}"), json!({ "nodeSelector": { LABEL_GROUP: "pool" } }))
+            .await;
+    }
+
+    let claims = eventually("three claims", ACT, || async {
+        let claims = lab.live_claims().await?;
+        ensure!(claims.len() == 3, "{} live claims", claims.len());
+        Ok(claims)
+    })
+    .await
+    .expect("three claims");
+    let claimed: BTreeSet<&str> = claims.iter().map(|c| c.spec.slot_ref.name.as_str()).collect();
+    assert_eq!(claimed.len(), 3, "one claim per slot");
+    for claim in &claims {
+        assert_eq!(claim.spec.requested_by.as_deref(), Some(REQUESTED_BY_SCALER));
+        let reason = claim.spec.request.reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("demand 3"), "the decision's reason is on the claim: {reason}");
+    }
+
+    eventually("three claims ready and three machines Ready", ACT, || async {
+        let ready = lab
+            .live_claims()
+            .await?
+            .iter()
+            .filter(|c| phase(c) == Some(NodeClaimPhase::Ready))
+            .count();
+        ensure!(ready == 3, "{ready} claims ready");
+        for slot in &slots {
+            let node = lab
+                .nodes()
+                .get_opt(slot)
+                .await?
+                .with_context(|| format!("{slot} not registered"))?;
+            ensure!(is_ready(&node), "{slot} not Ready");
+        }
+        Ok(())
+    })
+    .await
+    .expect("three ready machines");
+
+    eventually("three pods Running on the pool", ACT, || async {
+        let pods = lab.pods().list(&ListParams::default().labels("app=scaler-test")).await?.items;
+        let on_pool = pods
+            .iter()
+            .filter(|p| running_on(p).is_some_and(|n| slots.iter().any(|s| s == n)))
+            .count();
+        ensure!(on_pool == 3, "{on_pool} of 3 pods Running on the pool");
+        Ok(())
+    })
+    .await
+    .expect("pods running");
+    eventually("the decision to show the pool at its target", ACT, || async {
+        let d = lab.last_decision("pool").await?;
+        ensure!((d.demand, d.target, d.action.as_str()) == (3, 3, "None"), "{d:?}");
+        Ok(())
+    })
+    .await
+    .expect("at target");
+
+    let deleted_at = Timestamp::now();
+    lab.pods()
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("app=scaler-test"),
+        )
+        .await
+        .expect("delete the pods");
+
+    // The first release is not before the hold. A claim is caught while its machine shuts down
+    // (it is marked first); if every claim were already gone, the decision's record still shows
+    // it came after the hold.
+    let first_release = eventually("a machine to be released", RELEASE, || async {
+        let claims = lab.claims().list(&ListParams::default()).await?.items;
+        let marked = claims
+            .iter()
+            .filter_map(|c| c.status.as_ref().and_then(|s| s.scale_down_requested_at.as_ref()))
+            .map(|t| t.0)
+            .min();
+        ensure!(marked.is_some() || claims.is_empty(), "no claim marked yet");
+        Ok(marked)
+    })
+    .await
+    .expect("a release");
+    if let Some(at) = first_release {
+        // The scaler's clock and the stored mark both keep whole seconds: allow the two seconds
+        // the truncations can take off.
+        let waited = at.duration_since(deleted_at);
+        assert!(
+            waited
+                >= jiff::SignedDuration::try_from(HOLD).expect("hold")
+                    - jiff::SignedDuration::from_secs(2),
+            "released {waited:#} after the pods went, before the hold of {HOLD:?}"
+        );
+    }
+    for claim in lab.claims().list(&ListParams::default()).await.expect("claims").items {
+        if let Some(by) = claim.status.as_ref().and_then(|s| s.scale_down_requested_by.as_deref()) {
+            assert!(by.starts_with(REQUESTED_BY_SCALER), "released by the scaler: {by}");
+        }
+    }
+
+    eventually("the pool at zero", RELEASE, || async {
+        let live = lab.live_claims().await?.len();
+        let mut up = Vec::new();
+        for slot in &slots {
+            if lab.nodes().get_opt(slot).await?.is_some() {
+                up.push(slot.clone());
+            }
+        }
+        ensure!(live == 0 && up.is_empty(), "{live} live claims, machines up: {up:?}");
+        let d = lab.last_decision("pool").await?;
+        ensure!((d.demand, d.target) == (0, 0), "{d:?}");
+        Ok(())
+    })
+    .await
+    .expect("pool at zero");
+}
+
+/// No demand and no claim on any of the passes checked.
+struct NothingWanted;
+
+impl AsyncCheck for NothingWanted {
+    async fn check(&self, lab: &Lab, decision: &ScalerDecision) {
+        assert_eq!((decision.demand, decision.target), (0, 0), "{decision:?}");
+        let claims = lab.claims().list(&ListParams::default()).await.expect("claims").items;
+        assert!(
+            claims.is_empty(),
+            "no claim, yet: {:?}",
+            claims.iter().map(|c| &c.metadata.name).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_fits_elsewhere_creates_no_demand() {
+    let lab = Lab::start("scaler-fits").await;
+    // The pool's machines would carry the lab label too, so both pods below select the pool's
+    // template; but the lab node, which is up, admits them as well.
+    let lab_label = json!({ "homelab.test/lab": lab.ns });
+    lab.pool(
+        "spill",
+        2,
+        json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }),
+        lab_label.clone(),
+    )
+    .await;
+    let created = Timestamp::now();
+    // Placed by the scheduler on the lab node.
+    lab.bare_pod("placed", json!({ "nodeSelector": lab_label })).await;
+    // Never judged nor bound (no such scheduler runs): it stays pending, and it fits the lab node,
+    // so the scaler must not count it either.
+    lab.bare_pod(
+        "unjudged",
+        json!({ "nodeSelector": lab_label, "schedulerName": "homelab-test-absent-scheduler" }),
+    )
+    .await;
+
+    let lab_node = format!("{}-lab", lab.ns);
+    eventually("the placed pod Running on the lab node", ACT, || async {
+        let pod = lab.pods().get("placed").await?;
+        ensure!(
+            running_on(&pod) == Some(lab_node.as_str()),
+            "not yet: {:?}",
+            pod.status.map(|s| s.phase)
+        );
+        Ok(())
+    })
+    .await
+    .expect("placed");
+
+    // Passes that listed both pods: their decision was taken a moment after their reads.
+    let since = created.checked_add(jiff::SignedDuration::from_secs(2)).expect("time");
+    lab.over_passes("spill", since, QUIET_PASSES, NothingWanted).await;
+    let unjudged = lab.pods().get("unjudged").await.expect("pod");
+    assert!(
+        unjudged.spec.and_then(|s| s.node_name).is_none(),
+        "the pod stayed unbound, so the fit check (not the scheduler) kept demand at zero"
+    );
+}
+
+/// Two pods of work, two machines, on every pass checked.
+struct TwoOfTwo;
+
+impl AsyncCheck for TwoOfTwo {
+    async fn check(&self, lab: &Lab, decision: &ScalerDecision) {
+        assert_eq!((decision.demand, decision.target), (2, 2), "{decision:?}");
+        let claims = lab.claims().list(&ListParams::default()).await.expect("claims").items;
+        assert_eq!(claims.len(), 2, "exactly two claims were ever made");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_of_two_replicas_counts_two_not_four() {
+    let lab = Lab::start("scaler-deploy").await;
+    // With podsPerNode 1 and three slots, the plan's double count (2 replicas + 2 pods) would
+    // claim all three machines.
+    lab.pool("deploy", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }), json!({}))
+        .await;
+
+    // Every decision from now on, by watching the Group: the highest demand ever shown.
+    let highest = Arc::new(AtomicI32::new(0));
+    let config = watcher::Config::default().fields("metadata.name=deploy");
+    let decisions = watcher(lab.groups(), config).applied_objects();
+    let seen = highest.clone();
+    let watching = tokio::spawn(async move {
+        let mut decisions = std::pin::pin!(decisions);
+        while let Some(Ok(group)) = decisions.next().await {
+            if let Some(d) = group.status.and_then(|s| s.last_decision) {
+                seen.fetch_max(d.demand, Ordering::SeqCst);
+            }
+        }
+    });
+
+    let web: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": "web" },
+        "spec": {
+            "replicas": 2,
+            "selector": { "matchLabels": { "app": "web" } },
+            "template": {
+                "metadata": { "labels": { "app": "web" } },
+                "spec": {
+                    "nodeSelector": { LABEL_GROUP: "deploy" },
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{ "name": "web", "image": "registry.invalid/web:1" }],
+                },
+            },
+        },
+    }))
+    .expect("deployment");
+    Api::<Deployment>::namespaced(lab.client.clone(), &lab.ns)
+        .create(&PostParams::default(), &web)
+        .await
+        .expect("create deployment");
+
+    eventually("two ready claims and two pods Running on the pool", ACT, || async {
+        let ready = lab
+            .live_claims()
+            .await?
+            .iter()
+            .filter(|c| phase(c) == Some(NodeClaimPhase::Ready))
+            .count();
+        ensure!(ready == 2, "{ready} claims ready");
+        let pods = lab.pods().list(&ListParams::default().labels("app=web")).await?.items;
+        let running = pods.iter().filter(|p| running_on(p).is_some()).count();
+        ensure!(running == 2, "{running} of 2 pods Running");
+        Ok(())
+    })
+    .await
+    .expect("two machines");
+
+    lab.over_passes("deploy", Timestamp::now(), QUIET_PASSES, TwoOfTwo).await;
+    watching.abort();
+    assert_eq!(highest.load(Ordering::SeqCst), 2, "no decision ever counted the Deployment twice");
+}
