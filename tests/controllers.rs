@@ -2,109 +2,28 @@
 //! controller-manager (Jobs, garbage collection), scheduler, and kwok playing the machines
 //! through the project's own simulator. Each test runs the controllers for its own namespace.
 
+mod lab;
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use homelab_autoscaler::api::{
     Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
-use homelab_autoscaler::claim::{FINALIZER, Timeouts};
-use homelab_autoscaler::clock::SystemClock;
-use homelab_autoscaler::controller::{self, Context};
-use homelab_autoscaler::simulator::{self, BEHAVIOUR_ANNOTATION, SimulateArgs};
-use k8s_openapi::api::batch::v1::Job;
+use homelab_autoscaler::claim::FINALIZER;
+use homelab_autoscaler::simulator::BEHAVIOUR_ANNOTATION;
 use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use lab::{Lab, With, timeouts};
 use serde_json::json;
-use support::{Components, ControlPlane, FailureLogs, eventually};
-use tokio_util::sync::CancellationToken;
+use support::eventually;
 
 /// How long a test waits for the controllers to act.
 const ACT: Duration = Duration::from_secs(60);
 
-/// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
-fn timeouts() -> Timeouts {
-    Timeouts {
-        job_timeout: Duration::from_secs(10),
-        job_monitor_poll: Duration::from_secs(1),
-        registration: Duration::from_secs(8),
-        readiness_gate: Duration::from_secs(8),
-        uncordon_retry_max: Duration::from_secs(1),
-        margin: Duration::from_secs(1),
-    }
-}
-
-/// One test's world: a namespace, the controllers and the machine simulator running for it,
-/// and a "lab" node where lifecycle Jobs run. Stopped when dropped.
-struct Lab {
-    client: Client,
-    ns: String,
-    stop: CancellationToken,
-    _logs: FailureLogs<'static>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 impl Lab {
-    async fn start(prefix: &str) -> Lab {
-        homelab_autoscaler::tls::install_crypto_provider();
-        let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
-        let logs = plane.logs_on_failure();
-        plane.install_crds().await.expect("install CRDs");
-        let client = plane.client().expect("client");
-        let ns = plane.fresh_namespace(prefix).await.expect("namespace");
-        plane
-            .add_machine(
-                &format!("{ns}-lab"),
-                vec![],
-                BTreeMap::from([("homelab.test/lab".into(), ns.clone())]),
-            )
-            .await
-            .expect("lab node");
-        let stop = CancellationToken::new();
-        let ctx = Context::start(
-            client.clone(),
-            &ns,
-            timeouts(),
-            Duration::from_secs(5),
-            Arc::new(SystemClock),
-            &stop,
-        )
-        .await
-        .expect("controller context");
-        tokio::spawn(controller::run(ctx, stop.clone()));
-        let args = SimulateArgs {
-            namespace: ns.clone(),
-            boot_delay: "1s".parse().expect("duration"),
-            gate_delay: "1s".parse().expect("duration"),
-        };
-        tokio::spawn(simulator::run(client.clone(), args, stop.clone()));
-        Lab { client, ns, stop, _logs: logs }
-    }
-
-    fn claims(&self) -> Api<NodeClaim> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-    fn slots(&self) -> Api<Node> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-    fn jobs(&self) -> Api<Job> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-    fn nodes(&self) -> Api<CoreNode> {
-        Api::all(self.client.clone())
-    }
-
     /// A pool with a readiness gate on `bootstrap.test/not-ready`, and slots named
     /// `<ns>-<suffix>` whose lifecycle Jobs run on the lab node.
     async fn pool(&self, slots: &[(&str, Option<&str>)]) -> Vec<String> {
@@ -260,7 +179,7 @@ fn reason(claim: &NodeClaim) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
-    let lab = Lab::start("ctl-happy").await;
+    let lab = Lab::start("ctl-happy", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
 
@@ -342,7 +261,7 @@ async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overdue_boot_fails_and_its_machine_is_forced_off() {
-    let lab = Lab::start("ctl-deadline").await;
+    let lab = Lab::start("ctl-deadline", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("never-boots"))]).await.remove(0);
     // A deadline shorter than the registration wait: the deadline is what ends this attempt.
     lab.claim("c1", &slot, Some(Duration::from_secs(4))).await;
@@ -362,7 +281,7 @@ async fn an_overdue_boot_fails_and_its_machine_is_forced_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
-    let lab = Lab::start("ctl-gate").await;
+    let lab = Lab::start("ctl-gate", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("never-clears-gate"))]).await.remove(0);
     lab.claim("c1", &slot, None).await;
     let failed =
@@ -380,7 +299,7 @@ async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_newer_of_two_live_claims_on_one_slot_is_superseded() {
-    let lab = Lab::start("ctl-supersede").await;
+    let lab = Lab::start("ctl-supersede", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
     // Creation timestamps have one-second resolution; make the order unambiguous.
@@ -403,7 +322,7 @@ async fn the_newer_of_two_live_claims_on_one_slot_is_superseded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_machine_that_disappears_fails_machine_gone_after_the_grace() {
-    let lab = Lab::start("ctl-gone").await;
+    let lab = Lab::start("ctl-gone", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
     lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
@@ -418,7 +337,7 @@ async fn a_ready_machine_that_disappears_fails_machine_gone_after_the_grace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_up_with_no_claim_is_powered_off() {
-    let lab = Lab::start("ctl-unwanted").await;
+    let lab = Lab::start("ctl-unwanted", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     let node: CoreNode = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
@@ -437,7 +356,7 @@ async fn a_machine_up_with_no_claim_is_powered_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_slot_releases_its_claim() {
-    let lab = Lab::start("ctl-slotgone").await;
+    let lab = Lab::start("ctl-slotgone", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
     lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
@@ -449,7 +368,7 @@ async fn a_deleted_slot_releases_its_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_claim_is_collected_after_its_ttl() {
-    let lab = Lab::start("ctl-ttl").await;
+    let lab = Lab::start("ctl-ttl", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("never-boots"))]).await.remove(0);
     lab.claim_with_ttl("c1", &slot, Some(Duration::from_secs(3)), 1).await;
     let failed =
@@ -476,7 +395,7 @@ async fn a_finished_claim_is_collected_after_its_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_many_claims_raced_onto_one_slot_exactly_one_boots() {
-    let lab = Lab::start("ctl-race").await;
+    let lab = Lab::start("ctl-race", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     let names: Vec<String> = (0..5).map(|i| format!("race-{i}")).collect();
     futures::future::join_all(names.iter().map(|n| lab.claim(n, &slot, None))).await;

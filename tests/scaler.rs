@@ -4,9 +4,10 @@
 //! namespace, and names its pool differently, so pods of one test never select another's
 //! machines (nodes are cluster-wide).
 
+mod lab;
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
@@ -16,21 +17,16 @@ use futures::StreamExt;
 use homelab_autoscaler::api::{
     Group, LABEL_GROUP, Node, NodeClaim, NodeClaimPhase, ScalerDecision,
 };
-use homelab_autoscaler::claim::{REQUESTED_BY_SCALER, Timeouts};
-use homelab_autoscaler::clock::SystemClock;
-use homelab_autoscaler::controller::{self, Context};
+use homelab_autoscaler::claim::REQUESTED_BY_SCALER;
 use homelab_autoscaler::provider::{Caller, Provider, ProviderConfig, ProviderError};
-use homelab_autoscaler::scaler::{self, ScalerConfig};
-use homelab_autoscaler::simulator::{self, SimulateArgs};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
-use kube::Client;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use lab::{Lab, With};
 use serde_json::{Value, json};
-use support::{Components, ControlPlane, FailureLogs, eventually, is_ready};
-use tokio_util::sync::CancellationToken;
+use support::{eventually, is_ready};
 
 /// How long a test waits for machines to boot or pods to run.
 const ACT: Duration = Duration::from_secs(90);
@@ -41,89 +37,7 @@ const HOLD: Duration = Duration::from_secs(10);
 /// How many passes a "nothing happens" observation spans.
 const QUIET_PASSES: usize = 3;
 
-/// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
-fn timeouts() -> Timeouts {
-    Timeouts {
-        job_timeout: Duration::from_secs(10),
-        job_monitor_poll: Duration::from_secs(1),
-        registration: Duration::from_secs(8),
-        readiness_gate: Duration::from_secs(8),
-        uncordon_retry_max: Duration::from_secs(1),
-        margin: Duration::from_secs(1),
-    }
-}
-
-/// One test's world: a namespace, the controllers, the simulator and the scaler running for it,
-/// and a "lab" node where lifecycle Jobs run. Stopped when dropped.
-struct Lab {
-    client: Client,
-    ns: String,
-    stop: CancellationToken,
-    _logs: FailureLogs<'static>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 impl Lab {
-    async fn start(prefix: &str) -> Lab {
-        homelab_autoscaler::tls::install_crypto_provider();
-        let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
-        let logs = plane.logs_on_failure();
-        plane.install_crds().await.expect("install CRDs");
-        let client = plane.client().expect("client");
-        let ns = plane.fresh_namespace(prefix).await.expect("namespace");
-        plane
-            .add_machine(
-                &format!("{ns}-lab"),
-                vec![],
-                BTreeMap::from([("homelab.test/lab".into(), ns.clone())]),
-            )
-            .await
-            .expect("lab node");
-        let stop = CancellationToken::new();
-        let ctx = Context::start(
-            client.clone(),
-            &ns,
-            timeouts(),
-            Duration::from_secs(5),
-            Arc::new(SystemClock),
-            &stop,
-        )
-        .await
-        .expect("controller context");
-        tokio::spawn(controller::run(ctx, stop.clone()));
-        let args = SimulateArgs {
-            namespace: ns.clone(),
-            boot_delay: "1s".parse().expect("duration"),
-            gate_delay: "1s".parse().expect("duration"),
-        };
-        tokio::spawn(simulator::run(client.clone(), args, stop.clone()));
-        let config = ScalerConfig {
-            interval: Duration::from_secs(1),
-            timeouts: timeouts(),
-            ..ScalerConfig::new(ns.clone())
-        };
-        tokio::spawn(scaler::run(client.clone(), config, stop.clone()));
-        Lab { client, ns, stop, _logs: logs }
-    }
-
-    fn claims(&self) -> Api<NodeClaim> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-    fn groups(&self) -> Api<Group> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-    fn nodes(&self) -> Api<CoreNode> {
-        Api::all(self.client.clone())
-    }
-
     /// A builtin pool `group` with a readiness gate on `bootstrap.test/not-ready` and `slots`
     /// slots named `<ns>-<group>-<i>` whose lifecycle Jobs run on the lab node.
     async fn pool(
@@ -254,7 +168,7 @@ fn running_on(pod: &Pod) -> Option<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_pending_pods_boot_three_machines_and_the_pool_returns_to_zero_after_the_hold() {
-    let lab = Lab::start("scaler-up").await;
+    let lab = Lab::start("scaler-up", With::ControllersAndScaler).await;
     let slots = lab
         .pool("pool", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }), json!({}))
         .await;
@@ -407,7 +321,7 @@ impl AsyncCheck for NothingWanted {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_fits_elsewhere_creates_no_demand() {
-    let lab = Lab::start("scaler-fits").await;
+    let lab = Lab::start("scaler-fits", With::ControllersAndScaler).await;
     // The pool's machines would carry the lab label too, so both pods below select the pool's
     // template; but the lab node, which is up, admits them as well.
     let lab_label = json!({ "homelab.test/lab": lab.ns });
@@ -465,7 +379,7 @@ impl AsyncCheck for TwoOfTwo {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_of_two_replicas_counts_two_not_four() {
-    let lab = Lab::start("scaler-deploy").await;
+    let lab = Lab::start("scaler-deploy", With::ControllersAndScaler).await;
     // With podsPerNode 1 and three slots, the plan's double count (2 replicas + 2 pods) would
     // claim all three machines.
     lab.pool("deploy", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }), json!({}))

@@ -7,14 +7,15 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
 
-use super::jobs::LABEL_MANAGED_BY;
+use super::error::{KubeContext, Result, is_already_exists};
+use super::jobs::{JobOutcome, LABEL_LIFECYCLE, LABEL_MANAGED_BY, Lifecycle, outcome};
 use crate::api::{GROUP_LABEL, Group, Node, NodeClaim};
 use crate::claim::Timeouts;
 use crate::clock::Clock;
@@ -73,7 +74,7 @@ impl Context {
         drain_timeout: Duration,
         clock: Arc<dyn Clock>,
         shutdown: &CancellationToken,
-    ) -> Result<Arc<Self>, reflector::store::WriterDropped> {
+    ) -> std::result::Result<Arc<Self>, reflector::store::WriterDropped> {
         let managed = watcher::Config::default()
             .labels(&format!("{}={}", LABEL_MANAGED_BY.0, LABEL_MANAGED_BY.1));
         let stores = Stores {
@@ -159,6 +160,38 @@ impl Context {
                     .is_some_and(|s| s == slot)
             })
             .collect()
+    }
+
+    /// The cached lifecycle Jobs of a slot of one kind.
+    pub fn lifecycle_jobs_of_slot(&self, slot: &str, lifecycle: Lifecycle) -> Vec<Arc<Job>> {
+        self.jobs_of_slot(slot)
+            .into_iter()
+            .filter(|j| {
+                j.metadata.labels.as_ref().and_then(|l| l.get(LABEL_LIFECYCLE)).map(String::as_str)
+                    == Some(lifecycle.as_str())
+            })
+            .collect()
+    }
+
+    /// Whether a shutdown Job of the slot is still running.
+    pub fn shutdown_in_flight(&self, slot: &str) -> bool {
+        self.lifecycle_jobs_of_slot(slot, Lifecycle::Shutdown)
+            .iter()
+            .any(|j| outcome(j) == JobOutcome::Running)
+    }
+
+    /// Creates a lifecycle Job. Returns false when it already existed: Job names are
+    /// deterministic, so a create repeated after a crash or a conflict is a no-op.
+    pub async fn create_job(&self, job: &Job) -> Result<bool> {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        match Api::<Job>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), job)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if is_already_exists(&error) => Ok(false),
+            Err(error) => Err(error).during(|| format!("creating Job {name}")),
+        }
     }
 
     /// Publishes an event on `object`; a failure to publish is logged, never fatal.

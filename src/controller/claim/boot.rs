@@ -4,9 +4,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PostParams};
+use kube::api::{Api, ListParams, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -16,7 +15,7 @@ use super::{has_finalizer, overdue, requeue_at};
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
 use crate::controller::Context;
-use crate::controller::error::{KubeContext, Result, is_already_exists};
+use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::controller::machine::TO_BE_DELETED_TAINT;
 use crate::phase::{self, Writer};
@@ -89,14 +88,7 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         name: job_name.clone(),
         max_run_time: ctx.timeouts.job_timeout,
     });
-    match Api::<Job>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .create(&PostParams::default(), &job)
-        .await
-    {
-        Ok(_) => {}
-        Err(error) if is_already_exists(&error) => {}
-        Err(error) => return Err(error).during(|| format!("creating startup Job {job_name}")),
-    }
+    ctx.create_job(&job).await?;
     clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
 
     let boot = PhaseMove::new(NodeClaimPhase::Booting, Writer::Lifecycle)

@@ -14,7 +14,6 @@ use super::{gate, has_finalizer, requeue_at};
 use crate::api::{Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{DEFAULT_CLAIM_TTL_SECONDS, FINALIZER};
 use crate::controller::error::{KubeContext, Result, is_not_found};
-use crate::controller::jobs::{self, JobOutcome, LABEL_LIFECYCLE};
 use crate::controller::{Context, machine};
 use crate::phase::{self, Writer};
 
@@ -37,14 +36,7 @@ pub fn machine_released(ctx: &Context, claim: &NodeClaim) -> bool {
     let node_name = ctx
         .slot(slot_name)
         .map_or_else(|| slot_name.clone(), |s| s.spec.kubernetes_node_name.clone());
-    let shutdown_running = ctx.jobs_of_slot(slot_name).iter().any(|j| {
-        j.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_LIFECYCLE))
-            .is_some_and(|l| l == "shutdown")
-            && jobs::outcome(j) == JobOutcome::Running
-    });
+    let shutdown_running = ctx.shutdown_in_flight(slot_name);
     !machine::powered_on(ctx.core_node(&node_name).as_deref())
         && !shutdown_running
         && !awaits_forced_shutdown(claim)

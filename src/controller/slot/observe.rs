@@ -15,7 +15,6 @@ use crate::api::{
 };
 use crate::controller::claim::chokepoint::params;
 use crate::controller::error::{KubeContext, Result};
-use crate::controller::jobs::{self, JobOutcome, LABEL_LIFECYCLE};
 use crate::controller::{Context, machine};
 use crate::phase::{self, Observation, SlotReportInput};
 
@@ -126,14 +125,7 @@ pub async fn write_status(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
     let live =
         newest(claims.iter().map(AsRef::as_ref).filter(|c| phase::is_live(Some(phase::of(c)))));
-    let shutdown_in_flight = ctx.jobs_of_slot(&slot_name).iter().any(|j| {
-        j.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_LIFECYCLE))
-            .is_some_and(|l| l == "shutdown")
-            && jobs::outcome(j) == JobOutcome::Running
-    });
+    let shutdown_in_flight = ctx.shutdown_in_flight(&slot_name);
     let observed = Observation {
         powered_on: machine::powered_on(node),
         usable: machine::usable(node, &gate),

@@ -5,10 +5,8 @@
 //! bounded by three, with a 30-minute pause before the count restarts.
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -19,7 +17,7 @@ use crate::api::{GROUP_LABEL, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::claim::chokepoint;
 use crate::controller::claim::release::awaits_forced_shutdown;
-use crate::controller::error::{KubeContext, Result, is_already_exists};
+use crate::controller::error::Result;
 use crate::controller::jobs::{self, JobContext, JobOutcome, LABEL_LIFECYCLE, Lifecycle};
 use crate::controller::{Context, machine};
 use crate::phase;
@@ -73,17 +71,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         return Ok(Action::await_change());
     };
 
-    let shutdown_jobs: Vec<_> = ctx
-        .jobs_of_slot(&slot_name)
-        .into_iter()
-        .filter(|j| {
-            j.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_LIFECYCLE))
-                .is_some_and(|l| l == "shutdown")
-        })
-        .collect();
+    let shutdown_jobs = ctx.lifecycle_jobs_of_slot(&slot_name, Lifecycle::Shutdown);
     if shutdown_jobs.iter().any(|j| jobs::outcome(j) == JobOutcome::Running) {
         return Ok(Action::await_change());
     }
@@ -199,13 +187,8 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         name: job_name.clone(),
         max_run_time: ctx.timeouts.job_timeout,
     });
-    match Api::<Job>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .create(&PostParams::default(), &job)
-        .await
-    {
-        Ok(_) => {}
-        Err(error) if is_already_exists(&error) => return Ok(Action::await_change()),
-        Err(error) => return Err(error).during(|| format!("creating shutdown Job {job_name}")),
+    if !ctx.create_job(&job).await? {
+        return Ok(Action::await_change());
     }
     if let Some(claim) = claim {
         chokepoint::patch_status(

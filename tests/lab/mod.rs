@@ -1,0 +1,122 @@
+//! One test's world for the operator's in-process parts: a fresh namespace on the shared real
+//! control plane, the controllers (and, on request, the built-in scaler) running for it, the
+//! machine simulator, and a "lab" node where lifecycle Jobs run. Stopped when dropped. Test files
+//! add their own helpers in `impl Lab` blocks.
+
+// Each test binary uses part of this module.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use homelab_autoscaler::api::{Group, Node, NodeClaim};
+use homelab_autoscaler::claim::Timeouts;
+use homelab_autoscaler::clock::SystemClock;
+use homelab_autoscaler::controller::{self, Context};
+use homelab_autoscaler::scaler::{self, ScalerConfig};
+use homelab_autoscaler::simulator::{self, SimulateArgs};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::Client;
+use kube::api::Api;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{Components, ControlPlane, FailureLogs};
+
+/// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
+pub fn timeouts() -> Timeouts {
+    Timeouts {
+        job_timeout: Duration::from_secs(10),
+        job_monitor_poll: Duration::from_secs(1),
+        registration: Duration::from_secs(8),
+        readiness_gate: Duration::from_secs(8),
+        uncordon_retry_max: Duration::from_secs(1),
+        margin: Duration::from_secs(1),
+    }
+}
+
+/// Which of the operator's loops a test runs besides the controllers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum With {
+    Controllers,
+    ControllersAndScaler,
+}
+
+pub struct Lab {
+    pub client: Client,
+    pub ns: String,
+    stop: CancellationToken,
+    _logs: FailureLogs<'static>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Lab {
+    pub async fn start(prefix: &str, with: With) -> Lab {
+        homelab_autoscaler::tls::install_crypto_provider();
+        let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
+        let logs = plane.logs_on_failure();
+        plane.install_crds().await.expect("install CRDs");
+        let client = plane.client().expect("client");
+        let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+        plane
+            .add_machine(
+                &format!("{ns}-lab"),
+                vec![],
+                BTreeMap::from([("homelab.test/lab".into(), ns.clone())]),
+            )
+            .await
+            .expect("lab node");
+        let stop = CancellationToken::new();
+        let ctx = Context::start(
+            client.clone(),
+            &ns,
+            timeouts(),
+            Duration::from_secs(5),
+            Arc::new(SystemClock),
+            &stop,
+        )
+        .await
+        .expect("controller context");
+        tokio::spawn(controller::run(ctx, stop.clone()));
+        let args = SimulateArgs {
+            namespace: ns.clone(),
+            boot_delay: "1s".parse().expect("duration"),
+            gate_delay: "1s".parse().expect("duration"),
+        };
+        tokio::spawn(simulator::run(client.clone(), args, stop.clone()));
+        if with == With::ControllersAndScaler {
+            let config = ScalerConfig {
+                interval: Duration::from_secs(1),
+                timeouts: timeouts(),
+                ..ScalerConfig::new(ns.clone())
+            };
+            tokio::spawn(scaler::run(client.clone(), config, stop.clone()));
+        }
+        Lab { client, ns, stop, _logs: logs }
+    }
+
+    pub fn claims(&self) -> Api<NodeClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn slots(&self) -> Api<Node> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn groups(&self) -> Api<Group> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn nodes(&self) -> Api<CoreNode> {
+        Api::all(self.client.clone())
+    }
+}
