@@ -12,9 +12,11 @@ use super::RunArgs;
 use super::admin::Readiness;
 use crate::clock::SystemClock;
 use crate::controller::{self, Context};
+use crate::provider::Provider;
 
 async fn run_controllers(
     client: Client,
+    provider: &Provider,
     args: &RunArgs,
     ready: &Readiness,
     stop: CancellationToken,
@@ -24,7 +26,7 @@ async fn run_controllers(
         timeouts: args.timeouts(),
         ..crate::scaler::ScalerConfig::new(args.namespace.clone())
     };
-    let scaler = crate::scaler::run(client.clone(), scaler, stop.clone());
+    let scaler = crate::scaler::run_with(client.clone(), provider.clone(), scaler, stop.clone());
     let ctx = Context::start(
         client,
         &args.namespace,
@@ -44,12 +46,13 @@ async fn run_controllers(
 
 pub async fn run_controllers_while_leader(
     client: Client,
+    provider: Provider,
     args: &RunArgs,
     ready: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     if args.no_leader_election {
-        return run_controllers(client, args, &ready, shutdown).await;
+        return run_controllers(client, &provider, args, &ready, shutdown).await;
     }
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("homelab-autoscaler-{}", std::process::id()));
@@ -74,7 +77,7 @@ pub async fn run_controllers_while_leader(
         }
         tracing::info!("elected leader");
         let term = shutdown.child_token();
-        let controllers = run_controllers(client.clone(), args, &ready, term.clone());
+        let controllers = run_controllers(client.clone(), &provider, args, &ready, term.clone());
         tokio::pin!(controllers);
         loop {
             tokio::select! {

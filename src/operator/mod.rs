@@ -132,14 +132,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let admin = tokio::spawn(admin::serve(args.admin_addr, ready.clone(), shutdown.clone()));
+    // One provider core (and one set of caches) serves cluster-autoscaler's calls and the
+    // built-in scaler's.
+    let provider = Provider::start(client.clone(), provider_config(&args));
     let grpc = match args.grpc_addr {
         Some(addr) => {
-            Some(tokio::spawn(serve_grpc(client.clone(), &args, addr, shutdown.clone()).await?))
+            Some(tokio::spawn(serve_grpc(provider.clone(), &args, addr, shutdown.clone()).await?))
         }
         None => None,
     };
 
-    let controllers = leader::run_controllers_while_leader(client, &args, ready, shutdown.clone());
+    let controllers =
+        leader::run_controllers_while_leader(client, provider, &args, ready, shutdown.clone());
     let result = controllers.await;
     shutdown.cancel();
     let _ = tokio::join!(webhooks, admin);
@@ -149,18 +153,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     result
 }
 
-/// Starts the provider's caches, waits for them, and returns the gRPC server's future.
-async fn serve_grpc(
-    client: kube::Client,
-    args: &RunArgs,
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-) -> anyhow::Result<impl std::future::Future<Output = ()> + use<>> {
+/// The provider core's settings.
+fn provider_config(args: &RunArgs) -> ProviderConfig {
     let mut config = ProviderConfig::new(args.namespace.clone());
     config.gpu_label = args.gpu_label.clone();
     config.gpu_types = args.gpu_types.clone();
     config.timeouts = args.timeouts();
-    let provider = Provider::start(client, config);
+    config
+}
+
+/// Waits for the provider's caches and returns the gRPC server's future.
+async fn serve_grpc(
+    provider: Provider,
+    args: &RunArgs,
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = ()> + use<>> {
     provider.wait_synced(Duration::from_secs(60)).await.context("syncing the provider's caches")?;
     let server = match &args.grpc_cert_dir {
         Some(dir) => GrpcServerConfig::mutual_tls(addr, dir.clone()),

@@ -27,7 +27,7 @@ pub use decide::{Action, Decision, Outcome, Settings, State, decide};
 pub use demand::{demand, intent};
 pub use error::ScalerError;
 pub use observation::{Machine, Observation, Workload};
-pub use run::{DEFAULT_INTERVAL, MIN_GAP, ScalerConfig, run};
+pub use run::{DEFAULT_INTERVAL, MIN_GAP, ScalerConfig, run, run_with};
 pub use status::FIELD_MANAGER;
 pub use target::{DEFAULT_PODS_PER_NODE, Limits, floor, target};
 

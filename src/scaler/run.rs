@@ -55,11 +55,23 @@ impl ScalerConfig {
     }
 }
 
-/// Runs the scaler until `shutdown`. Run it only where the controllers run (the leader).
+/// Runs the scaler until `shutdown`, with a provider of its own. Run it only where the
+/// controllers run (the leader).
 pub async fn run(client: Client, config: ScalerConfig, shutdown: CancellationToken) {
     let mut provider_config = ProviderConfig::new(config.namespace.clone());
     provider_config.timeouts = config.timeouts;
     let provider = Provider::start(client.clone(), provider_config);
+    run_with(client, provider, config, shutdown).await;
+}
+
+/// Runs the scaler until `shutdown` through `provider`, the same provider core the gRPC server
+/// uses, so one set of caches serves both and claims look the same whoever asked.
+pub async fn run_with(
+    client: Client,
+    provider: Provider,
+    config: ScalerConfig,
+    shutdown: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
