@@ -421,3 +421,101 @@ async fn of_many_claims_raced_onto_one_slot_exactly_one_boots() {
         .items;
     assert_eq!(startup_jobs.len(), 1, "one machine was bought");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_finished_while_the_operator_was_down_is_picked_up_from_its_job() {
+    let lab = Lab::start("ctl-restart", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "booting", |c| phase(c) == Some(NodeClaimPhase::Booting)).await;
+    lab.stop_controllers();
+    // While nothing watches, the startup Job completes and the machine registers and clears
+    // its bootstrap taint (the simulator keeps running).
+    let nodes = lab.nodes();
+    eventually("the machine up while the operator is down", ACT, || async {
+        let node = nodes.get_opt(&slot).await?.context("not registered")?;
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        ensure!(taints.iter().all(|t| t.key != "bootstrap.test/not-ready"), "gate not clear");
+        Ok(())
+    })
+    .await
+    .expect("machine up");
+    let claim = lab.claims().get("c1").await.expect("claim");
+    assert_eq!(phase(&claim), Some(NodeClaimPhase::Booting), "nothing moved it while down");
+    lab.start_controllers().await;
+    let ready = lab
+        .claim_until("c1", "ready after the restart", |c| phase(c) == Some(NodeClaimPhase::Ready))
+        .await;
+    assert_eq!(ready.status.and_then(|s| s.attempt), Some(1), "the same attempt, not a new boot");
+    let startup_jobs = lab
+        .jobs()
+        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=startup"))
+        .await
+        .expect("jobs")
+        .items;
+    assert_eq!(startup_jobs.len(), 1, "no second startup Job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_job_that_fails_fails_the_claim() {
+    let lab = Lab::start("ctl-jobfail", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    // The startup pod can run nowhere: the Job hits its deadline (the budget's Job timeout).
+    let patch = json!({ "spec": { "startupPodSpec": { "nodeSelector": { "homelab.test/lab": "nowhere" } } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch slot");
+    lab.claim("c1", &slot, None).await;
+    let failed =
+        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    assert_eq!(reason(&failed).as_deref(), Some("StartupJobFailed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdowns_that_do_not_land_are_bounded_and_paused() {
+    let lab = Lab::start("ctl-noshut", With::Controllers).await;
+    let slot = lab.pool(&[("m1", Some("ignores-shutdown"))]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.scale_down("c1").await;
+    let paused = lab
+        .claim_until("c1", "three shutdown attempts", |c| {
+            c.status.as_ref().and_then(|s| s.shutdown_attempts) == Some(3)
+        })
+        .await;
+    assert!(paused.metadata.deletion_timestamp.is_some(), "the claim waits on its finalizer");
+    eventually("the ShutdownAttemptLimitReached warning", ACT, || async {
+        let reasons = lab.event_reasons("c1").await;
+        ensure!(reasons.iter().any(|r| r == "ShutdownAttemptLimitReached"), "{reasons:?}");
+        Ok(())
+    })
+    .await
+    .expect("warning");
+    let shutdown_jobs = lab
+        .jobs()
+        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=shutdown"))
+        .await
+        .expect("jobs")
+        .items;
+    assert_eq!(shutdown_jobs.len(), 3, "no fourth shutdown Job during the pause");
+    assert!(lab.nodes().get_opt(&slot).await.expect("node").is_some(), "the machine is still up");
+    // The documented reset lets the next attempt fire at once.
+    let reset = json!({ "status": { "shutdownAttempts": 0, "lastShutdownAttemptAt": null } });
+    lab.claims()
+        .patch_status("c1", &PatchParams::default(), &Patch::Merge(&reset))
+        .await
+        .expect("reset");
+    eventually("a fourth shutdown Job after the reset", ACT, || async {
+        let n = lab
+            .jobs()
+            .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=shutdown"))
+            .await?
+            .items
+            .len();
+        ensure!(n == 4, "{n} shutdown Jobs");
+        Ok(())
+    })
+    .await
+    .expect("reset fires again");
+}

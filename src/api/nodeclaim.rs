@@ -187,6 +187,10 @@ pub struct NodeClaimStatus {
     /// Shutdown Jobs fired for this claim in the current streak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_attempts: Option<i32>,
+    /// Shutdown Jobs fired for this claim in all (never reset); it numbers the next one, so a
+    /// reset streak starts a new Job instead of finding an old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_jobs: Option<i32>,
     /// When the last shutdown Job was fired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_shutdown_attempt_at: Option<Time>,

@@ -12,6 +12,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{KubeContext, Result, is_already_exists};
@@ -40,9 +42,57 @@ pub struct Context {
     pub clock: Arc<dyn Clock>,
     pub recorder: Recorder,
     pub stores: Stores,
+    /// One lock per slot around "may this claim boot?" and the booting write, so two claims
+    /// of one slot never both pass the check (reconciles of different claims run at once).
+    boot_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-fn spawn_store<K>(api: Api<K>, config: watcher::Config, shutdown: &CancellationToken) -> Store<K>
+/// A stream of changed objects (applied or deleted) of one kind, for one controller.
+pub type Changes<K> = UnboundedReceiverStream<K>;
+
+/// The change streams of one controller's inputs. Each comes from the same watch that fills
+/// the context's store and yields an object only after the store has taken the change, so a
+/// reconcile triggered by a change always reads it (two separate watches would race), and
+/// deletions are delivered too.
+pub struct Subscriptions {
+    pub claim_controller: ClaimInputs,
+    pub slot_controller: SlotInputs,
+    pub group_controller: GroupInputs,
+}
+
+pub struct ClaimInputs {
+    pub claims: Changes<NodeClaim>,
+    pub jobs: Changes<Job>,
+    pub nodes: Changes<CoreNode>,
+    pub slots: Changes<Node>,
+}
+
+pub struct SlotInputs {
+    pub slots: Changes<Node>,
+    pub claims: Changes<NodeClaim>,
+    pub nodes: Changes<CoreNode>,
+    pub jobs: Changes<Job>,
+}
+
+pub struct GroupInputs {
+    pub groups: Changes<Group>,
+    pub slots: Changes<Node>,
+    pub claims: Changes<NodeClaim>,
+}
+
+/// Why the controllers' inputs could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("a cache stopped before it listed: {0}")]
+pub struct StartError(#[from] reflector::store::WriterDropped);
+
+/// A store for `K`, fed by one watch, and `N` streams of its changes. Each change is applied
+/// to the store first and then sent to every stream; the objects of the initial list are sent
+/// once the list is complete (before that, the store still holds the previous list).
+fn fan_out<K, const N: usize>(
+    api: Api<K>,
+    config: watcher::Config,
+    shutdown: &CancellationToken,
+) -> (Store<K>, [Changes<K>; N])
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -52,21 +102,70 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, config).default_backoff().reflect(writer).applied_objects();
+    let (reader, mut writer) = reflector::store();
+    let channels: [(UnboundedSender<K>, UnboundedReceiver<K>); N] =
+        std::array::from_fn(|_| unbounded_channel());
+    let (senders, receivers): (Vec<_>, Vec<_>) = channels.into_iter().unzip();
+    let streams = receivers.map_array::<N>();
+    let mut events = watcher(api, config).default_backoff().boxed();
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
-        let drained = stream.for_each(|_| futures::future::ready(()));
-        tokio::select! {
-            _ = drained => {},
-            _ = shutdown.cancelled() => {},
+        let mut listing: Vec<K> = Vec::new();
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = events.next() => match next {
+                    Some(Ok(event)) => event,
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "watch error; the watcher retries");
+                        continue;
+                    }
+                    None => return,
+                },
+            };
+            writer.apply_watcher_event(&event);
+            let changed: Vec<K> = match event {
+                watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => vec![obj],
+                watcher::Event::Init => {
+                    listing.clear();
+                    Vec::new()
+                }
+                watcher::Event::InitApply(obj) => {
+                    listing.push(obj);
+                    Vec::new()
+                }
+                watcher::Event::InitDone => std::mem::take(&mut listing),
+            };
+            for obj in changed {
+                for sender in &senders {
+                    // A controller that stopped has dropped its receiver; nothing to tell it.
+                    let _ = sender.send(obj.clone());
+                }
+            }
         }
     });
-    reader
+    (reader, streams)
+}
+
+/// Turns the receivers into an array of streams.
+trait MapArray<K> {
+    fn map_array<const N: usize>(self) -> [Changes<K>; N];
+}
+
+impl<K> MapArray<K> for Vec<UnboundedReceiver<K>> {
+    fn map_array<const N: usize>(self) -> [Changes<K>; N] {
+        let mut receivers = self.into_iter();
+        std::array::from_fn(|_| match receivers.next() {
+            Some(receiver) => UnboundedReceiverStream::new(receiver),
+            // `fan_out` made exactly N; an empty stream is the harmless alternative to a panic.
+            None => UnboundedReceiverStream::new(unbounded_channel().1),
+        })
+    }
 }
 
 impl Context {
-    /// Starts the caches and waits until each has listed once.
+    /// Starts one watch per kind, and waits until each store has listed once. The returned
+    /// subscriptions must each be consumed by a controller: an unread one stalls its watch.
     pub async fn start(
         client: Client,
         namespace: &str,
@@ -74,28 +173,35 @@ impl Context {
         drain_timeout: Duration,
         clock: Arc<dyn Clock>,
         shutdown: &CancellationToken,
-    ) -> std::result::Result<Arc<Self>, reflector::store::WriterDropped> {
+    ) -> std::result::Result<(Arc<Self>, Subscriptions), StartError> {
         let managed = watcher::Config::default()
             .labels(&format!("{}={}", LABEL_MANAGED_BY.0, LABEL_MANAGED_BY.1));
-        let stores = Stores {
-            claims: spawn_store(
-                Api::namespaced(client.clone(), namespace),
-                watcher::Config::default(),
-                shutdown,
-            ),
-            slots: spawn_store(
-                Api::namespaced(client.clone(), namespace),
-                watcher::Config::default(),
-                shutdown,
-            ),
-            groups: spawn_store(
-                Api::namespaced(client.clone(), namespace),
-                watcher::Config::default(),
-                shutdown,
-            ),
-            nodes: spawn_store(Api::all(client.clone()), watcher::Config::default(), shutdown),
-            jobs: spawn_store(Api::namespaced(client.clone(), namespace), managed, shutdown),
+        let all = watcher::Config::default;
+        let (claims, [claims_a, claims_b, claims_c]) =
+            fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
+        let (slots, [slots_a, slots_b, slots_c]) =
+            fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
+        let (groups, [groups_a]) =
+            fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
+        let (nodes, [nodes_a, nodes_b]) = fan_out(Api::all(client.clone()), all(), shutdown);
+        let (jobs, [jobs_a, jobs_b]) =
+            fan_out(Api::namespaced(client.clone(), namespace), managed, shutdown);
+        let subscriptions = Subscriptions {
+            claim_controller: ClaimInputs {
+                claims: claims_a,
+                jobs: jobs_a,
+                nodes: nodes_a,
+                slots: slots_a,
+            },
+            slot_controller: SlotInputs {
+                slots: slots_b,
+                claims: claims_b,
+                nodes: nodes_b,
+                jobs: jobs_b,
+            },
+            group_controller: GroupInputs { groups: groups_a, slots: slots_c, claims: claims_c },
         };
+        let stores = Stores { claims, slots, groups, nodes, jobs };
         stores.claims.wait_until_ready().await?;
         stores.slots.wait_until_ready().await?;
         stores.groups.wait_until_ready().await?;
@@ -105,7 +211,7 @@ impl Context {
             controller: "homelab-autoscaler".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        Ok(Arc::new(Self {
+        let ctx = Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             namespace: namespace.to_string(),
@@ -113,7 +219,18 @@ impl Context {
             drain_timeout,
             clock,
             stores,
-        }))
+            boot_locks: std::sync::Mutex::default(),
+        });
+        Ok((ctx, subscriptions))
+    }
+
+    /// Holds the slot's boot lock until the guard is dropped.
+    pub async fn lock_slot_for_boot(&self, slot: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.boot_locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            locks.entry(slot.to_string()).or_default().clone()
+        };
+        lock.lock_owned().await
     }
 
     pub fn now(&self) -> jiff::Timestamp {

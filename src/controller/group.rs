@@ -2,33 +2,32 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
+
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::Context;
 use super::claim::chokepoint::params;
 use super::error::{KubeContext, Result};
-use crate::api::{GROUP_LABEL, Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase};
+use super::{Context, GroupInputs};
+use crate::api::{GROUP_LABEL, Group, GroupClaimCounts, NodeClaim, NodeClaimPhase};
 use crate::phase;
 
-pub async fn controller(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let groups: Api<Group> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let slots: Api<Node> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let claims: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
     let ns_slots = ctx.namespace.clone();
     let ns_claims = ctx.namespace.clone();
-    let controller = Controller::new(groups, watcher::Config::default())
-        .watches(slots, watcher::Config::default(), move |slot| {
+    let controller = Controller::for_stream(inputs.groups.map(Ok), ctx.stores.groups.clone())
+        .watches_stream(inputs.slots.map(Ok), move |slot| {
             slot.metadata
                 .labels
-                .and_then(|l| l.get(GROUP_LABEL).cloned())
-                .map(|g| ObjectRef::new(&g).within(&ns_slots))
+                .as_ref()
+                .and_then(|l| l.get(GROUP_LABEL))
+                .map(|g| ObjectRef::new(g).within(&ns_slots))
         })
-        .watches(claims, watcher::Config::default(), move |claim| {
+        .watches_stream(inputs.claims.map(Ok), move |claim| {
             Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });

@@ -201,15 +201,18 @@ pub enum JobOutcome {
     Failed,
 }
 
+/// How a Job ended. Since Kubernetes 1.31 a Job first gets `FailureTarget` (or
+/// `SuccessCriteriaMet`) and only later `Failed` (`Complete`), once its pods are gone; the
+/// outcome is known at the first.
 pub fn outcome(job: &Job) -> JobOutcome {
     let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
     let has = |t: &str| {
         conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
     };
-    if has("Complete") {
+    if has("Complete") || has("SuccessCriteriaMet") {
         let at = job.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0);
         JobOutcome::Succeeded { at }
-    } else if has("Failed") {
+    } else if has("Failed") || has("FailureTarget") {
         JobOutcome::Failed
     } else {
         JobOutcome::Running

@@ -11,7 +11,9 @@ pub mod jobs;
 pub mod machine;
 pub mod slot;
 
-pub use context::{Context, Stores};
+pub use context::{
+    ClaimInputs, Context, GroupInputs, SlotInputs, StartError, Stores, Subscriptions,
+};
 pub use error::{Error, Result};
 
 use std::sync::Arc;
@@ -20,11 +22,11 @@ use futures::StreamExt;
 use kube::runtime::controller::Action;
 use tokio_util::sync::CancellationToken;
 
-/// Runs every controller until `shutdown`.
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let claims = claim::controller(ctx.clone(), shutdown.clone());
-    let slots = slot::controller(ctx.clone(), shutdown.clone());
-    let groups = group::controller(ctx.clone(), shutdown.clone());
+/// Runs every controller until `shutdown`, each fed by its subscriptions.
+pub async fn run(ctx: Arc<Context>, inputs: Subscriptions, shutdown: CancellationToken) {
+    let claims = claim::controller(ctx.clone(), inputs.claim_controller, shutdown.clone());
+    let slots = slot::controller(ctx.clone(), inputs.slot_controller, shutdown.clone());
+    let groups = group::controller(ctx.clone(), inputs.group_controller, shutdown.clone());
     tokio::join!(claims, slots, groups);
 }
 

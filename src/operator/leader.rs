@@ -27,7 +27,7 @@ async fn run_controllers(
         ..crate::scaler::ScalerConfig::new(args.namespace.clone())
     };
     let scaler = crate::scaler::run_with(client.clone(), provider.clone(), scaler, stop.clone());
-    let ctx = Context::start(
+    let (ctx, inputs) = Context::start(
         client,
         &args.namespace,
         args.timeouts(),
@@ -39,7 +39,7 @@ async fn run_controllers(
     .context("starting the caches")?;
     ready.set(true);
     tracing::info!("controllers running");
-    tokio::join!(controller::run(ctx, stop), scaler);
+    tokio::join!(controller::run(ctx, inputs, stop), scaler);
     ready.set(false);
     Ok(())
 }

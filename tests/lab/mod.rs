@@ -47,7 +47,29 @@ pub struct Lab {
     pub client: Client,
     pub ns: String,
     stop: CancellationToken,
+    /// The controllers' own token, a child of `stop`, so a test can stop and restart them.
+    controllers: std::sync::Mutex<CancellationToken>,
     _logs: FailureLogs<'static>,
+}
+
+async fn start_controllers(
+    client: &Client,
+    ns: &str,
+    stop: &CancellationToken,
+) -> CancellationToken {
+    let token = stop.child_token();
+    let (ctx, inputs) = Context::start(
+        client.clone(),
+        ns,
+        timeouts(),
+        Duration::from_secs(5),
+        Arc::new(SystemClock),
+        &token,
+    )
+    .await
+    .expect("controller context");
+    tokio::spawn(controller::run(ctx, inputs, token.clone()));
+    token
 }
 
 impl Drop for Lab {
@@ -59,6 +81,11 @@ impl Drop for Lab {
 impl Lab {
     pub async fn start(prefix: &str, with: With) -> Lab {
         homelab_autoscaler::tls::install_crypto_provider();
+        // The operator's logs, shown for a failing test (RUST_LOG selects them).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
         let logs = plane.logs_on_failure();
         plane.install_crds().await.expect("install CRDs");
@@ -73,17 +100,7 @@ impl Lab {
             .await
             .expect("lab node");
         let stop = CancellationToken::new();
-        let ctx = Context::start(
-            client.clone(),
-            &ns,
-            timeouts(),
-            Duration::from_secs(5),
-            Arc::new(SystemClock),
-            &stop,
-        )
-        .await
-        .expect("controller context");
-        tokio::spawn(controller::run(ctx, stop.clone()));
+        let controllers = start_controllers(&client, &ns, &stop).await;
         let args = SimulateArgs {
             namespace: ns.clone(),
             boot_delay: "1s".parse().expect("duration"),
@@ -98,7 +115,18 @@ impl Lab {
             };
             tokio::spawn(scaler::run(client.clone(), config, stop.clone()));
         }
-        Lab { client, ns, stop, _logs: logs }
+        Lab { client, ns, stop, controllers: std::sync::Mutex::new(controllers), _logs: logs }
+    }
+
+    /// Stops the controllers (as a crashed or demoted operator would).
+    pub fn stop_controllers(&self) {
+        self.controllers.lock().expect("lock").cancel();
+    }
+
+    /// Starts the controllers again, with fresh caches.
+    pub async fn start_controllers(&self) {
+        let fresh = start_controllers(&self.client, &self.ns, &self.stop).await;
+        *self.controllers.lock().expect("lock") = fresh;
     }
 
     pub fn claims(&self) -> Api<NodeClaim> {

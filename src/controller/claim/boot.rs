@@ -38,6 +38,8 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         chokepoint::move_phase(ctx, claim, cancel).await?;
         return Ok(Action::await_change());
     }
+    // From the check to the booting write, no other claim of this slot may pass the check.
+    let _boot_lock = ctx.lock_slot_for_boot(&claim.spec.slot_ref.name).await;
     if let Some(older) = older_live_claim(ctx, claim).await? {
         let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController).because(
             "Superseded",
@@ -107,7 +109,9 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
     Ok(claim.spec.deadline_at.as_ref().map_or_else(Action::await_change, |d| requeue_at(ctx, d.0)))
 }
 
-/// The name of a live claim on the same slot that is older than `claim`, read from the API.
+/// The name of a live claim on the same slot that `claim` must give way to, read from the API:
+/// one that has committed its boot (booting or ready), or a pending one that is older. The
+/// first rule holds even when creation times tie at one-second resolution.
 async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<String>> {
     let slot = &claim.spec.slot_ref.name;
     let list = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
@@ -122,7 +126,7 @@ async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<Str
         .iter()
         .filter(|c| c.metadata.uid != claim.metadata.uid)
         .filter(|c| phase::is_live(Some(phase::of(c))) && c.metadata.deletion_timestamp.is_none())
-        .filter(|c| key(c) < key(claim))
+        .filter(|c| phase::of(c) != NodeClaimPhase::Pending || key(c) < key(claim))
         .map(|c| c.metadata.name.clone().unwrap_or_default())
         .next())
 }

@@ -10,41 +10,31 @@ mod ready;
 pub(crate) mod release;
 
 use std::sync::Arc;
+
+use futures::StreamExt;
 use std::time::Duration;
 
-use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Context, Result};
-use crate::api::{Node, NodeClaim, NodeClaimPhase};
+use super::{ClaimInputs, Context, Result};
+use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::claim::FINALIZER;
 use crate::phase;
 
 /// Runs the claim controller until `shutdown`.
-pub async fn controller(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let claims: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let jobs =
-        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(ctx.client.clone(), &ctx.namespace);
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
-    let slots: Api<Node> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+pub async fn controller(ctx: Arc<Context>, inputs: ClaimInputs, shutdown: CancellationToken) {
     let by_node = ctx.clone();
     let by_slot = ctx.clone();
-    let managed = watcher::Config::default().labels(&format!(
-        "{}={}",
-        super::jobs::LABEL_MANAGED_BY.0,
-        super::jobs::LABEL_MANAGED_BY.1
-    ));
-    let controller = Controller::new(claims, watcher::Config::default())
-        .owns(jobs, managed)
+    let controller = Controller::for_stream(inputs.claims.map(Ok), ctx.stores.claims.clone())
+        .owns_stream(inputs.jobs.map(Ok))
         // A machine's node changing wakes the claims of its slot (the gate, machine gone).
-        .watches(nodes, watcher::Config::default(), move |node| {
+        .watches_stream(inputs.nodes.map(Ok), move |node| {
             claims_of(&by_node, node.metadata.name.as_deref())
         })
-        .watches(slots, watcher::Config::default(), move |slot| {
+        .watches_stream(inputs.slots.map(Ok), move |slot| {
             claims_of(&by_slot, slot.metadata.name.as_deref())
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });

@@ -8,44 +8,35 @@ mod shutdown;
 
 use std::sync::Arc;
 
-use kube::api::Api;
+use futures::StreamExt;
+
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Context, Result};
-use crate::api::{LABEL_SLOT, Node, NodeClaim};
+use super::{Context, Result, SlotInputs};
+use crate::api::{LABEL_SLOT, Node};
 
 /// Runs the slot controller until `shutdown`.
-pub async fn controller(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let slots: Api<Node> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let claims: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let jobs =
-        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(ctx.client.clone(), &ctx.namespace);
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
-    let namespace = ctx.namespace.clone();
-    let ns_nodes = namespace.clone();
-    let ns_jobs = namespace.clone();
-    let managed = watcher::Config::default().labels(&format!(
-        "{}={}",
-        super::jobs::LABEL_MANAGED_BY.0,
-        super::jobs::LABEL_MANAGED_BY.1
-    ));
-    let controller = Controller::new(slots, watcher::Config::default())
-        .watches(claims, watcher::Config::default(), move |claim| {
-            Some(ObjectRef::new(&claim.spec.slot_ref.name).within(&namespace))
+pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: CancellationToken) {
+    let ns_claims = ctx.namespace.clone();
+    let ns_nodes = ctx.namespace.clone();
+    let ns_jobs = ctx.namespace.clone();
+    let controller = Controller::for_stream(inputs.slots.map(Ok), ctx.stores.slots.clone())
+        .watches_stream(inputs.claims.map(Ok), move |claim| {
+            Some(ObjectRef::new(&claim.spec.slot_ref.name).within(&ns_claims))
         })
         // A slot is named after its node, so a node event names its slot (if it has one).
-        .watches(nodes, watcher::Config::default(), move |node| {
-            node.metadata.name.map(|name| ObjectRef::new(&name).within(&ns_nodes))
+        .watches_stream(inputs.nodes.map(Ok), move |node| {
+            node.metadata.name.as_ref().map(|name| ObjectRef::new(name).within(&ns_nodes))
         })
-        .watches(jobs, managed, move |job| {
+        .watches_stream(inputs.jobs.map(Ok), move |job| {
             job.metadata
                 .labels
-                .and_then(|l| l.get(LABEL_SLOT).cloned())
-                .map(|s| ObjectRef::new(&s).within(&ns_jobs))
+                .as_ref()
+                .and_then(|l| l.get(LABEL_SLOT))
+                .map(|s| ObjectRef::new(s).within(&ns_jobs))
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
     super::drive("slot", controller.run(reconcile, super::error_policy, ctx)).await;

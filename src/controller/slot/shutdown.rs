@@ -139,6 +139,25 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         attempts = 0;
     }
     if attempts > 0 && on {
+        // A machine takes a while to go down after its script returns: give it as long as a
+        // machine is given to come up before the attempt counts as not landed.
+        let finished = shutdown_jobs
+            .iter()
+            .filter_map(|j| match jobs::outcome(j) {
+                JobOutcome::Succeeded { at } => at,
+                _ => None,
+            })
+            .max()
+            .or(last_at);
+        if let Some(finished) = finished {
+            let settle =
+                SignedDuration::try_from(ctx.timeouts.registration).unwrap_or(SignedDuration::MAX);
+            let settled = finished.checked_add(settle).unwrap_or(Timestamp::MAX);
+            if now < settled {
+                let wait = settled.duration_since(now).as_secs_f64().max(1.0);
+                return Ok(Action::requeue(std::time::Duration::from_secs_f64(wait)));
+            }
+        }
         let who = claim.and_then(|c| c.metadata.name.clone()).unwrap_or_default();
         ctx.publish(
             slot,
@@ -173,10 +192,17 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
     }
 
     let attempt = attempts + 1;
-    let owner = claim
-        .and_then(|c| c.metadata.name.clone())
-        .unwrap_or_else(|| format!("{slot_name}-{}", now.as_second()));
-    let job_name = jobs::shutdown_job_name(&owner, attempt);
+    // Shutdown Jobs are numbered per claim, never reset: a pass that created the Job and then
+    // lost the status write below to a conflict finds the same Job again and records the same
+    // numbers, and a reset streak starts a Job of its own.
+    let (owner, sequence) = match claim {
+        Some(c) => (
+            c.metadata.name.clone().unwrap_or_default(),
+            c.status.as_ref().and_then(|s| s.shutdown_jobs).unwrap_or(0) + 1,
+        ),
+        None => (format!("{slot_name}-{}", now.as_second()), attempt),
+    };
+    let job_name = jobs::shutdown_job_name(&owner, sequence);
     let group =
         slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned().unwrap_or_default();
     let job = jobs::build(&JobContext {
@@ -187,20 +213,21 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         name: job_name.clone(),
         max_run_time: ctx.timeouts.job_timeout,
     });
-    if !ctx.create_job(&job).await? {
-        return Ok(Action::await_change());
-    }
+    let created = ctx.create_job(&job).await?;
     if let Some(claim) = claim {
         chokepoint::patch_status(
             ctx,
             claim,
-            json!({ "shutdownAttempts": attempt, "lastShutdownAttemptAt": Time(now) }),
+            json!({ "shutdownAttempts": attempt, "shutdownJobs": sequence, "lastShutdownAttemptAt": Time(now) }),
         )
         .await?;
     }
     let about = claim
         .and_then(|c| c.metadata.name.clone())
         .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
+    if !created {
+        return Ok(Action::await_change());
+    }
     ctx.publish(
         slot,
         EventType::Normal,
