@@ -40,9 +40,36 @@ pub struct World {
     started: Instant,
     steps: Vec<Step>,
     narrate: bool,
-    _operator: Child,
+    bin: PathBuf,
+    logs: PathBuf,
+    tls: WebhookTls,
+    /// The operator replicas started so far (a killed one stays, with its process gone).
+    pub replicas: Vec<Replica>,
     _simulator: Child,
     _watch: tokio::task::JoinHandle<()>,
+}
+
+/// Where the operator's webhook certificate comes from.
+#[derive(Clone)]
+pub enum WebhookTls {
+    /// Each replica makes its own CA and patches caBundle (the no-cert-manager path).
+    SelfMade,
+    /// Files in the cert-manager Secret layout, shared by every replica.
+    Files { dir: PathBuf, ca_pem: String },
+}
+
+/// One operator process.
+pub struct Replica {
+    pub child: Child,
+    pub pid: u32,
+    pub webhook_port: u16,
+}
+
+impl Replica {
+    /// The Lease identity of the replica (no POD_NAME outside a pod).
+    pub fn identity(&self) -> String {
+        format!("homelab-autoscaler-{}", self.pid)
+    }
 }
 
 fn repo() -> PathBuf {
@@ -114,6 +141,11 @@ impl World {
     /// controllers, built-in scaler), the machine simulator, and a "lab" node where lifecycle
     /// Jobs run.
     pub async fn start(bin: &Path, narrate: bool) -> Result<World> {
+        Self::start_with(bin, narrate, WebhookTls::SelfMade).await
+    }
+
+    /// [`World::start`] with the webhook certificate from `tls`.
+    pub async fn start_with(bin: &Path, narrate: bool, tls: WebhookTls) -> Result<World> {
         let started = Instant::now();
         homelab_autoscaler::tls::install_crypto_provider();
         let plane = ControlPlane::shared(Components::CLUSTER).await?;
@@ -140,36 +172,9 @@ impl World {
             )
             .await?;
 
-        // The generated admission configurations, pointed at the operator on loopback; the
-        // operator makes its own CA and patches caBundle in (the no-cert-manager path).
-        let (webhook_port, admin_port, grpc_port) = (free_port()?, free_port()?, free_port()?);
-        let admission = std::fs::read_to_string(repo().join("webhooks/admission.yaml"))?;
-        let configurations = WebhookConfiguration::from_yaml(&admission)?;
-        plane
-            .register_webhooks(configurations, &format!("https://localhost:{webhook_port}"), "")
-            .await?;
-
         let logs = std::env::temp_dir().join(format!("homelab-demo-{}", std::process::id()));
         std::fs::create_dir_all(&logs)?;
         let kubeconfig = plane.kubeconfig_path();
-        let operator = spawn(
-            bin,
-            &[
-                "run".into(),
-                format!("--namespace={NAMESPACE}"),
-                format!("--webhook-addr=127.0.0.1:{webhook_port}"),
-                "--webhook-dns-names=localhost".into(),
-                format!("--admin-addr=127.0.0.1:{admin_port}"),
-                format!("--grpc-addr=127.0.0.1:{grpc_port}"),
-                "--operator-usernames=admin".into(),
-                "--startup-job-timeout=30s".into(),
-                "--registration-timeout=30s".into(),
-                "--readiness-gate-timeout=30s".into(),
-                "--drain-timeout=10s".into(),
-            ],
-            kubeconfig,
-            &logs.join("operator.log"),
-        )?;
         let simulator = spawn(
             bin,
             &[
@@ -181,16 +186,6 @@ impl World {
             kubeconfig,
             &logs.join("simulator.log"),
         )?;
-        let admin = format!("127.0.0.1:{admin_port}");
-        eventually("the operator to be ready", ACT, || http_ok(&admin, "/ready"))
-            .await
-            .with_context(|| {
-                format!(
-                    "operator log: {}",
-                    std::fs::read_to_string(logs.join("operator.log")).unwrap_or_default()
-                )
-            })?;
-
         let watch = tokio::spawn(print_claims(client.clone(), narrate, started));
         let mut world = World {
             plane,
@@ -198,13 +193,69 @@ impl World {
             started,
             steps: Vec::new(),
             narrate,
-            _operator: operator,
+            bin: bin.to_path_buf(),
+            logs: logs.clone(),
+            tls,
+            replicas: Vec::new(),
             _simulator: simulator,
             _watch: watch,
         };
         world.steps.push(Step { what: "control plane up, CRDs installed".into(), took: up });
+        world.start_replica().await?;
         world.note(format!("operator and simulator running (logs in {})", logs.display()), started);
         Ok(world)
+    }
+
+    /// Starts one more operator replica and waits until it is ready; the admission
+    /// configurations are pointed at the newest replica (as a Service would route to a live
+    /// pod).
+    pub async fn start_replica(&mut self) -> Result<usize> {
+        let index = self.replicas.len();
+        let (webhook_port, admin_port, grpc_port) = (free_port()?, free_port()?, free_port()?);
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            format!("--namespace={NAMESPACE}"),
+            format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+            format!("--admin-addr=127.0.0.1:{admin_port}"),
+            format!("--grpc-addr=127.0.0.1:{grpc_port}"),
+            "--operator-usernames=admin".into(),
+            "--startup-job-timeout=30s".into(),
+            "--registration-timeout=30s".into(),
+            "--readiness-gate-timeout=30s".into(),
+            "--drain-timeout=10s".into(),
+        ];
+        let ca_pem = match &self.tls {
+            WebhookTls::SelfMade => {
+                args.push("--webhook-dns-names=localhost".into());
+                // The replica patches its own CA in once it starts.
+                String::new()
+            }
+            WebhookTls::Files { dir, ca_pem } => {
+                args.push(format!("--webhook-cert-dir={}", dir.display()));
+                ca_pem.clone()
+            }
+        };
+        self.point_webhooks_at(webhook_port, &ca_pem).await?;
+        let log = self.logs.join(format!("operator-{index}.log"));
+        let child = spawn(&self.bin, &args, self.plane.kubeconfig_path(), &log)?;
+        let pid = child.id().context("the operator exited at once")?;
+        let admin = format!("127.0.0.1:{admin_port}");
+        eventually("the operator to be ready", ACT, || http_ok(&admin, "/ready"))
+            .await
+            .with_context(|| {
+                format!("operator log: {}", std::fs::read_to_string(&log).unwrap_or_default())
+            })?;
+        self.replicas.push(Replica { child, pid, webhook_port });
+        Ok(index)
+    }
+
+    /// Registers the generated admission configurations with `url: https://localhost:<port>`.
+    pub async fn point_webhooks_at(&self, port: u16, ca_pem: &str) -> Result<()> {
+        let admission = std::fs::read_to_string(repo().join("webhooks/admission.yaml"))?;
+        let configurations = WebhookConfiguration::from_yaml(&admission)?;
+        self.plane
+            .register_webhooks(configurations, &format!("https://localhost:{port}"), ca_pem)
+            .await
     }
 
     fn claims(&self) -> Api<NodeClaim> {
