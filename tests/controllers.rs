@@ -244,12 +244,7 @@ async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
     lab.scale_down("c1").await;
     lab.node_gone(&slot).await;
     lab.claim_gone("c1").await;
-    let shutdown_jobs: Vec<_> = lab
-        .jobs()
-        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=shutdown"))
-        .await
-        .expect("jobs")
-        .items;
+    let shutdown_jobs: Vec<_> = lab.lifecycle_jobs("shutdown").await.expect("jobs");
     assert_eq!(shutdown_jobs.len(), 1, "one shutdown Job");
     lab.slot_until(&slot, "reported off", |s| {
         s.status.as_ref().is_some_and(|s| {
@@ -413,12 +408,7 @@ async fn of_many_claims_raced_onto_one_slot_exactly_one_boots() {
         }
     }
     assert_eq!(ready.len(), 1, "exactly one claim owns the machine: {ready:?}");
-    let startup_jobs = lab
-        .jobs()
-        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=startup"))
-        .await
-        .expect("jobs")
-        .items;
+    let startup_jobs = lab.lifecycle_jobs("startup").await.expect("jobs");
     assert_eq!(startup_jobs.len(), 1, "one machine was bought");
 }
 
@@ -447,12 +437,7 @@ async fn a_boot_finished_while_the_operator_was_down_is_picked_up_from_its_job()
         .claim_until("c1", "ready after the restart", |c| phase(c) == Some(NodeClaimPhase::Ready))
         .await;
     assert_eq!(ready.status.and_then(|s| s.attempt), Some(1), "the same attempt, not a new boot");
-    let startup_jobs = lab
-        .jobs()
-        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=startup"))
-        .await
-        .expect("jobs")
-        .items;
+    let startup_jobs = lab.lifecycle_jobs("startup").await.expect("jobs");
     assert_eq!(startup_jobs.len(), 1, "no second startup Job");
 }
 
@@ -492,12 +477,7 @@ async fn shutdowns_that_do_not_land_are_bounded_and_paused() {
     })
     .await
     .expect("warning");
-    let shutdown_jobs = lab
-        .jobs()
-        .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=shutdown"))
-        .await
-        .expect("jobs")
-        .items;
+    let shutdown_jobs = lab.lifecycle_jobs("shutdown").await.expect("jobs");
     assert_eq!(shutdown_jobs.len(), 3, "no fourth shutdown Job during the pause");
     assert!(lab.nodes().get_opt(&slot).await.expect("node").is_some(), "the machine is still up");
     // The documented reset lets the next attempt fire at once.
@@ -507,12 +487,7 @@ async fn shutdowns_that_do_not_land_are_bounded_and_paused() {
         .await
         .expect("reset");
     eventually("a fourth shutdown Job after the reset", ACT, || async {
-        let n = lab
-            .jobs()
-            .list(&ListParams::default().labels("infra.homecluster.dev/lifecycle=shutdown"))
-            .await?
-            .items
-            .len();
+        let n = lab.lifecycle_jobs("shutdown").await?.len();
         ensure!(n == 4, "{n} shutdown Jobs");
         Ok(())
     })

@@ -96,25 +96,7 @@ mod tests {
     #[test]
     fn an_empty_phase_reads_as_pending() {
         assert_eq!(effective(None), Pending);
-        let claim = NodeClaim::new(
-            "slot-a-1",
-            crate::api::NodeClaimSpec {
-                slot_ref: crate::api::SlotRef { name: "slot-a".into() },
-                request: crate::api::ClaimRequest {
-                    call: crate::api::ClaimCall::IncreaseSize,
-                    delta: Some(1),
-                    group: "pool".into(),
-                    nodes: vec![],
-                    reason: None,
-                },
-                requested_at: None,
-                requested_by: None,
-                attempt: None,
-                deadline_at: None,
-                max_node_provision_time: None,
-                ttl_seconds_after_finished: None,
-            },
-        );
+        let claim = crate::fixtures::claim("slot-a-1", "slot-a", "pool");
         assert_eq!(of(&claim), Pending);
         assert!(!is_marked(&claim));
     }

@@ -147,4 +147,11 @@ impl Lab {
     pub fn nodes(&self) -> Api<CoreNode> {
         Api::all(self.client.clone())
     }
+
+    /// The test namespace's lifecycle Jobs of one kind (`startup` or `shutdown`).
+    pub async fn lifecycle_jobs(&self, lifecycle: &str) -> kube::Result<Vec<Job>> {
+        let params = kube::api::ListParams::default()
+            .labels(&format!("infra.homecluster.dev/lifecycle={lifecycle}"));
+        Ok(self.jobs().list(&params).await?.items)
+    }
 }
