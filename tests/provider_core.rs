@@ -173,17 +173,13 @@ async fn an_exhausted_slot_is_skipped_and_named_when_nothing_else_is_free() {
         .patch(&format!("{}-cheap", env.ns), &PatchParams::default(), &patch)
         .await
         .expect("reset");
-    let mut created = None;
-    for _ in 0..100 {
-        match env.provider.increase_size(&ca, "pool", 1).await {
-            Ok(made) => {
-                created = Some(made);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let created = created.expect("the reset slot boots");
+    // The provider's cache shows the annotation a moment after the write.
+    let created =
+        support::eventually("the reset slot to take a claim", Duration::from_secs(5), || async {
+            Ok(env.provider.increase_size(&ca, "pool", 1).await?)
+        })
+        .await
+        .expect("the reset slot boots");
     assert_eq!(created[0].attempt, 1);
 }
 
