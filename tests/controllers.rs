@@ -494,3 +494,87 @@ async fn shutdowns_that_do_not_land_are_bounded_and_paused() {
     .await
     .expect("reset fires again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_capacity_that_the_node_contradicts_is_reported() {
+    let lab = Lab::start("ctl-capacity", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let declared = json!({ "spec": { "nodeCapacity": { "cpu": "4", "pods": "110" } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&declared))
+        .await
+        .expect("capacity");
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    let condition = |s: &homelab_autoscaler::api::Node| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.conditions.iter().find(|c| c.type_ == "CapacityMatches").cloned())
+    };
+    // The simulated machine registers with the declared capacity.
+    lab.slot_until(&slot, "capacity matches", |s| condition(s).is_some_and(|c| c.status == "True"))
+        .await;
+    // The machine turns out smaller than declared (someone pulled a DIMM).
+    let smaller = json!({ "status": { "allocatable": { "cpu": "2", "pods": "110" } } });
+    lab.nodes()
+        .patch_status(&slot, &PatchParams::default(), &Patch::Merge(&smaller))
+        .await
+        .expect("node status");
+    let drifted = lab
+        .slot_until(&slot, "capacity drift reported", |s| {
+            condition(s).is_some_and(|c| c.status == "False")
+        })
+        .await;
+    let message = condition(&drifted).map(|c| c.message).unwrap_or_default();
+    assert!(message.contains("cpu: declared 4 vs allocatable 2"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_honours_a_disruption_budget_for_a_bounded_time() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let lab = Lab::start("ctl-pdb", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "precious", "labels": { "app": "precious" } },
+        "spec": { "nodeName": slot, "containers": [{ "name": "c", "image": "registry.invalid/app:1" }] },
+    }))
+    .expect("pod");
+    let pods = lab.pods();
+    pods.create(&PostParams::default(), &pod).await.expect("pod");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": { "name": "precious" },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "precious" } } },
+    }))
+    .expect("pdb");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(lab.client.clone(), &lab.ns);
+    budgets.create(&PostParams::default(), &pdb).await.expect("pdb");
+    eventually("the pod running and the budget in force", ACT, || async {
+        let budget = budgets.get("precious").await?;
+        let healthy = budget.status.and_then(|s| s.current_healthy).unwrap_or(0);
+        ensure!(healthy == 1, "{healthy} healthy");
+        Ok(())
+    })
+    .await
+    .expect("budget");
+
+    lab.scale_down("c1").await;
+    let claim = lab.claims().get("c1").await.expect("claim");
+    let asked = claim.status.and_then(|s| s.scale_down_requested_at).expect("marked").0;
+    let jobs = eventually("the shutdown Job", ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        ensure!(!jobs.is_empty(), "no shutdown Job yet");
+        Ok(jobs)
+    })
+    .await
+    .expect("shutdown");
+    let fired = jobs[0].metadata.creation_timestamp.as_ref().expect("created").0;
+    // The budget held the drain back (the Lab's drain timeout is 5 s; timestamps are whole
+    // seconds), and the pod was never evicted: the machine went down under it anyway.
+    assert!(fired.duration_since(asked).as_secs() >= 4, "fired {fired} after asking {asked}");
+    let node = lab.nodes().get(&slot).await.expect("node");
+    assert_eq!(node.spec.and_then(|s| s.unschedulable), Some(true), "cordoned first");
+    lab.claim_gone("c1").await;
+}

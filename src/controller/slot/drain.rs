@@ -10,6 +10,9 @@ use crate::controller::claim::chokepoint::params;
 use crate::controller::error::{KubeContext, Result, is_not_found};
 use crate::controller::machine;
 
+/// How long one eviction may take before it counts as refused.
+const EVICTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How a drain pass ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Drained {
@@ -62,14 +65,22 @@ pub async fn evict_all(ctx: &Context, node_name: &str) -> Result<Drained> {
         else {
             continue;
         };
-        match Api::<Pod>::namespaced(ctx.client.clone(), ns)
-            .evict(name, &EvictParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 429 => blocked += 1,
-            Err(error) if is_not_found(&error) => {}
-            Err(error) => return Err(error).during(|| format!("evicting pod {ns}/{name}")),
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        // A PodDisruptionBudget refuses with 429, which the client itself retries with backoff
+        // rather than returning: an eviction that has not answered in time counts as refused,
+        // so the drain's own timeout stays the bound and the slot's reconcile is never held.
+        let evicted =
+            tokio::time::timeout(EVICTION_TIMEOUT, pods.evict(name, &EvictParams::default())).await;
+        match evicted {
+            Ok(Ok(_)) => {}
+            // A PodDisruptionBudget refuses with 429 TooManyRequests.
+            Ok(Err(kube::Error::Api(status))) if status.code == 429 => blocked += 1,
+            Ok(Err(error)) if is_not_found(&error) => {}
+            Ok(Err(error)) => return Err(error).during(|| format!("evicting pod {ns}/{name}")),
+            Err(_) => {
+                tracing::info!(pod = name, namespace = ns, "eviction did not answer in time");
+                blocked += 1;
+            }
         }
     }
     Ok(if blocked == 0 { Drained::Empty } else { Drained::Blocked { pods: blocked } })
