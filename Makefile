@@ -9,7 +9,7 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 
 ## test: unit, table and integration tests against a real control plane built from Go modules.
 test:
-	tests/harness/build-binaries.sh cluster
+	tests/harness/build-binaries.sh e2e
 	cargo test --all-targets --locked
 
 ## demo: a local pool of simulated machines scaling up and down.
