@@ -20,7 +20,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use prost::Message;
 use serde_json::json;
-use support::{Components, ControlPlane};
+use support::Components;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -162,16 +162,8 @@ impl Env {
 /// slots, claims and nodes of `setup`; then starts a provider and a server for that namespace
 /// and connects a client.
 async fn env(setup: Setup) -> Env {
-    // The provider's log, shown with a failing test's output.
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("homelab_autoscaler=debug,kube=info")
-        .try_init();
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let logs = plane.logs_on_failure();
-    plane.install_crds().await.expect("CRDs");
-    let client = plane.client().expect("client");
-    let ns = plane.fresh_namespace(setup.prefix).await.expect("namespace");
+    let support::TestNamespace { client, ns, logs, .. } =
+        support::test_namespace(Components::API, setup.prefix).await.expect("test namespace");
 
     let groups: Api<Group> = Api::namespaced(client.clone(), &ns);
     let pool = json!({

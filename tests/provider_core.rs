@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::{Components, ControlPlane};
+use support::Components;
 
 struct Env {
     client: Client,
@@ -35,16 +35,8 @@ async fn env(
     driver: ScalingDriver,
     slots: &[(&str, f64, Option<serde_json::Value>)],
 ) -> Env {
-    // The provider's log, shown with a failing test's output.
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("homelab_autoscaler=debug,kube=info")
-        .try_init();
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let logs = plane.logs_on_failure();
-    plane.install_crds().await.expect("CRDs");
-    let client = plane.client().expect("client");
-    let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+    let support::TestNamespace { client, ns, logs, .. } =
+        support::test_namespace(Components::API, prefix).await.expect("test namespace");
 
     let driver = match driver {
         ScalingDriver::ClusterAutoscaler => "cluster-autoscaler",

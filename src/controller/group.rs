@@ -10,8 +10,8 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::claim::chokepoint::params;
 use super::error::{KubeContext, Result};
+use super::params;
 use super::{Context, GroupInputs};
 use crate::api::{GROUP_LABEL, Group, GroupClaimCounts, NodeClaim, NodeClaimPhase};
 use crate::phase;

@@ -22,6 +22,14 @@ use futures::StreamExt;
 use kube::runtime::controller::Action;
 use tokio_util::sync::CancellationToken;
 
+/// Field manager of every write the operator makes.
+pub const MANAGER: &str = "homelab-autoscaler";
+
+/// Patch parameters of every operator write.
+pub fn params() -> kube::api::PatchParams {
+    kube::api::PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() }
+}
+
 /// Runs every controller until `shutdown`, each fed by its subscriptions.
 pub async fn run(ctx: Arc<Context>, inputs: Subscriptions, shutdown: CancellationToken) {
     let claims = claim::controller(ctx.clone(), inputs.claim_controller, shutdown.clone());

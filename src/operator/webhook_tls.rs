@@ -10,11 +10,12 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
+use crate::controller::params;
 use crate::tls::{CertFiles, ReloadingServerConfig, issue_self_signed};
 use crate::webhook::configuration::CONFIGURATION_NAME;
 
@@ -45,38 +46,32 @@ pub async fn serving_config(
 
 /// Writes `ca` into every webhook of both configurations (those that exist).
 pub async fn patch_ca_bundle(client: &Client, ca: &[u8]) -> anyhow::Result<()> {
-    let bundle = ByteString(ca.to_vec());
-    let params =
-        PatchParams { field_manager: Some("homelab-autoscaler".into()), ..PatchParams::default() };
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    if let Some(config) = mutating
-        .get_opt(CONFIGURATION_NAME)
-        .await
-        .context("reading the mutating webhook configuration")?
-    {
-        let ops: Vec<_> = (0..config.webhooks.map_or(0, |w| w.len()))
-            .map(|i| json!({ "op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle }))
-            .collect();
-        let patch: json_patch::Patch = serde_json::from_value(json!(ops))?;
-        mutating
-            .patch(CONFIGURATION_NAME, &params, &Patch::Json::<()>(patch))
-            .await
-            .context("patching the mutating caBundle")?;
-    }
+    patch_one(mutating, ca, |c| c.webhooks.as_ref().map_or(0, Vec::len)).await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    if let Some(config) = validating
-        .get_opt(CONFIGURATION_NAME)
+    patch_one(validating, ca, |c| c.webhooks.as_ref().map_or(0, Vec::len)).await
+}
+
+/// Adds `ca` as the caBundle of each of the configuration's `webhooks(..)` webhooks.
+async fn patch_one<K>(api: Api<K>, ca: &[u8], webhooks: fn(&K) -> usize) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let kind = std::any::type_name::<K>().rsplit("::").next().unwrap_or("configuration");
+    let Some(config) =
+        api.get_opt(CONFIGURATION_NAME).await.with_context(|| format!("reading the {kind}"))?
+    else {
+        return Ok(());
+    };
+    let bundle = ByteString(ca.to_vec());
+    let ops: Vec<_> = (0..webhooks(&config))
+        .map(|i| {
+            json!({ "op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle })
+        })
+        .collect();
+    let patch: json_patch::Patch = serde_json::from_value(json!(ops))?;
+    api.patch(CONFIGURATION_NAME, &params(), &Patch::Json::<()>(patch))
         .await
-        .context("reading the validating webhook configuration")?
-    {
-        let ops: Vec<_> = (0..config.webhooks.map_or(0, |w| w.len()))
-            .map(|i| json!({ "op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle }))
-            .collect();
-        let patch: json_patch::Patch = serde_json::from_value(json!(ops))?;
-        validating
-            .patch(CONFIGURATION_NAME, &params, &Patch::Json::<()>(patch))
-            .await
-            .context("patching the validating caBundle")?;
-    }
+        .with_context(|| format!("patching the caBundle of the {kind}"))?;
     Ok(())
 }

@@ -192,29 +192,11 @@ pub(crate) fn saturating_i32(n: usize) -> i32 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::api::{
-        ClaimCall, ClaimRequest, GroupSpec, LifecyclePodSpec, NodeClaimPhase, NodeClaimSpec,
-        NodeClaimStatus, NodeSpec, SlotRef,
-    };
+    use crate::api::{GroupSpec, NodeClaimPhase, NodeClaimStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     pub fn slot(name: &str, group: &str) -> Arc<Slot> {
-        let mut s = Slot::new(
-            name,
-            NodeSpec {
-                startup_pod_spec: LifecyclePodSpec::default(),
-                shutdown_pod_spec: LifecyclePodSpec::default(),
-                kubernetes_node_name: name.into(),
-                provider_id: None,
-                node_taints: vec![],
-                node_labels: Default::default(),
-                node_capacity: Default::default(),
-                pricing: None,
-                power_state: None,
-            },
-        );
-        s.metadata.labels = Some([(GROUP_LABEL.to_string(), group.to_string())].into());
-        Arc::new(s)
+        Arc::new(crate::fixtures::slot(name, group))
     }
 
     pub fn group(name: &str, min_size: i32) -> Arc<Group> {
@@ -229,25 +211,9 @@ pub(crate) mod tests {
         phase: Option<NodeClaimPhase>,
         requested_at: &str,
     ) -> NodeClaim {
-        let mut c = NodeClaim::new(
-            name,
-            NodeClaimSpec {
-                slot_ref: SlotRef { name: slot.into() },
-                request: ClaimRequest {
-                    call: ClaimCall::IncreaseSize,
-                    delta: Some(1),
-                    group: "pool".into(),
-                    nodes: vec![],
-                    reason: None,
-                },
-                requested_at: Some(Time(requested_at.parse().expect("a timestamp"))),
-                requested_by: None,
-                attempt: Some(1),
-                deadline_at: None,
-                max_node_provision_time: None,
-                ttl_seconds_after_finished: None,
-            },
-        );
+        let mut c = crate::fixtures::claim(name, slot, "pool");
+        c.spec.requested_at = Some(crate::fixtures::at(requested_at));
+        c.spec.attempt = Some(1);
         c.status = Some(NodeClaimStatus { phase, ..Default::default() });
         c
     }

@@ -22,7 +22,7 @@ use kube::Client;
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Components, ControlPlane, FailureLogs};
+use crate::support::{Components, FailureLogs};
 
 /// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
 pub fn timeouts() -> Timeouts {
@@ -81,16 +81,10 @@ impl Drop for Lab {
 impl Lab {
     pub async fn start(prefix: &str, with: With) -> Lab {
         homelab_autoscaler::tls::install_crypto_provider();
-        // The operator's logs, shown for a failing test (RUST_LOG selects them).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
-        let logs = plane.logs_on_failure();
-        plane.install_crds().await.expect("install CRDs");
-        let client = plane.client().expect("client");
-        let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+        let crate::support::TestNamespace { plane, client, ns, logs } =
+            crate::support::test_namespace(Components::CLUSTER, prefix)
+                .await
+                .expect("test namespace");
         plane
             .add_machine(
                 &format!("{ns}-lab"),

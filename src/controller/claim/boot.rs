@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::chokepoint::{self, PhaseMove, params};
+use super::chokepoint::{self, PhaseMove};
 use super::{has_finalizer, overdue, requeue_at};
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
@@ -18,6 +18,7 @@ use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::controller::machine::TO_BE_DELETED_TAINT;
+use crate::controller::params;
 use crate::phase::{self, Writer};
 
 pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {

@@ -5,22 +5,14 @@
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
 use serde_json::{Map, Value, json};
 
 use crate::api::{NodeClaim, NodeClaimPhase};
-use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
+use crate::controller::{Context, params};
 use crate::phase::{self, Move, Writer};
-
-/// Field manager of every write the operator makes.
-pub const MANAGER: &str = "homelab-autoscaler";
-
-/// Patch parameters of every operator write.
-pub fn params() -> PatchParams {
-    PatchParams { field_manager: Some(MANAGER.into()), ..PatchParams::default() }
-}
 
 /// A requested phase move.
 pub struct PhaseMove {

@@ -11,11 +11,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::chokepoint::{self, PhaseMove, params};
+use super::chokepoint::{self, PhaseMove};
 use super::{overdue, ready, requeue_at};
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs::{self, JobOutcome};
+use crate::controller::params;
 use crate::controller::{Context, machine};
 use crate::phase::Writer;
 

@@ -9,10 +9,11 @@ use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::chokepoint::{self, PhaseMove, params};
+use super::chokepoint::{self, PhaseMove};
 use super::requeue_at;
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::error::{KubeContext, Result};
+use crate::controller::params;
 use crate::controller::{Context, machine};
 use crate::phase::Writer;
 

@@ -9,11 +9,12 @@ use kube::api::{Api, DeleteParams, Patch};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::chokepoint::{self, PhaseMove, params};
+use super::chokepoint::{self, PhaseMove};
 use super::{gate, has_finalizer, requeue_at};
 use crate::api::{Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{DEFAULT_CLAIM_TTL_SECONDS, FINALIZER};
 use crate::controller::error::{KubeContext, Result, is_not_found};
+use crate::controller::params;
 use crate::controller::{Context, machine};
 use crate::phase::{self, Writer};
 

@@ -13,8 +13,8 @@ use crate::api::{
     GROUP_LABEL, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeStatus, ObservedPower,
     SlotClaimDigest,
 };
-use crate::controller::claim::chokepoint::params;
 use crate::controller::error::{KubeContext, Result};
+use crate::controller::params;
 use crate::controller::{Context, machine};
 use crate::phase::{self, Observation, SlotReportInput};
 
