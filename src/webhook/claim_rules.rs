@@ -163,13 +163,21 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
             ));
         }
     }
-    for other in facts.other_claims_of_slot.iter().filter(|c| phase::is_live(phase::of(c).into())) {
+    let live_others: Vec<&NodeClaim> =
+        facts.other_claims_of_slot.iter().filter(|c| phase::is_live(phase::of(c).into())).collect();
+    for other in &live_others {
         findings.forbidden(format!(
             "slot {slot_name:?} already has live claim {:?} (phase {}); a slot takes one live \
              claim at a time: wait for it to end, or delete it to cancel it",
             other.metadata.name.as_deref().unwrap_or(""),
             phase_name(other)
         ));
+    }
+    if !live_others.is_empty() {
+        // The live claim decides. Its boot moves the attempt seed, possibly between the
+        // mutating and the validating call of this very request, so an attempt judged now
+        // would only hide the reason with a spurious mismatch.
+        return findings.verdict();
     }
     match facts.seed() {
         Some(AttemptSeed::Exhausted { failures, retry_after }) => findings.forbidden(format!(
