@@ -5,14 +5,16 @@
 //!
 //! A slot can play a broken machine with the annotation `simulator.infra.homecluster.dev/behaviour`:
 //! `never-boots` (nothing registers), `never-clears-gate` (the bootstrap taints stay),
-//! `ignores-shutdown` (the node stays up after a shutdown Job).
+//! `ignores-shutdown` (the node stays up after a shutdown Job), `registers-not-ready` (the node
+//! registers NotReady, as a kubelet does before its CNI is up, and turns Ready after
+//! `simulator.infra.homecluster.dev/not-ready-for`, default 30s).
 
 use std::collections::{BTreeMap, HashSet};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    Node as CoreNode, NodeSpec as CoreNodeSpec, NodeStatus as CoreNodeStatus, Taint,
+    Node as CoreNode, NodeCondition, NodeSpec as CoreNodeSpec, NodeStatus as CoreNodeStatus, Taint,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
@@ -26,6 +28,9 @@ use crate::controller::jobs::{JobOutcome, LABEL_LIFECYCLE, LABEL_MANAGED_BY, out
 
 /// The annotation that makes a slot play a broken machine.
 pub const BEHAVIOUR_ANNOTATION: &str = "simulator.infra.homecluster.dev/behaviour";
+/// How long a `registers-not-ready` machine stays NotReady (a duration such as `30s`).
+pub const NOT_READY_FOR_ANNOTATION: &str = "simulator.infra.homecluster.dev/not-ready-for";
+const DEFAULT_NOT_READY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 /// kwok plays nodes carrying this annotation.
 pub const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
@@ -101,6 +106,35 @@ fn behaviour(slot: &Node) -> Option<&str> {
     slot.metadata.annotations.as_ref()?.get(BEHAVIOUR_ANNOTATION).map(String::as_str)
 }
 
+/// How long the machine's kubelet reports NotReady after registering, if it plays a slow one.
+fn not_ready_for(slot: &Node) -> Option<std::time::Duration> {
+    if behaviour(slot) != Some("registers-not-ready") {
+        return None;
+    }
+    let configured = slot
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NOT_READY_FOR_ANNOTATION))
+        .and_then(|d| d.parse::<kube::core::Duration>().ok())
+        .filter(|d| !d.is_negative());
+    Some(configured.map_or(DEFAULT_NOT_READY_FOR, Into::into))
+}
+
+/// A kubelet's first status before its network is up.
+fn not_ready_status() -> Vec<NodeCondition> {
+    vec![NodeCondition {
+        type_: "Ready".into(),
+        status: "False".into(),
+        reason: Some("KubeletNotReady".into()),
+        message: Some(
+            "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:cni plugin not initialized"
+                .into(),
+        ),
+        ..NodeCondition::default()
+    }]
+}
+
 async fn power_on(
     client: &Client,
     args: &SimulateArgs,
@@ -140,14 +174,17 @@ async fn power_on(
     labels.insert("kubernetes.io/hostname".into(), node_name.clone());
     labels.insert("type".into(), "kwok".into());
     let capacity = (!slot.spec.node_capacity.is_empty()).then(|| slot.spec.node_capacity.clone());
+    // A slow kubelet's node is not kwok's until its network is up: it stays NotReady until then.
+    let slow = not_ready_for(&slot);
+    let annotations = match slow {
+        None => BTreeMap::from([(KWOK_ANNOTATION.0.into(), KWOK_ANNOTATION.1.into())]),
+        Some(_) => BTreeMap::new(),
+    };
     let node = CoreNode {
         metadata: ObjectMeta {
             name: Some(node_name.clone()),
             labels: Some(labels),
-            annotations: Some(BTreeMap::from([(
-                KWOK_ANNOTATION.0.into(),
-                KWOK_ANNOTATION.1.into(),
-            )])),
+            annotations: Some(annotations),
             ..ObjectMeta::default()
         },
         spec: Some(CoreNodeSpec {
@@ -158,6 +195,7 @@ async fn power_on(
         status: Some(CoreNodeStatus {
             capacity: capacity.clone(),
             allocatable: capacity,
+            conditions: slow.map(|_| not_ready_status()),
             ..CoreNodeStatus::default()
         }),
     };
@@ -170,6 +208,16 @@ async fn power_on(
             tracing::info!(node = node_name, "node already registered")
         }
         Err(error) => return Err(kube_err(format!("registering node {node_name}"))(error)),
+    }
+    if let Some(delay) = slow {
+        tokio::time::sleep(delay).await;
+        let kwok =
+            json!({ "metadata": { "annotations": { KWOK_ANNOTATION.0: KWOK_ANNOTATION.1 } } });
+        nodes
+            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&kwok))
+            .await
+            .map_err(kube_err(format!("bringing the kubelet of {node_name} up")))?;
+        tracing::info!(node = node_name, "kubelet network up; node turns Ready");
     }
     if behaviour(&slot) == Some("never-clears-gate") || bootstrap.is_empty() {
         return Ok(());

@@ -9,6 +9,8 @@
 #   HOMELAB_TEST_ASSETS  a directory of prebuilt binaries (as envtest's KUBEBUILDER_ASSETS);
 #                        any program found there is used as is and not built.
 #   HOMELAB_TEST_CACHE   where built binaries live (default: ~/.cache/homelab-autoscaler).
+#   HOMELAB_CA_SOURCE    cluster-autoscaler's source (a module directory or a .tar.gz of it);
+#                        default: ../shared/upstream/cluster-autoscaler/, else a git clone.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,6 +71,60 @@ build() {
   log "built ${missing[*]} in $(( $(date +%s) - start ))s"
 }
 
+# cluster-autoscaler is not served by the Go module proxy, so it is built from source (its
+# dependencies do come from the proxy). The source is, in order: $HOMELAB_CA_SOURCE (a
+# directory holding the module, or a .tar.gz of it), the trimmed tarball in
+# ../shared/upstream/cluster-autoscaler/ beside the repository, or a shallow clone of the
+# release tag. The binary is keyed by the source's hash, so a new source rebuilds it.
+ca_tag=cluster-autoscaler-1.36.1
+ca_shared_dir=$(cd "$here/../.." && pwd)/../shared/upstream/cluster-autoscaler
+build_cluster_autoscaler() {
+  local name=cluster-autoscaler
+  if [[ -n "${HOMELAB_TEST_ASSETS:-}" && -x "$HOMELAB_TEST_ASSETS/$name" ]]; then
+    ln -sf "$HOMELAB_TEST_ASSETS/$name" "$bin/$name"; echo "prebuilt" > "$bin/.$name.key"
+    log "$name: prebuilt from HOMELAB_TEST_ASSETS"; return 0
+  fi
+  local source=${HOMELAB_CA_SOURCE:-} tarball="" key
+  if [[ -z $source ]]; then
+    tarball=$(ls "$ca_shared_dir"/cluster-autoscaler-*-externalgrpc-src.tar.gz 2>/dev/null | head -n 1 || true)
+    source=$tarball
+  elif [[ -f $source ]]; then
+    tarball=$source
+  fi
+  if [[ -n $tarball ]]; then
+    key=$(sha256sum "$tarball" | cut -c1-16)
+  elif [[ -n $source ]]; then
+    [[ -f $source/go.mod ]] || { log "HOMELAB_CA_SOURCE=$source holds no go.mod"; return 1; }
+    key=$(cat "$source/go.mod" "$source/go.sum" | sha256sum | cut -c1-16)
+  else
+    key=$ca_tag
+  fi
+  if [[ -x "$bin/$name" && "$(cat "$bin/.$name.key" 2>/dev/null)" == "$key" ]]; then
+    log "$name: cached"; return 0
+  fi
+  local work start; work=$(mktemp -d "$cache/build.XXXXXX"); start=$(date +%s)
+  local module
+  if [[ -n $tarball ]]; then
+    log "building $name from $tarball"
+    tar -xzf "$tarball" -C "$work"
+    module=$(dirname "$(find "$work" -maxdepth 3 -name go.mod -path '*cluster-autoscaler/go.mod' | head -n 1)")
+  elif [[ -n $source ]]; then
+    log "building $name from $source"
+    module=$source
+  else
+    log "building $name from a clone of $ca_tag (no source in HOMELAB_CA_SOURCE or $ca_shared_dir)"
+    git clone -q --depth 1 --branch "$ca_tag" https://github.com/kubernetes/autoscaler "$work/autoscaler"
+    module=$work/autoscaler/cluster-autoscaler
+  fi
+  [[ -f $module/go.mod ]] || { log "no cluster-autoscaler module found in $source"; rm -rf "$work"; return 1; }
+  (cd "$module" && GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -tags externalgrpc \
+    -ldflags '-s -w' -o "$work/$name" .)
+  mv -f "$work/$name" "$bin/$name"
+  echo "$key" > "$bin/.$name.key"
+  rm -rf "$work"
+  log "built $name in $(( $(date +%s) - start ))s"
+}
+
 want=${1:-cluster}
 case "$want" in
   integration|cluster|e2e|all) ;;
@@ -96,8 +152,6 @@ if [[ $want != integration ]]; then
 fi
 if [[ $want == e2e || $want == all ]]; then
   build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
-  if [[ -f "$here/go/ca/go.mod" ]]; then
-    build ca "" externalgrpc cluster-autoscaler=k8s.io/autoscaler/cluster-autoscaler
-  fi
+  build_cluster_autoscaler
 fi
 echo "$bin"

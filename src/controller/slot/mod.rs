@@ -1,7 +1,9 @@
 //! The slot controller: the machine side. It powers a machine off when no claim wants it
-//! (`shutdown`), keeps the Kubernetes node tied to its slot (providerID, labels), and writes the
-//! slot's observed status and derived report (`observe`).
+//! (`shutdown`), keeps the Kubernetes node tied to its slot (providerID, labels), marks the node
+//! for cluster-autoscaler while it boots or a person holds it (`autoscaler_marks`), and writes
+//! the slot's observed status and derived report (`observe`).
 
+mod autoscaler_marks;
 mod drain;
 mod observe;
 mod shutdown;
@@ -44,6 +46,7 @@ pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: Cancell
 
 async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     let name = slot.metadata.name.clone().unwrap_or_default();
+    let span = tracing::info_span!("reconcile_slot", slot = %name);
     async move {
         if slot.metadata.deletion_timestamp.is_some() {
             return Ok(Action::await_change());
@@ -51,11 +54,13 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         let node = ctx.core_node(&slot.spec.kubernetes_node_name);
         if let Some(node) = &node {
             observe::tie_node_to_slot(&ctx, &slot, node).await?;
+            let live = observe::live_claim(&ctx, &name);
+            autoscaler_marks::apply(&ctx, node, live.as_deref()).await?;
         }
         let action = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
         observe::write_status(&ctx, &slot, node.as_deref()).await?;
         Ok(action)
     }
-    .instrument(tracing::info_span!("reconcile_slot", slot = %name))
+    .instrument(span)
     .await
 }

@@ -57,11 +57,22 @@ pub async fn tie_node_to_slot(ctx: &Context, slot: &Node, node: &CoreNode) -> Re
     Ok(())
 }
 
-/// The newest claim of a slot (by creation, then name).
+/// The slot's live claim (the newest, should a race have left two).
+pub fn live_claim(ctx: &Context, slot_name: &str) -> Option<std::sync::Arc<NodeClaim>> {
+    ctx.claims_of_slot(slot_name)
+        .into_iter()
+        .filter(|c| phase::is_live(Some(phase::of(c))))
+        .max_by_key(|c| age(c))
+}
+
+/// Claims order by creation, then name.
+fn age(claim: &NodeClaim) -> (Option<jiff::Timestamp>, Option<String>) {
+    (claim.metadata.creation_timestamp.as_ref().map(|t| t.0), claim.metadata.name.clone())
+}
+
+/// The newest claim of a slot.
 pub fn newest<'a>(claims: impl IntoIterator<Item = &'a NodeClaim>) -> Option<&'a NodeClaim> {
-    claims.into_iter().max_by_key(|c| {
-        (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.metadata.name.clone())
-    })
+    claims.into_iter().max_by_key(|c| age(c))
 }
 
 fn digest(claim: &NodeClaim) -> SlotClaimDigest {
@@ -123,8 +134,7 @@ pub async fn write_status(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let claims = ctx.claims_of_slot(&slot_name);
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
-    let live =
-        newest(claims.iter().map(AsRef::as_ref).filter(|c| phase::is_live(Some(phase::of(c)))));
+    let live = live_claim(ctx, &slot_name);
     let shutdown_in_flight = ctx.shutdown_in_flight(&slot_name);
     let observed = Observation {
         powered_on: machine::powered_on(node),
@@ -132,8 +142,8 @@ pub async fn write_status(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -
         shutdown_job_in_flight: shutdown_in_flight,
     };
     let report = phase::derive_report(SlotReportInput {
-        live_claim: live.map(|c| Some(phase::of(c))),
-        marked: live.is_some_and(phase::is_marked),
+        live_claim: live.as_deref().map(|c| Some(phase::of(c))),
+        marked: live.as_deref().is_some_and(phase::is_marked),
         observed,
     });
     let previous = slot.status.clone().unwrap_or_default();
