@@ -578,3 +578,114 @@ async fn a_drain_honours_a_disruption_budget_for_a_bounded_time() {
     assert_eq!(node.spec.and_then(|s| s.unschedulable), Some(true), "cordoned first");
     lab.claim_gone("c1").await;
 }
+
+const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/homelab-booting";
+const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+
+fn has_taint(node: &CoreNode, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+impl Lab {
+    async fn node_until(&self, name: &str, what: &str, pred: impl Fn(&CoreNode) -> bool) {
+        let nodes = self.nodes();
+        eventually(&format!("node {name}: {what}"), ACT, || async {
+            let node = nodes.get_opt(name).await?.context("not registered yet")?;
+            ensure!(
+                pred(&node),
+                "not yet: taints {:?}",
+                node.spec.as_ref().and_then(|s| s.taints.clone())
+            );
+            Ok(())
+        })
+        .await
+        .expect(what);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booting_machine_carries_the_autoscaler_startup_taint_until_its_gate_passes() {
+    let lab = Lab::start("ctl-startup-taint", With::Controllers).await;
+    // The kubelet reports NotReady for 3 s, then the bootstrap taint clears after 1 s more.
+    let slots = lab
+        .pool(&[("slow", Some("registers-not-ready")), ("stuck", Some("never-clears-gate"))])
+        .await;
+    let patch = json!({ "metadata": { "annotations": { "simulator.infra.homecluster.dev/not-ready-for": "3s" } } });
+    lab.slots()
+        .patch(&slots[0], &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+    lab.claim("c-slow", &slots[0], None).await;
+    lab.claim("c-stuck", &slots[1], None).await;
+
+    // Registered but not Ready: cluster-autoscaler must read it as not started.
+    lab.node_until(&slots[0], "NotReady with the startup taint", |n| {
+        !support::is_ready(n) && has_taint(n, STARTUP_TAINT)
+    })
+    .await;
+    let ready =
+        lab.claim_until("c-slow", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    assert!(ready.status.and_then(|s| s.ready_at).is_some());
+    lab.node_until(&slots[0], "the startup taint gone once the claim is ready", |n| {
+        support::is_ready(n) && !has_taint(n, STARTUP_TAINT)
+    })
+    .await;
+
+    // A gate that never clears keeps the taint until the claim fails, then it goes too.
+    lab.node_until(&slots[1], "the startup taint while the gate is closed", |n| {
+        has_taint(n, STARTUP_TAINT) && has_taint(n, "bootstrap.test/not-ready")
+    })
+    .await;
+    lab.claim_until("c-stuck", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    let nodes = lab.nodes();
+    eventually("the stuck machine's startup taint removed or its node gone", ACT, || async {
+        let node = nodes.get_opt(&slots[1]).await?;
+        ensure!(node.is_none_or(|n| !has_taint(&n, STARTUP_TAINT)), "still tainted");
+        Ok(())
+    })
+    .await
+    .expect("taint removed after the failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_started_by_hand_is_protected_from_autoscaler_scale_down() {
+    let lab = Lab::start("ctl-manual-mark", With::Controllers).await;
+    let slots = lab.pool(&[("byhand", None), ("byca", None)]).await;
+    lab.claim("c-ca", &slots[1], None).await;
+    let mut manual = lab.claims().get("c-ca").await.expect("claim");
+    manual.metadata =
+        kube::api::ObjectMeta { name: Some("c-hand".into()), ..manual.metadata.clone() };
+    manual.metadata.resource_version = None;
+    manual.metadata.uid = None;
+    manual.metadata.creation_timestamp = None;
+    manual.spec.slot_ref.name = slots[0].clone();
+    manual.spec.request.call = homelab_autoscaler::api::ClaimCall::Manual;
+    manual.spec.request.delta = None;
+    manual.metadata.owner_references = None;
+    manual.status = None;
+    lab.claims().create(&PostParams::default(), &manual).await.expect("manual claim");
+
+    for claim in ["c-hand", "c-ca"] {
+        lab.claim_until(claim, "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    }
+    lab.node_until(&slots[0], "scale-down disabled for the manual claim", |n| {
+        let a = n.metadata.annotations.clone().unwrap_or_default();
+        a.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true")
+            && a.get("infra.homecluster.dev/scale-down-disabled-for").map(String::as_str)
+                == Some("c-hand")
+    })
+    .await;
+    let by_ca = lab.nodes().get(&slots[1]).await.expect("node");
+    assert!(
+        !by_ca.metadata.annotations.unwrap_or_default().contains_key(SCALE_DOWN_DISABLED),
+        "a machine cluster-autoscaler asked for stays scalable"
+    );
+
+    // Releasing the claim releases the machine: drained and powered off.
+    lab.claims().delete("c-hand", &DeleteParams::default()).await.expect("delete");
+    lab.claim_gone("c-hand").await;
+    lab.node_gone(&slots[0]).await;
+}

@@ -31,6 +31,9 @@ pub const BEHAVIOUR_ANNOTATION: &str = "simulator.infra.homecluster.dev/behaviou
 /// How long a `registers-not-ready` machine stays NotReady (a duration such as `30s`).
 pub const NOT_READY_FOR_ANNOTATION: &str = "simulator.infra.homecluster.dev/not-ready-for";
 const DEFAULT_NOT_READY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+/// While a node carries this annotation, kwok's stages leave it NotReady (a kubelet whose
+/// network is not up yet).
+pub const KUBELET_NETWORK_ANNOTATION: &str = "simulator.infra.homecluster.dev/kubelet-network";
 /// kwok plays nodes carrying this annotation.
 pub const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
@@ -174,12 +177,13 @@ async fn power_on(
     labels.insert("kubernetes.io/hostname".into(), node_name.clone());
     labels.insert("type".into(), "kwok".into());
     let capacity = (!slot.spec.node_capacity.is_empty()).then(|| slot.spec.node_capacity.clone());
-    // A slow kubelet's node is not kwok's until its network is up: it stays NotReady until then.
+    // A slow kubelet's node says its network is down; kwok's stages leave it NotReady until
+    // the annotation goes (tests/harness/kwok/stages.yaml).
     let slow = not_ready_for(&slot);
-    let annotations = match slow {
-        None => BTreeMap::from([(KWOK_ANNOTATION.0.into(), KWOK_ANNOTATION.1.into())]),
-        Some(_) => BTreeMap::new(),
-    };
+    let mut annotations = BTreeMap::from([(KWOK_ANNOTATION.0.into(), KWOK_ANNOTATION.1.into())]);
+    if slow.is_some() {
+        annotations.insert(KUBELET_NETWORK_ANNOTATION.into(), "down".into());
+    }
     let node = CoreNode {
         metadata: ObjectMeta {
             name: Some(node_name.clone()),
@@ -211,10 +215,10 @@ async fn power_on(
     }
     if let Some(delay) = slow {
         tokio::time::sleep(delay).await;
-        let kwok =
-            json!({ "metadata": { "annotations": { KWOK_ANNOTATION.0: KWOK_ANNOTATION.1 } } });
+        let network_up =
+            json!({ "metadata": { "annotations": { KUBELET_NETWORK_ANNOTATION: null } } });
         nodes
-            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&kwok))
+            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&network_up))
             .await
             .map_err(kube_err(format!("bringing the kubelet of {node_name} up")))?;
         tracing::info!(node = node_name, "kubelet network up; node turns Ready");

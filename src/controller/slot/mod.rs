@@ -53,9 +53,10 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         }
         let node = ctx.core_node(&slot.spec.kubernetes_node_name);
         if let Some(node) = &node {
-            observe::tie_node_to_slot(&ctx, &slot, node).await?;
+            let written = observe::tie_node_to_slot(&ctx, &slot, node).await?;
             let live = observe::live_claim(&ctx, &name);
-            autoscaler_marks::apply(&ctx, node, live.as_deref()).await?;
+            autoscaler_marks::apply(&ctx, written.as_ref().unwrap_or(node), live.as_deref())
+                .await?;
         }
         let action = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
         observe::write_status(&ctx, &slot, node.as_deref()).await?;

@@ -27,7 +27,13 @@ pub fn provider_id(slot: &Node) -> String {
 
 /// Sets the node's providerID when empty and mirrors the slot's identity onto its labels, so
 /// cluster-autoscaler matches instances to nodes and people can select a pool's nodes.
-pub async fn tie_node_to_slot(ctx: &Context, slot: &Node, node: &CoreNode) -> Result<()> {
+/// Returns the node as written, so a later write in the same pass starts from its
+/// resourceVersion.
+pub async fn tie_node_to_slot(
+    ctx: &Context,
+    slot: &Node,
+    node: &CoreNode,
+) -> Result<Option<CoreNode>> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let group =
         slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned().unwrap_or_default();
@@ -47,14 +53,14 @@ pub async fn tie_node_to_slot(ctx: &Context, slot: &Node, node: &CoreNode) -> Re
         patch.insert("spec".into(), json!({ "providerID": provider_id(slot) }));
     }
     if patch.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let node_name = node.metadata.name.clone().unwrap_or_default();
-    Api::<CoreNode>::all(ctx.client.clone())
+    let written = Api::<CoreNode>::all(ctx.client.clone())
         .patch(&node_name, &params(), &Patch::Merge(&serde_json::Value::Object(patch)))
         .await
         .during(|| format!("tying node {node_name} to slot {slot_name}"))?;
-    Ok(())
+    Ok(Some(written))
 }
 
 /// The slot's live claim (the newest, should a race have left two).
