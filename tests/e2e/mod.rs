@@ -24,6 +24,10 @@ use tokio::process::{Child, Command};
 
 use crate::support::{Components, ControlPlane, WebhookConfiguration, eventually};
 
+pub mod autoscaler;
+mod autoscaler_scenarios;
+pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
+
 pub const NAMESPACE: &str = "homelab-autoscaler-system";
 const ACT: Duration = Duration::from_secs(120);
 
@@ -45,6 +49,8 @@ pub struct World {
     tls: WebhookTls,
     /// The operator replicas started so far (a killed one stays, with its process gone).
     pub replicas: Vec<Replica>,
+    /// Mutual-TLS files for the externalgrpc provider, when cluster-autoscaler is to dial it.
+    grpc_cert_dir: Option<PathBuf>,
     _simulator: Child,
     _watch: tokio::task::JoinHandle<()>,
 }
@@ -63,6 +69,7 @@ pub struct Replica {
     pub child: Child,
     pub pid: u32,
     pub webhook_port: u16,
+    pub grpc_port: u16,
 }
 
 impl Replica {
@@ -146,6 +153,21 @@ impl World {
 
     /// [`World::start`] with the webhook certificate from `tls`.
     pub async fn start_with(bin: &Path, narrate: bool, tls: WebhookTls) -> Result<World> {
+        Self::start_configured(bin, narrate, tls, false).await
+    }
+
+    /// [`World::start`] with the externalgrpc provider served over mutual TLS, for
+    /// cluster-autoscaler to dial ([`World::autoscaler`]).
+    pub async fn start_for_autoscaler(bin: &Path, narrate: bool) -> Result<World> {
+        Self::start_configured(bin, narrate, WebhookTls::SelfMade, true).await
+    }
+
+    async fn start_configured(
+        bin: &Path,
+        narrate: bool,
+        tls: WebhookTls,
+        grpc_mtls: bool,
+    ) -> Result<World> {
         let started = Instant::now();
         homelab_autoscaler::tls::install_crypto_provider();
         let plane = ControlPlane::shared(Components::CLUSTER).await?;
@@ -187,6 +209,19 @@ impl World {
             &logs.join("simulator.log"),
         )?;
         let watch = tokio::spawn(print_claims(client.clone(), narrate, started));
+        let grpc_cert_dir = if grpc_mtls {
+            // One CA signs both sides, as cluster-autoscaler's cloud-config expects; the server
+            // name is the host part of the cloud-config's address.
+            let dir = logs.join("grpc-tls");
+            homelab_autoscaler::tls::issue_self_signed(
+                &["localhost".into()],
+                &["127.0.0.1".parse()?],
+            )?
+            .write_secret_layout(&dir)?;
+            Some(dir)
+        } else {
+            None
+        };
         let mut world = World {
             plane,
             client,
@@ -197,6 +232,7 @@ impl World {
             logs: logs.clone(),
             tls,
             replicas: Vec::new(),
+            grpc_cert_dir,
             _simulator: simulator,
             _watch: watch,
         };
@@ -235,6 +271,9 @@ impl World {
                 ca_pem.clone()
             }
         };
+        if let Some(dir) = &self.grpc_cert_dir {
+            args.push(format!("--grpc-cert-dir={}", dir.display()));
+        }
         self.point_webhooks_at(webhook_port, &ca_pem).await?;
         let log = self.logs.join(format!("operator-{index}.log"));
         let child = spawn(&self.bin, &args, self.plane.kubeconfig_path(), &log)?;
@@ -245,8 +284,31 @@ impl World {
             .with_context(|| {
                 format!("operator log: {}", std::fs::read_to_string(&log).unwrap_or_default())
             })?;
-        self.replicas.push(Replica { child, pid, webhook_port });
+        self.replicas.push(Replica { child, pid, webhook_port, grpc_port });
         Ok(index)
+    }
+
+    /// Starts the real cluster-autoscaler against this world, dialing the first replica's
+    /// provider over mutual TLS.
+    pub async fn autoscaler(&self, settings: &AutoscalerSettings) -> Result<Autoscaler> {
+        let cert_dir = self
+            .grpc_cert_dir
+            .clone()
+            .context("start the world with World::start_for_autoscaler")?;
+        let replica = self.replicas.first().context("no operator replica")?;
+        let grpc = GrpcEndpoint { port: replica.grpc_port, cert_dir };
+        Autoscaler::start(
+            self.plane.kubeconfig_path(),
+            &grpc,
+            &self.logs.join("cluster-autoscaler"),
+            settings,
+        )
+        .await
+    }
+
+    /// The operator's log (replica `index`).
+    pub fn operator_log(&self, index: usize) -> String {
+        std::fs::read_to_string(self.logs.join(format!("operator-{index}.log"))).unwrap_or_default()
     }
 
     /// Registers the generated admission configurations with `url: https://localhost:<port>`.

@@ -107,7 +107,7 @@ build_cluster_autoscaler() {
   if [[ -n $tarball ]]; then
     log "building $name from $tarball"
     tar -xzf "$tarball" -C "$work"
-    module=$(dirname "$(find "$work" -maxdepth 3 -name go.mod -path '*cluster-autoscaler/go.mod' | head -n 1)")
+    module=$work/cluster-autoscaler
   elif [[ -n $source ]]; then
     log "building $name from $source"
     module=$source
@@ -117,9 +117,10 @@ build_cluster_autoscaler() {
     module=$work/autoscaler/cluster-autoscaler
   fi
   [[ -f $module/go.mod ]] || { log "no cluster-autoscaler module found in $source"; rm -rf "$work"; return 1; }
+  mkdir -p "$work/out"
   (cd "$module" && GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -tags externalgrpc \
-    -ldflags '-s -w' -o "$work/$name" .)
-  mv -f "$work/$name" "$bin/$name"
+    -ldflags '-s -w' -o "$work/out/$name" .)
+  mv -f "$work/out/$name" "$bin/$name"
   echo "$key" > "$bin/.$name.key"
   rm -rf "$work"
   log "built $name in $(( $(date +%s) - start ))s"
