@@ -3,14 +3,14 @@
 //! it honours HOMELAB_TEST_ASSETS (prebuilt binaries) and HOMELAB_TEST_CACHE, rebuilds only what
 //! is missing or stale, and prints the binary directory on its last stdout line.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use tokio::sync::OnceCell;
 
-use super::progress;
+use crate::progress;
 
 /// Which programs a test binary needs, named as build-binaries.sh names its profiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
 }
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/build-binaries.sh")
+    crate::repo_path("tests/harness/build-binaries.sh")
 }
 
 async fn run_build_script(profile: Profile) -> Result<Binaries> {
