@@ -10,7 +10,7 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 ## test: unit, table and integration tests against a real control plane built from Go modules.
 test:
 	tests/harness/build-binaries.sh e2e
-	cargo test --all-targets --locked
+	cargo test --workspace --all-targets --locked
 
 ## demo: a local pool of simulated machines scaling up and down.
 demo:
@@ -23,4 +23,4 @@ manifests:
 ## lint: formatting and clippy, as CI runs them.
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --all-targets --locked -- -D warnings
+	cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -5,10 +5,7 @@
 //! that needs the pool, prints every claim as it changes, scales the workload away, and ends with
 //! a summary of each step and its duration. Everything it started stops when it exits.
 
-#[path = "../tests/e2e/mod.rs"]
-mod e2e;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use homelab_harness::e2e;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {

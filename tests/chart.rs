@@ -3,12 +3,10 @@
 //! server-side dry run, so every object is valid against the served schemas, including the
 //! admission configurations generated from the code.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{Components, ControlPlane};
+use homelab_harness::{Components, ControlPlane};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -2,14 +2,13 @@
 //! enforce their schema, Jobs run to completion on kwok machines, kubectl sees the kinds, and
 //! admission webhooks are called. Every wait has a deadline; none is a fixed sleep.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use homelab_autoscaler::api::{
     ClaimCall, Group, GroupSpec, Node, NodeClaim, NodeClaimSpec, NodeSpec, ScalingDriver,
 };
+use homelab_harness::{Components, ControlPlane, WebhookConfiguration, eventually, is_ready};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -19,7 +18,6 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use support::{Components, ControlPlane, WebhookConfiguration};
 
 /// How long a test waits for the cluster to act (a Job to complete, say).
 const ACT_TIMEOUT: Duration = Duration::from_secs(90);
@@ -158,7 +156,7 @@ async fn a_job_completes_on_a_kwok_machine_and_bootstrap_taints_stay() {
 
     let pool = BTreeMap::from([("homelab-test/pool".to_owned(), "jobs".to_owned())]);
     let worker = plane.add_machine("kwok-worker-1", vec![], pool.clone()).await.expect("machine");
-    assert!(support::is_ready(&worker));
+    assert!(is_ready(&worker));
 
     // A machine still booting carries the readiness taint; kwok makes it Ready but must leave
     // the taint for the product's readiness gate to see.
@@ -299,7 +297,7 @@ webhooks:
     // probe with fresh ConfigMaps until one is refused.
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let mut attempt = 0;
-    let message = support::eventually("the webhook to be called", ACT_TIMEOUT, || {
+    let message = eventually("the webhook to be called", ACT_TIMEOUT, || {
         attempt += 1;
         let config_map = ConfigMap {
             metadata: ObjectMeta {

@@ -2,9 +2,6 @@
 //! controller-manager (Jobs, garbage collection), scheduler, and kwok playing the machines
 //! through the project's own simulator. Each test runs the controllers for its own namespace.
 
-mod lab;
-mod support;
-
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
@@ -13,19 +10,45 @@ use homelab_autoscaler::api::{
 };
 use homelab_autoscaler::claim::FINALIZER;
 use homelab_autoscaler::simulator::BEHAVIOUR_ANNOTATION;
+use homelab_harness::lab::{Lab, With, timeouts};
+use homelab_harness::{KWOK_NODE_ANNOTATION, eventually};
 use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use lab::{Lab, With, timeouts};
 use serde_json::json;
-use support::eventually;
 
 /// How long a test waits for the controllers to act.
 const ACT: Duration = Duration::from_secs(60);
 
-impl Lab {
+/// What these tests do to a Lab, beyond what the harness offers.
+trait LabSteps {
     /// A pool with a readiness gate on `bootstrap.test/not-ready`, and slots named
     /// `<ns>-<suffix>` whose lifecycle Jobs run on the lab node.
+    async fn pool(&self, slots: &[(&str, Option<&str>)]) -> Vec<String>;
+    /// Creates a claim as the provider does (stamped, owned by its slot).
+    async fn claim(&self, name: &str, slot: &str, deadline_in: Option<Duration>) -> NodeClaim;
+    async fn claim_with_ttl(
+        &self,
+        name: &str,
+        slot: &str,
+        deadline_in: Option<Duration>,
+        ttl: i32,
+    ) -> NodeClaim;
+    async fn claim_until(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&NodeClaim) -> bool,
+    ) -> NodeClaim;
+    async fn claim_gone(&self, name: &str);
+    async fn slot_until(&self, name: &str, what: &str, pred: impl Fn(&Node) -> bool) -> Node;
+    async fn node_gone(&self, name: &str);
+    /// Marks a claim for scale-down and deletes it, as the provider's DeleteNodes does.
+    async fn scale_down(&self, name: &str);
+    async fn event_reasons(&self, name: &str) -> Vec<String>;
+}
+
+impl LabSteps for Lab {
     async fn pool(&self, slots: &[(&str, Option<&str>)]) -> Vec<String> {
         let group: Group = serde_json::from_value(json!({
             "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
@@ -57,7 +80,6 @@ impl Lab {
         names
     }
 
-    /// Creates a claim as the provider does (stamped, owned by its slot).
     async fn claim(&self, name: &str, slot: &str, deadline_in: Option<Duration>) -> NodeClaim {
         self.claim_with_ttl(name, slot, deadline_in, 3600).await
     }
@@ -149,7 +171,6 @@ impl Lab {
         .expect("node gone");
     }
 
-    /// Marks a claim for scale-down and deletes it, as the provider's DeleteNodes does.
     async fn scale_down(&self, name: &str) {
         let patch = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
         self.claims()
@@ -336,7 +357,7 @@ async fn a_machine_up_with_no_claim_is_powered_off() {
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     let node: CoreNode = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": slot, "annotations": { support::KWOK_NODE_ANNOTATION: "fake" } },
+        "metadata": { "name": slot, "annotations": { KWOK_NODE_ANNOTATION: "fake" } },
     }))
     .expect("node");
     lab.nodes().create(&PostParams::default(), &node).await.expect("machine up");
@@ -589,21 +610,20 @@ fn has_taint(node: &CoreNode, key: &str) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == key))
 }
 
-impl Lab {
-    async fn node_until(&self, name: &str, what: &str, pred: impl Fn(&CoreNode) -> bool) {
-        let nodes = self.nodes();
-        eventually(&format!("node {name}: {what}"), ACT, || async {
-            let node = nodes.get_opt(name).await?.context("not registered yet")?;
-            ensure!(
-                pred(&node),
-                "not yet: taints {:?}",
-                node.spec.as_ref().and_then(|s| s.taints.clone())
-            );
-            Ok(())
-        })
-        .await
-        .expect(what);
-    }
+/// Waits until `name`'s core Node exists and `pred` holds.
+async fn node_until(lab: &Lab, name: &str, what: &str, pred: impl Fn(&CoreNode) -> bool) {
+    let nodes = lab.nodes();
+    eventually(&format!("node {name}: {what}"), ACT, || async {
+        let node = nodes.get_opt(name).await?.context("not registered yet")?;
+        ensure!(
+            pred(&node),
+            "not yet: taints {:?}",
+            node.spec.as_ref().and_then(|s| s.taints.clone())
+        );
+        Ok(())
+    })
+    .await
+    .expect(what);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -622,20 +642,20 @@ async fn a_booting_machine_carries_the_autoscaler_startup_taint_until_its_gate_p
     lab.claim("c-stuck", &slots[1], None).await;
 
     // Registered but not Ready: cluster-autoscaler must read it as not started.
-    lab.node_until(&slots[0], "NotReady with the startup taint", |n| {
-        !support::is_ready(n) && has_taint(n, STARTUP_TAINT)
+    node_until(&lab, &slots[0], "NotReady with the startup taint", |n| {
+        !homelab_harness::is_ready(n) && has_taint(n, STARTUP_TAINT)
     })
     .await;
     let ready =
         lab.claim_until("c-slow", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
     assert!(ready.status.and_then(|s| s.ready_at).is_some());
-    lab.node_until(&slots[0], "the startup taint gone once the claim is ready", |n| {
-        support::is_ready(n) && !has_taint(n, STARTUP_TAINT)
+    node_until(&lab, &slots[0], "the startup taint gone once the claim is ready", |n| {
+        homelab_harness::is_ready(n) && !has_taint(n, STARTUP_TAINT)
     })
     .await;
 
     // A gate that never clears keeps the taint until the claim fails, then it goes too.
-    lab.node_until(&slots[1], "the startup taint while the gate is closed", |n| {
+    node_until(&lab, &slots[1], "the startup taint while the gate is closed", |n| {
         has_taint(n, STARTUP_TAINT) && has_taint(n, "bootstrap.test/not-ready")
     })
     .await;
@@ -671,7 +691,7 @@ async fn a_machine_started_by_hand_is_protected_from_autoscaler_scale_down() {
     for claim in ["c-hand", "c-ca"] {
         lab.claim_until(claim, "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
     }
-    lab.node_until(&slots[0], "scale-down disabled for the manual claim", |n| {
+    node_until(&lab, &slots[0], "scale-down disabled for the manual claim", |n| {
         let a = n.metadata.annotations.clone().unwrap_or_default();
         a.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true")
             && a.get("infra.homecluster.dev/scale-down-disabled-for").map(String::as_str)

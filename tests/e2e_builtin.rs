@@ -1,8 +1,7 @@
 //! End to end with the built-in scaler and no cluster-autoscaler: the real operator binary and
 //! the machine simulator against a real control plane (seed scenario 3).
 
-mod e2e;
-mod support;
+use homelab_harness::e2e;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_scales_the_pool_up_and_back_to_zero() {

@@ -1,32 +1,32 @@
 //! The real cluster-autoscaler drives the pool end to end: the operator binary (webhooks,
 //! controllers, the externalgrpc provider over mutual TLS), the machine simulator and
-//! cluster-autoscaler 1.36.1 as processes against a real control plane.
+//! cluster-autoscaler 1.36.1 as processes, each scenario on a control plane of its own.
 
-mod e2e;
-mod support;
+use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, World, operator_binary};
 
-use e2e::{AutoscalerSettings, World};
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_autoscaler_scales_the_pool_up_and_down_without_a_double_boot() {
-    let bin = e2e::operator_binary(None).expect("operator binary");
+/// Runs `scenario` against a fresh World and cluster-autoscaler; on failure, prints both logs.
+async fn with_autoscaler<F>(settings: AutoscalerSettings, scenario: F)
+where
+    F: AsyncFnOnce(&mut World, &mut Autoscaler) -> anyhow::Result<()>,
+{
+    let bin = operator_binary(None).expect("operator binary");
     let mut world = World::start_for_autoscaler(&bin, false).await.expect("world");
-    let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
-    let outcome = world.autoscaler_scale_up_and_down(&ca, 3).await;
-    if let Err(error) = &outcome {
+    let _logs = world.plane.logs_on_failure();
+    let mut ca = world.autoscaler(&settings).await.expect("cluster-autoscaler");
+    if let Err(error) = scenario(&mut world, &mut ca).await {
         panic!(
-            "{error:#}\n--- cluster-autoscaler ---\n{}\n--- operator ---\n{}",
-            ca.log_tail(60),
-            world
-                .operator_log(0)
-                .lines()
-                .rev()
-                .take(60)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n")
+            "{error:#}\n--- cluster-autoscaler ({}) ---\n{}\n--- operator ---\n{}",
+            ca.log_path().display(),
+            ca.log_tail(80),
+            world.operator_log_tail(0, 60)
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scales_the_pool_up_and_down_without_a_double_boot() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_scale_up_and_down(ca, 3).await
+    })
+    .await;
 }

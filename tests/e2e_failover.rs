@@ -3,16 +3,13 @@
 //! claims keep moving. Both replicas serve the webhooks from one certificate (the cert-manager
 //! Secret layout), as they would in a cluster.
 
-mod e2e;
-mod support;
-
 use std::time::Duration;
 
 use anyhow::ensure;
-use e2e::{NAMESPACE, WebhookTls, World};
+use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
+use homelab_harness::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use support::eventually;
 
 async fn holder(world: &World) -> anyhow::Result<String> {
     let leases: Api<Lease> = Api::namespaced(world.client.clone(), NAMESPACE);

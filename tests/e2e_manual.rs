@@ -2,8 +2,7 @@
 //! controllers) and the machine simulator; a person starts a machine with a bare NodeClaim and
 //! stops it by deleting the claim.
 
-mod e2e;
-mod support;
+use homelab_harness::e2e;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_made_by_hand_is_stamped_boots_and_is_released() {

@@ -1,8 +1,6 @@
 //! The externalgrpc provider end to end: the generated tonic client over loopback, the server,
-//! the provider core and a real kube-apiserver (tests/support). Each test gets its own
+//! the provider core and a real kube-apiserver (the homelab-harness crate). Each test gets its own
 //! namespace; slot names carry the namespace because Kubernetes nodes are cluster-wide.
-
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,12 +13,12 @@ use homelab_autoscaler::grpc::proto::cloud_provider_client::CloudProviderClient;
 use homelab_autoscaler::grpc::proto::instance_status::InstanceState;
 use homelab_autoscaler::grpc::{proto, serve_on};
 use homelab_autoscaler::provider::{Provider, ProviderConfig};
+use homelab_harness::{Components, FailureLogs, TestNamespace, test_namespace};
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use prost::Message;
 use serde_json::json;
-use support::Components;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -77,7 +75,7 @@ struct Env {
     grpc: CloudProviderClient<Channel>,
     _provider: Provider,
     _stop: Stop,
-    _logs: support::FailureLogs<'static>,
+    _logs: FailureLogs<'static>,
 }
 
 struct Stop(CancellationToken);
@@ -162,8 +160,8 @@ impl Env {
 /// slots, claims and nodes of `setup`; then starts a provider and a server for that namespace
 /// and connects a client.
 async fn env(setup: Setup) -> Env {
-    let support::TestNamespace { client, ns, logs, .. } =
-        support::test_namespace(Components::API, setup.prefix).await.expect("test namespace");
+    let TestNamespace { client, ns, logs, .. } =
+        test_namespace(Components::API, setup.prefix).await.expect("test namespace");
 
     let groups: Api<Group> = Api::namespaced(client.clone(), &ns);
     let pool = json!({

@@ -1,24 +1,22 @@
 //! The provider core called directly, as the built-in scaler calls it, against a real
-//! kube-apiserver (tests/support): drivers keep their groups apart, exhausted slots are
+//! kube-apiserver (the homelab-harness crate): drivers keep their groups apart, exhausted slots are
 //! skipped with an explanation, and concurrent scale-ups never claim one slot twice.
-
-mod support;
 
 use std::time::Duration;
 
 use homelab_autoscaler::api::{Group, Node as Slot, NodeClaim, ScalingDriver};
 use homelab_autoscaler::provider::{Caller, ErrorKind, Provider, ProviderConfig, ProviderError};
+use homelab_harness::{Components, FailureLogs, TestNamespace, eventually, test_namespace};
 use jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::Components;
 
 struct Env {
     client: Client,
     ns: String,
     provider: Provider,
-    _logs: support::FailureLogs<'static>,
+    _logs: FailureLogs<'static>,
 }
 
 impl Env {
@@ -35,8 +33,8 @@ async fn env(
     driver: ScalingDriver,
     slots: &[(&str, f64, Option<serde_json::Value>)],
 ) -> Env {
-    let support::TestNamespace { client, ns, logs, .. } =
-        support::test_namespace(Components::API, prefix).await.expect("test namespace");
+    let TestNamespace { client, ns, logs, .. } =
+        test_namespace(Components::API, prefix).await.expect("test namespace");
 
     let driver = match driver {
         ScalingDriver::ClusterAutoscaler => "cluster-autoscaler",
@@ -166,12 +164,11 @@ async fn an_exhausted_slot_is_skipped_and_named_when_nothing_else_is_free() {
         .await
         .expect("reset");
     // The provider's cache shows the annotation a moment after the write.
-    let created =
-        support::eventually("the reset slot to take a claim", Duration::from_secs(5), || async {
-            Ok(env.provider.increase_size(&ca, "pool", 1).await?)
-        })
-        .await
-        .expect("the reset slot boots");
+    let created = eventually("the reset slot to take a claim", Duration::from_secs(5), || async {
+        Ok(env.provider.increase_size(&ca, "pool", 1).await?)
+    })
+    .await
+    .expect("the reset slot boots");
     assert_eq!(created[0].attempt, 1);
 }
 

@@ -4,9 +4,6 @@
 //! namespace, and names its pool differently, so pods of one test never select another's
 //! machines (nodes are cluster-wide).
 
-mod lab;
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -19,14 +16,14 @@ use homelab_autoscaler::api::{
 };
 use homelab_autoscaler::claim::REQUESTED_BY_SCALER;
 use homelab_autoscaler::provider::{Caller, Provider, ProviderConfig, ProviderError};
+use homelab_harness::lab::{Lab, With};
+use homelab_harness::{eventually, is_ready};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use lab::{Lab, With};
 use serde_json::{Value, json};
-use support::{eventually, is_ready};
 
 /// How long a test waits for machines to boot or pods to run.
 const ACT: Duration = Duration::from_secs(90);
@@ -37,9 +34,35 @@ const HOLD: Duration = Duration::from_secs(10);
 /// How many passes a "nothing happens" observation spans.
 const QUIET_PASSES: usize = 3;
 
-impl Lab {
+/// What these tests do to a Lab, beyond what the harness offers.
+trait ScalerSteps {
     /// A builtin pool `group` with a readiness gate on `bootstrap.test/not-ready` and `slots`
     /// slots named `<ns>-<group>-<i>` whose lifecycle Jobs run on the lab node.
+    async fn pool(
+        &self,
+        group: &str,
+        slots: usize,
+        builtin: Value,
+        node_labels: Value,
+    ) -> Vec<String>;
+    /// A bare pod (no owner) with `spec` merged into a one-container pod spec.
+    async fn bare_pod(&self, name: &str, spec: Value);
+    async fn last_decision(&self, group: &str) -> anyhow::Result<ScalerDecision>;
+    /// Waits for `passes` distinct decisions on `group` taken after `since`, checking each with
+    /// `check` (a failed check fails the test). The Group's own updates are the clock: every pass
+    /// writes its decision, so no fixed sleep is needed.
+    async fn over_passes(
+        &self,
+        group: &str,
+        since: Timestamp,
+        passes: usize,
+        check: impl AsyncCheck,
+    );
+    /// The claims that are not finished.
+    async fn live_claims(&self) -> anyhow::Result<Vec<NodeClaim>>;
+}
+
+impl ScalerSteps for Lab {
     async fn pool(
         &self,
         group: &str,
@@ -78,7 +101,6 @@ impl Lab {
         names
     }
 
-    /// A bare pod (no owner) with `spec` merged into a one-container pod spec.
     async fn bare_pod(&self, name: &str, spec: Value) {
         let mut full = json!({
             "containers": [{ "name": "app", "image": "registry.invalid/app:1" }],
@@ -101,9 +123,6 @@ impl Lab {
         group.status.and_then(|s| s.last_decision).context("no decision yet")
     }
 
-    /// Waits for `passes` distinct decisions on `group` taken after `since`, checking each with
-    /// `check` (a failed check fails the test). The Group's own updates are the clock: every pass
-    /// writes its decision, so no fixed sleep is needed.
     async fn over_passes(
         &self,
         group: &str,
@@ -138,7 +157,6 @@ impl Lab {
         assert_eq!(got, passes, "the watch on {group} ended early");
     }
 
-    /// The claims that are not finished.
     async fn live_claims(&self) -> anyhow::Result<Vec<NodeClaim>> {
         let all = self.claims().list(&ListParams::default()).await?.items;
         Ok(all.into_iter().filter(is_live).collect())

@@ -10,8 +10,6 @@
 //! waits, with a deadline, until both configurations answer (a dry-run claim comes back stamped,
 //! a dry-run claim for a missing slot is refused). No fixed sleeps.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,6 +22,7 @@ use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::tls::{CertFiles, ReloadingServerConfig, install_crypto_provider};
 use homelab_autoscaler::webhook::configuration::{self, Endpoint};
 use homelab_autoscaler::webhook::{SystemClock, WebhookState, router, server::serve_https};
+use homelab_harness::{Components, ControlPlane, WebhookConfiguration, eventually};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -34,7 +33,6 @@ use kube::{Api, Client};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
-use support::{ControlPlane, WebhookConfiguration};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -229,22 +227,17 @@ impl World {
     async fn until_webhooks_answer(&self, base: &str) {
         let dry_run = PostParams { dry_run: true, ..PostParams::default() };
         let claims = self.claims.clone();
-        support::eventually(
-            &format!("the mutating webhook at {base} to stamp claims"),
-            ACT_TIMEOUT,
-            || {
-                let (claims, dry_run) = (claims.clone(), dry_run.clone());
-                async move {
-                    let created =
-                        claims.create(&dry_run, &claim("probe", "machine-1", "pool")).await?;
-                    ensure!(created.spec.requested_by.is_some(), "not stamped yet");
-                    Ok(())
-                }
-            },
-        )
+        eventually(&format!("the mutating webhook at {base} to stamp claims"), ACT_TIMEOUT, || {
+            let (claims, dry_run) = (claims.clone(), dry_run.clone());
+            async move {
+                let created = claims.create(&dry_run, &claim("probe", "machine-1", "pool")).await?;
+                ensure!(created.spec.requested_by.is_some(), "not stamped yet");
+                Ok(())
+            }
+        })
         .await
         .expect("the mutating configuration never took effect");
-        support::eventually(
+        eventually(
             &format!("the validating webhook at {base} to refuse a claim for a missing slot"),
             ACT_TIMEOUT,
             || {
@@ -359,7 +352,7 @@ fn time_of(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_claim_is_stamped_by_admission() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-stamp", &[]).await;
     let post = PostParams::default();
@@ -450,7 +443,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_takes_one_live_claim_at_a_time() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-live", &[]).await;
     w.create_claim("first", "machine-1", "pool").await.expect("the first claim");
@@ -491,7 +484,7 @@ async fn a_slot_takes_one_live_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_names_an_existing_slot_of_its_group() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-slotref", &[]).await;
 
@@ -536,7 +529,7 @@ async fn a_claim_names_an_existing_slot_of_its_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_failed_boots_exhaust_a_slot_until_reset() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-attempts", &[]).await;
 
@@ -636,7 +629,7 @@ async fn three_failed_boots_exhaust_a_slot_until_reset() {
 /// time (src/api/nodeclaim.rs, then `make manifests`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_shows_a_live_claims_stamped_deadline() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-deadline-column", &[]).await;
     let created = w.create_claim("shown", "machine-1", "pool").await.expect("claim");
@@ -703,7 +696,7 @@ async fn assert_power_state_refused(w: &World, power_state_line: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_of_a_slot_with_power_state_explains_the_way_forward() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-power", &[]).await;
     assert_power_state_refused(&w, r#"powerState: "on""#).await;
@@ -723,7 +716,7 @@ async fn kubectl_apply_of_a_slot_with_power_state_explains_the_way_forward() {
 /// JSON value (src/api/slot.rs, then `make manifests`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_of_a_v1alpha1_slot_with_bare_power_state_on_explains_the_way_forward() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-power-bare", &[]).await;
     assert_power_state_refused(&w, "powerState: on").await;
@@ -736,7 +729,7 @@ async fn kubectl_apply_of_a_v1alpha1_slot_with_bare_power_state_on_explains_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_rules_are_enforced() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-slots", &[]).await;
     let post = PostParams::default();
@@ -791,7 +784,7 @@ async fn slot_rules_are_enforced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_rules_are_enforced() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-groups", &[]).await;
 
@@ -867,7 +860,7 @@ async fn client_as(plane: &ControlPlane, user: &str) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_operator_clears_a_deadline_and_nobody_moves_it() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     // The operator runs as "admin" here; "alice" is a person.
     let w = World::new(plane, "wh-deadline", &["admin"]).await;
@@ -1002,7 +995,7 @@ fn dechunk(mut rest: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_is_not_an_admission_review_gets_a_clear_error() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-garbage", &[]).await;
     let port = w.hooks.port;
@@ -1127,7 +1120,7 @@ async fn a_request_that_is_not_an_admission_review_gets_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_follows_a_rotated_certificate() {
-    let plane = ControlPlane::shared(support::Components::API).await.expect("control plane");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
     let _logs = plane.logs_on_failure();
     let w = World::new(plane, "wh-rotate", &[]).await;
     let port = w.hooks.port;
@@ -1145,7 +1138,7 @@ async fn the_server_follows_a_rotated_certificate() {
     let second = plane.issue_serving_cert(&["127.0.0.1", "localhost"]).expect("new cert");
     assert_ne!(der(&second.cert_pem), der(&first));
     write_cert_files(w.hooks.cert_dir.path(), &second.cert_pem, &second.key_pem).expect("rotate");
-    support::eventually("the server to present the rotated certificate", ACT_TIMEOUT, || async {
+    eventually("the server to present the rotated certificate", ACT_TIMEOUT, || async {
         let served = served_certificate(plane, port, "127.0.0.1").await?;
         ensure!(served == der(&second.cert_pem), "still the old certificate");
         Ok(())
@@ -1159,7 +1152,7 @@ async fn the_server_follows_a_rotated_certificate() {
     let authority = format!("localhost:{port}");
     let claims = w.claims.clone();
     let hooks = &w.hooks;
-    support::eventually("the apiserver to call the server at localhost", ACT_TIMEOUT, || {
+    eventually("the apiserver to call the server at localhost", ACT_TIMEOUT, || {
         let claims = claims.clone();
         let authority = authority.clone();
         async move {

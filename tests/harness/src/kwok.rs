@@ -3,7 +3,6 @@
 //! completes) by the stages in tests/harness/kwok/stages.yaml.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -12,17 +11,17 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, ResourceExt};
 
-use super::control_plane::{Components, ControlPlane};
-use super::process::Process;
-use super::{progress, wait};
+use crate::control_plane::{Components, ControlPlane};
+use crate::process::Process;
+use crate::{progress, wait};
 
 /// The annotation that hands a node to kwok (the selector kwok is started with).
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 const KWOK_NODE_VALUE: &str = "fake";
 
 impl ControlPlane {
-    pub(super) async fn start_kwok(&self) -> Result<Process> {
-        let stages = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/kwok/stages.yaml");
+    pub(crate) async fn start_kwok(&self) -> Result<Process> {
+        let stages = crate::repo_path("tests/harness/kwok/stages.yaml");
         let process = self
             .spawn(
                 "kwok",

@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{Autoscaler, NAMESPACE, World, repo};
-use crate::support::eventually;
+use super::{Autoscaler, NAMESPACE, World};
+use crate::eventually;
 
 /// Long enough for cluster-autoscaler's loop (2 s), a simulated boot and the gate.
 const ACT: Duration = Duration::from_secs(150);
@@ -56,7 +56,7 @@ fn is_live(claim: &NodeClaim) -> bool {
 impl World {
     /// Applies a manifest of examples/ into the operator's namespace.
     pub async fn apply_example(&self, file: &str) -> Result<()> {
-        let path = repo().join("examples").join(file);
+        let path = crate::repo_path(&format!("examples/{file}"));
         self.kubectl(&["apply", "-n", NAMESPACE, "-f", &path.to_string_lossy()]).await?;
         Ok(())
     }
@@ -143,43 +143,25 @@ impl World {
         .await
     }
 
+    /// Every claim of `group` this World has seen, released and deleted ones included.
+    pub fn claims_seen(&self, group: &str) -> Vec<NodeClaim> {
+        let ledger = self.ledger.lock().map(|l| l.clone()).unwrap_or_default();
+        ledger.into_values().filter(|c| c.spec.request.group == group).collect()
+    }
+
     /// Checks that exactly `want` claims were ever made for `group`, all by cluster-autoscaler's
     /// IncreaseSize; a double boot shows as one more.
-    pub async fn claims_made_by_increase_size(
-        &self,
-        group: &str,
-        want: usize,
-    ) -> Result<Vec<NodeClaim>> {
-        let claims: Vec<NodeClaim> = self
-            .all_claims()
-            .await?
-            .into_iter()
-            .filter(|c| c.spec.request.group == group)
-            .collect();
-        let summary: Vec<String> = claims
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} slot={} call={:?} delta={:?} phase={:?} by={:?}",
-                    c.metadata.name.as_deref().unwrap_or_default(),
-                    c.spec.slot_ref.name,
-                    c.spec.request.call,
-                    c.spec.request.delta,
-                    phase(c),
-                    c.spec.requested_by
-                )
-            })
-            .collect();
+    pub fn claims_made_by_increase_size(&self, group: &str, want: usize) -> Result<Vec<NodeClaim>> {
+        let claims = self.claims_seen(group);
+        let summary = describe(&claims);
         ensure!(
             claims.len() == want,
-            "{} claims for {group}, want {want}:\n{}",
-            claims.len(),
-            summary.join("\n")
+            "{} claims for {group}, want {want}:\n{summary}",
+            claims.len()
         );
         ensure!(
             claims.iter().all(|c| c.spec.request.call == ClaimCall::IncreaseSize),
-            "every claim comes from IncreaseSize:\n{}",
-            summary.join("\n")
+            "every claim comes from IncreaseSize:\n{summary}"
         );
         Ok(claims)
     }
@@ -213,7 +195,7 @@ impl World {
         // A few more of cluster-autoscaler's loops: a double boot would show now.
         let t = Instant::now();
         self.quiet_loops(ca, 5).await?;
-        let claims = self.claims_made_by_increase_size("workers", want).await?;
+        let claims = self.claims_made_by_increase_size("workers", want)?;
         ensure!(
             claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
             "every claim ready: {:?}",
@@ -236,7 +218,7 @@ impl World {
         self.pool_at_zero("workers", Duration::from_secs(240))
             .await
             .with_context(|| ca.log_tail(40))?;
-        let claims = self.claims_made_by_increase_size("workers", want).await?;
+        let claims = self.claims_made_by_increase_size("workers", want)?;
         ensure!(
             claims.iter().all(|c| phase(c) == NodeClaimPhase::Completed
                 && c.status.as_ref().and_then(|s| s.scale_down_requested_by.as_deref())
@@ -282,4 +264,25 @@ impl World {
 /// How many loops cluster-autoscaler has run (its `main` function's duration count).
 async fn main_loops(ca: &Autoscaler) -> Result<f64> {
     ca.metric_where("cluster_autoscaler_function_duration_seconds_count", "function=\"main\"").await
+}
+
+/// One line per claim: what it asked for and how it ended.
+pub fn describe(claims: &[NodeClaim]) -> String {
+    claims
+        .iter()
+        .map(|c| {
+            let status = c.status.clone().unwrap_or_default();
+            format!(
+                "{} slot={} call={:?} delta={:?} phase={:?} reason={:?} released_by={:?}",
+                c.metadata.name.as_deref().unwrap_or_default(),
+                c.spec.slot_ref.name,
+                c.spec.request.call,
+                c.spec.request.delta,
+                phase(c),
+                status.reason,
+                status.scale_down_requested_by,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -8,6 +8,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::binaries::{Profile, binaries};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
@@ -57,24 +59,7 @@ pub struct Autoscaler {
 
 /// The program, built (once) by the harness script's e2e profile.
 pub async fn binary() -> Result<PathBuf> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/harness/build-binaries.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg("e2e")
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .await
-        .with_context(|| format!("running {}", script.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} e2e failed: cluster-autoscaler could not be built (its messages are above)",
-        script.display()
-    );
-    let dir = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
-    let bin = Path::new(dir.trim()).join("cluster-autoscaler");
-    ensure!(bin.is_file(), "{} is missing after build-binaries.sh e2e", bin.display());
-    Ok(bin)
+    Ok(binaries(Profile::E2e).await?.path("cluster-autoscaler"))
 }
 
 impl Autoscaler {

@@ -1,10 +1,7 @@
 //! One test's world for the operator's in-process parts: a fresh namespace on the shared real
 //! control plane, the controllers (and, on request, the built-in scaler) running for it, the
 //! machine simulator, and a "lab" node where lifecycle Jobs run. Stopped when dropped. Test files
-//! add their own helpers in `impl Lab` blocks.
-
-// Each test binary uses part of this module.
-#![allow(dead_code)]
+//! add their own helpers in extension traits implemented for `Lab`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +19,7 @@ use kube::Client;
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Components, FailureLogs};
+use crate::{Components, FailureLogs, TestNamespace, test_namespace};
 
 /// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
 pub fn timeouts() -> Timeouts {
@@ -81,10 +78,8 @@ impl Drop for Lab {
 impl Lab {
     pub async fn start(prefix: &str, with: With) -> Lab {
         homelab_autoscaler::tls::install_crypto_provider();
-        let crate::support::TestNamespace { plane, client, ns, logs } =
-            crate::support::test_namespace(Components::CLUSTER, prefix)
-                .await
-                .expect("test namespace");
+        let TestNamespace { plane, client, ns, logs } =
+            test_namespace(Components::CLUSTER, prefix).await.expect("test namespace");
         plane
             .add_machine(
                 &format!("{ns}-lab"),

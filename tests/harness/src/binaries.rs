@@ -3,14 +3,14 @@
 //! it honours HOMELAB_TEST_ASSETS (prebuilt binaries) and HOMELAB_TEST_CACHE, rebuilds only what
 //! is missing or stale, and prints the binary directory on its last stdout line.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use tokio::sync::OnceCell;
 
-use super::progress;
+use crate::progress;
 
 /// Which programs a test binary needs, named as build-binaries.sh names its profiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +19,8 @@ pub enum Profile {
     Integration,
     /// Integration plus kube-controller-manager, kube-scheduler and kwok.
     Cluster,
+    /// Cluster plus helm and cluster-autoscaler (built from its source).
+    E2e,
 }
 
 impl Profile {
@@ -26,6 +28,7 @@ impl Profile {
         match self {
             Profile::Integration => "integration",
             Profile::Cluster => "cluster",
+            Profile::E2e => "e2e",
         }
     }
 
@@ -39,6 +42,16 @@ impl Profile {
                 "kube-controller-manager",
                 "kube-scheduler",
                 "kwok",
+            ],
+            Profile::E2e => &[
+                "etcd",
+                "kube-apiserver",
+                "kubectl",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kwok",
+                "helm",
+                "cluster-autoscaler",
             ],
         }
     }
@@ -59,22 +72,29 @@ impl Binaries {
 
 static INTEGRATION: OnceCell<Binaries> = OnceCell::const_new();
 static CLUSTER: OnceCell<Binaries> = OnceCell::const_new();
+static E2E: OnceCell<Binaries> = OnceCell::const_new();
 
 /// The programs of `profile`, running build-binaries.sh at most once per profile and process.
 pub async fn binaries(profile: Profile) -> Result<Binaries> {
-    // The cluster profile is a superset: once it ran, the integration programs are there too.
-    if let Some(cluster) = CLUSTER.get() {
+    // Each profile is a superset of the one before: once a larger one ran, use it.
+    if let Some(all) = E2E.get() {
+        return Ok(all.clone());
+    }
+    if profile != Profile::E2e
+        && let Some(cluster) = CLUSTER.get()
+    {
         return Ok(cluster.clone());
     }
     let cell = match profile {
         Profile::Integration => &INTEGRATION,
         Profile::Cluster => &CLUSTER,
+        Profile::E2e => &E2E,
     };
     cell.get_or_try_init(|| run_build_script(profile)).await.cloned()
 }
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/build-binaries.sh")
+    crate::repo_path("tests/harness/build-binaries.sh")
 }
 
 async fn run_build_script(profile: Profile) -> Result<Binaries> {

@@ -1,32 +1,40 @@
-// Each test binary (and the demo) uses part of this module.
-#![allow(dead_code)]
-
-//! The end-to-end scenario shared by `make demo` (examples/demo.rs, which narrates it) and the
-//! test suite (tests/e2e_builtin.rs, which asserts it): the real operator binary and the machine
+//! The end-to-end scenarios shared by `make demo` (examples/demo.rs, which narrates one) and the
+//! test suite (tests/e2e_*.rs, which assert them): the real operator binary and the machine
 //! simulator as separate processes against a real control plane, a pool from
 //! examples/pool.yaml, and a workload that needs it.
+//!
+//! A [`World`] runs on the test binary's shared control plane ([`World::start`]) or on one a
+//! test owns ([`World::start_on`] with [`ControlPlane::start`]), which stops with the World.
 
+mod scenarios;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use futures::{StreamExt, TryStreamExt};
-use homelab_autoscaler::api::{NodeClaim, NodeClaimPhase};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node as CoreNode, Pod, ServiceAccount};
+use homelab_autoscaler::api::NodeClaim;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use crate::support::{Components, ControlPlane, WebhookConfiguration, eventually};
+use crate::{Components, ControlPlane, Plane, WebhookConfiguration, eventually};
 
 pub mod autoscaler;
 mod autoscaler_scenarios;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
+pub use autoscaler_scenarios::Workload;
+
+/// Every claim the World has seen, by name, as last seen (deleted ones stay).
+pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;
 
 pub const NAMESPACE: &str = "homelab-autoscaler-system";
 const ACT: Duration = Duration::from_secs(120);
@@ -37,22 +45,34 @@ pub struct Step {
     pub took: Duration,
 }
 
-/// The running world: control plane, operator and simulator processes.
+/// The running world: control plane, operator and simulator processes. Dropping it kills the
+/// operator replicas and the simulator, and lets go of the control plane (an owned one stops).
 pub struct World {
-    pub plane: &'static ControlPlane,
+    // Field order is drop order: the product's processes go before the control plane.
+    /// The operator replicas started so far (a killed one stays, with its process gone).
+    pub replicas: Vec<Replica>,
+    _simulator: Child,
+    watch: tokio::task::JoinHandle<()>,
+    /// Every claim seen so far, including those already released and deleted.
+    pub ledger: ClaimLedger,
+    /// Mutual-TLS files for the externalgrpc provider, when cluster-autoscaler is to dial it.
+    grpc_cert_dir: Option<PathBuf>,
     pub client: Client,
+    pub plane: Plane,
     started: Instant,
     steps: Vec<Step>,
     narrate: bool,
     bin: PathBuf,
     logs: PathBuf,
     tls: WebhookTls,
-    /// The operator replicas started so far (a killed one stays, with its process gone).
-    pub replicas: Vec<Replica>,
-    /// Mutual-TLS files for the externalgrpc provider, when cluster-autoscaler is to dial it.
-    grpc_cert_dir: Option<PathBuf>,
-    _simulator: Child,
-    _watch: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // The claim printer would otherwise keep watching (and retrying against a stopped
+        // control plane) until the runtime ends.
+        self.watch.abort();
+    }
 }
 
 /// Where the operator's webhook certificate comes from.
@@ -79,10 +99,6 @@ impl Replica {
     }
 }
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -100,6 +116,20 @@ pub fn operator_binary(hint: Option<&str>) -> Result<PathBuf> {
     let bin = dir.join("homelab-autoscaler");
     ensure!(bin.exists(), "{} is missing: run `cargo build --bins` first", bin.display());
     Ok(bin)
+}
+
+/// A directory for the operator's and simulator's logs, one per World (a test binary may run
+/// several on planes of their own): `homelab-demo-<pid>`, then `homelab-demo-<pid>-<n>`.
+fn log_dir() -> Result<PathBuf> {
+    static WORLDS: AtomicU32 = AtomicU32::new(0);
+    let pid = std::process::id();
+    let name = match WORLDS.fetch_add(1, Ordering::Relaxed) {
+        0 => format!("homelab-demo-{pid}"),
+        n => format!("homelab-demo-{pid}-{n}"),
+    };
+    let dir = std::env::temp_dir().join(name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
 async fn http_ok(addr: &str, path: &str) -> Result<()> {
@@ -144,33 +174,54 @@ impl World {
         self.steps.push(step);
     }
 
-    /// Starts everything: the control plane, the CRDs, the operator (webhooks with its own CA,
-    /// controllers, built-in scaler), the machine simulator, and a "lab" node where lifecycle
-    /// Jobs run.
+    /// Starts everything on the test binary's shared control plane: the CRDs, the operator
+    /// (webhooks with its own CA, controllers, built-in scaler), the machine simulator, and a
+    /// "lab" node where lifecycle Jobs run.
     pub async fn start(bin: &Path, narrate: bool) -> Result<World> {
         Self::start_with(bin, narrate, WebhookTls::SelfMade).await
     }
 
     /// [`World::start`] with the webhook certificate from `tls`.
     pub async fn start_with(bin: &Path, narrate: bool, tls: WebhookTls) -> Result<World> {
-        Self::start_configured(bin, narrate, tls, false).await
+        let started = Instant::now();
+        let plane = ControlPlane::shared(Components::CLUSTER).await?;
+        Self::start_from(plane.into(), bin, narrate, tls, false, started).await
     }
 
-    /// [`World::start`] with the externalgrpc provider served over mutual TLS, for
-    /// cluster-autoscaler to dial ([`World::autoscaler`]).
+    /// A World on a control plane of its own, with the externalgrpc provider served over
+    /// mutual TLS for the real cluster-autoscaler to dial ([`World::autoscaler`]). It needs a
+    /// cluster of its own: cluster-autoscaler acts on every pending pod and node it sees.
     pub async fn start_for_autoscaler(bin: &Path, narrate: bool) -> Result<World> {
-        Self::start_configured(bin, narrate, WebhookTls::SelfMade, true).await
+        let started = Instant::now();
+        let plane = ControlPlane::start(Components::CLUSTER).await?;
+        Self::start_from(plane.into(), bin, narrate, WebhookTls::SelfMade, true, started).await
     }
 
-    async fn start_configured(
+    /// [`World::start_with`] on `plane`: an owned control plane
+    /// (`ControlPlane::start(Components::CLUSTER)`, alone or in an `Arc`) gives the World a
+    /// cluster no other test sees, stopped when the World (and every other handle) is dropped.
+    /// Components the World needs and `plane` lacks are started on it.
+    pub async fn start_on(
+        plane: impl Into<Plane>,
+        bin: &Path,
+        narrate: bool,
+        tls: WebhookTls,
+    ) -> Result<World> {
+        let started = Instant::now();
+        let plane = plane.into();
+        plane.ensure(Components::CLUSTER).await?;
+        Self::start_from(plane, bin, narrate, tls, false, started).await
+    }
+
+    async fn start_from(
+        plane: Plane,
         bin: &Path,
         narrate: bool,
         tls: WebhookTls,
         grpc_mtls: bool,
+        started: Instant,
     ) -> Result<World> {
-        let started = Instant::now();
         homelab_autoscaler::tls::install_crypto_provider();
-        let plane = ControlPlane::shared(Components::CLUSTER).await?;
         plane.install_crds().await?;
         let client = plane.client()?;
         let up = started.elapsed();
@@ -194,8 +245,7 @@ impl World {
             )
             .await?;
 
-        let logs = std::env::temp_dir().join(format!("homelab-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&logs)?;
+        let logs = log_dir()?;
         let kubeconfig = plane.kubeconfig_path();
         let simulator = spawn(
             bin,
@@ -208,7 +258,8 @@ impl World {
             kubeconfig,
             &logs.join("simulator.log"),
         )?;
-        let watch = tokio::spawn(print_claims(client.clone(), narrate, started));
+        let ledger = ClaimLedger::default();
+        let watch = tokio::spawn(record_claims(client.clone(), ledger.clone(), narrate, started));
         let grpc_cert_dir = if grpc_mtls {
             // One CA signs both sides, as cluster-autoscaler's cloud-config expects; the server
             // name is the host part of the cloud-config's address.
@@ -223,18 +274,19 @@ impl World {
             None
         };
         let mut world = World {
-            plane,
+            replicas: Vec::new(),
+            _simulator: simulator,
+            watch,
+            ledger,
+            grpc_cert_dir,
             client,
+            plane,
             started,
             steps: Vec::new(),
             narrate,
             bin: bin.to_path_buf(),
             logs: logs.clone(),
             tls,
-            replicas: Vec::new(),
-            grpc_cert_dir,
-            _simulator: simulator,
-            _watch: watch,
         };
         world.steps.push(Step { what: "control plane up, CRDs installed".into(), took: up });
         world.start_replica().await?;
@@ -306,14 +358,17 @@ impl World {
         .await
     }
 
-    /// The operator's log (replica `index`).
-    pub fn operator_log(&self, index: usize) -> String {
-        std::fs::read_to_string(self.logs.join(format!("operator-{index}.log"))).unwrap_or_default()
+    /// The last `lines` lines of operator replica `index`'s log.
+    pub fn operator_log_tail(&self, index: usize, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.logs.join(format!("operator-{index}.log")))
+            .unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Registers the generated admission configurations with `url: https://localhost:<port>`.
     pub async fn point_webhooks_at(&self, port: u16, ca_pem: &str) -> Result<()> {
-        let admission = std::fs::read_to_string(repo().join("webhooks/admission.yaml"))?;
+        let admission = std::fs::read_to_string(crate::repo_path("webhooks/admission.yaml"))?;
         let configurations = WebhookConfiguration::from_yaml(&admission)?;
         self.plane
             .register_webhooks(configurations, &format!("https://localhost:{port}"), ca_pem)
@@ -330,188 +385,6 @@ impl World {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Scenario: a Deployment of `replicas` pods that fit only the pool scales it up, and scaling
-    /// the Deployment to zero brings the pool back to zero.
-    pub async fn builtin_scale_up_and_down(&mut self, replicas: i32) -> Result<()> {
-        let t = Instant::now();
-        let pool = repo().join("examples/pool.yaml");
-        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()]).await?;
-        self.note("applied examples/pool.yaml: group `workers`, slots mini-1, mini-2, big-1", t);
-
-        let t = Instant::now();
-        let web: Deployment = serde_json::from_value(json!({
-            "metadata": { "name": "web", "namespace": "default" },
-            "spec": {
-                "replicas": replicas,
-                "selector": { "matchLabels": { "app": "web" } },
-                "template": {
-                    "metadata": { "labels": { "app": "web" } },
-                    "spec": {
-                        "nodeSelector": { "infra.homecluster.dev/group": "workers" },
-                        "containers": [{ "name": "web", "image": "nginx:1.27", "resources": { "requests": { "cpu": "1" } } }],
-                    },
-                },
-            },
-        }))?;
-        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), "default");
-        deployments.create(&PostParams::default(), &web).await?;
-        self.note(
-            format!("created Deployment web with {replicas} pods that only the pool can run"),
-            t,
-        );
-
-        let t = Instant::now();
-        let claims = self.claims();
-        let want = usize::try_from(replicas)?;
-        eventually("claims for every pending pod", ACT, || async {
-            let n = claims.list(&ListParams::default()).await?.items.len();
-            ensure!(n >= want, "{n} claims");
-            Ok(())
-        })
-        .await?;
-        self.note(format!("the built-in scaler created {want} claims"), t);
-
-        let t = Instant::now();
-        eventually("every claim ready", ACT, || async {
-            let list = claims.list(&ListParams::default()).await?.items;
-            let ready = list
-                .iter()
-                .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Ready))
-                .count();
-            ensure!(ready == want, "{ready} of {want} ready");
-            Ok(())
-        })
-        .await?;
-        self.note(format!("{want} machines booted, passed the readiness gate, claims ready"), t);
-
-        let t = Instant::now();
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
-        eventually("every pod running", ACT, || async {
-            let list = pods.list(&ListParams::default().labels("app=web")).await?.items;
-            let running = list
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            ensure!(running == want, "{running} of {want} running");
-            Ok(())
-        })
-        .await?;
-        self.note(format!("{want} pods Running on the pool"), t);
-
-        let t = Instant::now();
-        deployments
-            .patch(
-                "web",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": { "replicas": 0 } })),
-            )
-            .await?;
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
-        eventually("the pool back at zero", Duration::from_secs(240), || async {
-            let live = claims.list(&ListParams::default()).await?.items.into_iter().filter(|c| {
-                matches!(
-                    c.status.as_ref().and_then(|s| s.phase),
-                    None | Some(
-                        NodeClaimPhase::Pending | NodeClaimPhase::Booting | NodeClaimPhase::Ready
-                    )
-                )
-            });
-            let live = live.count();
-            let machines = nodes
-                .list(&ListParams::default().labels("infra.homecluster.dev/group=workers"))
-                .await?
-                .items
-                .len();
-            ensure!(live == 0 && machines == 0, "{live} live claims, {machines} machines up");
-            Ok(())
-        })
-        .await?;
-        self.note(
-            "scaled web to 0: after the hold, machines drained and powered off, pool at 0",
-            t,
-        );
-        Ok(())
-    }
-
-    /// Scenario: a person starts a machine by hand with a bare NodeClaim (admission stamps it),
-    /// and powers it off again by deleting the claim.
-    pub async fn manual_claim(&mut self) -> Result<()> {
-        let t = Instant::now();
-        let pool = repo().join("examples/pool.yaml");
-        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()]).await?;
-        self.note("applied examples/pool.yaml", t);
-
-        let t = Instant::now();
-        let manifest = repo().join("examples/manual-claim.yaml");
-        let created = self
-            .kubectl(&["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy(), "-o", "name"])
-            .await?;
-        let name = created.trim().rsplit('/').next().unwrap_or_default().to_string();
-        let claims = self.claims();
-        let claim = claims.get(&name).await?;
-        ensure!(
-            claim.spec.requested_by.as_deref() == Some("admin"),
-            "admission stamps the requester: {:?}",
-            claim.spec.requested_by
-        );
-        ensure!(
-            claim.spec.attempt == Some(1) && claim.spec.deadline_at.is_some(),
-            "admission stamps attempt and deadline: {:?}",
-            claim.spec
-        );
-        self.note(
-            format!(
-                "created {name} by hand; admission stamped requestedBy, attempt 1 and the deadline"
-            ),
-            t,
-        );
-
-        let t = Instant::now();
-        let second = self
-            .plane
-            .kubectl(["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy()])
-            .await?;
-        let refusal = String::from_utf8_lossy(&second.stderr).into_owned();
-        ensure!(
-            !second.status.success() && refusal.contains("already has live claim"),
-            "a second live claim is refused: {refusal}"
-        );
-        self.note("a second claim for the same slot was refused at admission", t);
-
-        let t = Instant::now();
-        eventually("the manual claim ready", ACT, || async {
-            let claim = claims.get(&name).await?;
-            let phase = claim.status.as_ref().and_then(|s| s.phase);
-            ensure!(
-                phase == Some(NodeClaimPhase::Ready) && claim.spec.deadline_at.is_none(),
-                "phase {phase:?}"
-            );
-            Ok(())
-        })
-        .await?;
-        self.note("the machine booted and the claim is ready (its deadline cleared)", t);
-
-        let t = Instant::now();
-        self.kubectl(&["delete", "nodeclaim", "-n", NAMESPACE, &name, "--wait=false"]).await?;
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
-        eventually("the machine off and the claim released", ACT, || async {
-            let gone = claims.get_opt(&name).await?.is_none();
-            let up = nodes
-                .list(&ListParams::default().labels("infra.homecluster.dev/group=workers"))
-                .await?
-                .items
-                .len();
-            ensure!(gone && up == 0, "claim gone: {gone}, machines up: {up}");
-            Ok(())
-        })
-        .await?;
-        self.note(
-            "deleted the claim: the machine was drained and powered off, the claim released",
-            t,
-        );
-        Ok(())
-    }
-
     /// The final summary.
     pub fn summary(&self) -> String {
         let mut out = String::from("\nSummary\n");
@@ -523,17 +396,21 @@ impl World {
     }
 }
 
-/// Prints each claim's phase as it changes.
-async fn print_claims(client: Client, narrate: bool, started: Instant) {
-    if !narrate {
-        return;
-    }
+/// Records every claim into the ledger and, when narrating, prints each claim's phase as it
+/// changes.
+async fn record_claims(client: Client, ledger: ClaimLedger, narrate: bool, started: Instant) {
     let claims: Api<NodeClaim> = Api::namespaced(client, NAMESPACE);
     let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     let mut stream =
         watcher(claims, watcher::Config::default()).default_backoff().applied_objects().boxed();
     while let Ok(Some(claim)) = stream.try_next().await {
         let name = claim.metadata.name.clone().unwrap_or_default();
+        if let Ok(mut ledger) = ledger.lock() {
+            ledger.insert(name.clone(), claim.clone());
+        }
+        if !narrate {
+            continue;
+        }
         let status = claim.status.clone().unwrap_or_default();
         let phase = status.phase.map_or("(new)".to_string(), |p| format!("{p:?}").to_lowercase());
         let line = format!(

@@ -13,6 +13,10 @@
 //! A janitor, built the same way, removes the control plane's directory (certificates, logs,
 //! etcd data) once the test process is gone; `HOMELAB_TEST_KEEP` keeps it for a post-mortem.
 //!
+//! Dropping a [`Process`] or the [`Janitor`] cuts its lifeline early and waits for the wrapper
+//! to finish: that is how a control plane a test owns stops when it is dropped, with its
+//! components reaped (their ports free) and its directory gone by the time `drop` returns.
+//!
 //! Wrappers and janitor run in process groups of their own (`process_group(0)`, no `unsafe`
 //! `pre_exec`), so Ctrl-C on the terminal reaches only the test process and the teardown above
 //! runs in order. Rust opens every pipe and file close-on-exec, so no other child inherits a
@@ -73,8 +77,8 @@ impl Tethered {
         Ok(Self { lifeline, child })
     }
 
-    /// Cuts the lifeline and waits for the child to finish (only used on a failed start: the
-    /// shared control plane lives in a static and is never dropped).
+    /// Cuts the lifeline and waits for the child to finish: on a failed start, and when an owned
+    /// control plane is dropped (the shared one lives in a static and is never dropped).
     fn cut(&mut self) {
         self.lifeline.take();
         let _ = self.child.wait();

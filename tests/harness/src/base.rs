@@ -10,16 +10,16 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
-use super::binaries::Binaries;
-use super::pki::Pki;
-use super::process::Process;
-use super::{progress, wait};
+use crate::binaries::Binaries;
+use crate::pki::Pki;
+use crate::process::Process;
+use crate::{progress, wait};
 
 /// The Service ClusterIP range; kwok's pod CIDR is chosen outside it.
-pub(super) const SERVICE_CIDR: &str = "10.96.0.0/16";
+pub(crate) const SERVICE_CIDR: &str = "10.96.0.0/16";
 
 /// Three distinct free ports on 127.0.0.1: all listeners are held until each has a port.
-pub(super) fn free_ports() -> Result<[u16; 3]> {
+pub(crate) fn free_ports() -> Result<[u16; 3]> {
     let listeners = [
         TcpListener::bind("127.0.0.1:0"),
         TcpListener::bind("127.0.0.1:0"),
@@ -32,7 +32,7 @@ pub(super) fn free_ports() -> Result<[u16; 3]> {
     Ok(ports)
 }
 
-pub(super) async fn start_etcd(
+pub(crate) async fn start_etcd(
     binaries: &Binaries,
     dir: &Path,
     client_port: u16,
@@ -92,7 +92,7 @@ async fn etcd_health(port: u16) -> Result<()> {
     }
 }
 
-pub(super) fn spawn_apiserver(
+pub(crate) fn spawn_apiserver(
     binaries: &Binaries,
     dir: &Path,
     pki: &Pki,
@@ -131,7 +131,7 @@ pub(super) fn spawn_apiserver(
 
 /// Writes the admin kubeconfig. Certificates are referenced by path, which kubectl, the Go
 /// components and kube-rs all read.
-pub(super) fn write_kubeconfig(dir: &Path, pki: &Pki, api_port: u16) -> Result<PathBuf> {
+pub(crate) fn write_kubeconfig(dir: &Path, pki: &Pki, api_port: u16) -> Result<PathBuf> {
     let path = dir.join("admin.kubeconfig");
     let kubeconfig = serde_json::json!({
         "apiVersion": "v1",
@@ -161,7 +161,7 @@ pub(super) fn write_kubeconfig(dir: &Path, pki: &Pki, api_port: u16) -> Result<P
     Ok(path)
 }
 
-pub(super) async fn load_config(kubeconfig: &Path) -> Result<Config> {
+pub(crate) async fn load_config(kubeconfig: &Path) -> Result<Config> {
     let file = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
@@ -171,7 +171,7 @@ pub(super) async fn load_config(kubeconfig: &Path) -> Result<Config> {
 
 /// Ready means /readyz answers ok (etcd reachable, post-start hooks done, bootstrap RBAC in
 /// place) and Namespace `default` exists (the bootstrap controller has run).
-pub(super) async fn wait_apiserver_ready(apiserver: &Process, config: &Config) -> Result<()> {
+pub(crate) async fn wait_apiserver_ready(apiserver: &Process, config: &Config) -> Result<()> {
     let started = Instant::now();
     let client = Client::try_from(config.clone()).context("building a kube client")?;
     wait::until(

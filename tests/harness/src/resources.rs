@@ -14,8 +14,8 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Resource, ResourceExt};
 use serde::Deserialize;
 
-use super::control_plane::ControlPlane;
-use super::wait;
+use crate::control_plane::ControlPlane;
+use crate::wait;
 
 /// The field manager of everything the test support applies.
 const FIELD_MANAGER: &str = "homelab-test-support";
@@ -52,7 +52,7 @@ impl ControlPlane {
     /// Applies every CRD in the repository's crds/ (server-side apply, so it is idempotent and
     /// tests may call it concurrently) and waits until each is Established. Returns the names.
     pub async fn install_crds(&self) -> Result<Vec<String>> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+        let dir = crate::repo_path("crds");
         let crds: Api<CustomResourceDefinition> = Api::all(self.client()?);
         let mut names = Vec::new();
         for crd in read_crds(&dir)? {

@@ -1,12 +1,16 @@
 //! A real Kubernetes control plane on 127.0.0.1: etcd and kube-apiserver always, and on request
-//! kube-controller-manager, kube-scheduler and kwok. One per test binary, started by the first
-//! test that asks and shared by the rest.
+//! kube-controller-manager, kube-scheduler and kwok. Either one per test binary, started by the
+//! first test that asks and shared by the rest ([`ControlPlane::shared`]), or one a test owns
+//! ([`ControlPlane::start`]), stopped when it is dropped.
 //!
-//! The shared object lives in a static and outlives every test's tokio runtime, so it holds only
-//! runtime-free things (paths, std child processes, a `kube::Config`); each test builds its own
-//! `kube::Client` with [`ControlPlane::client`]. Teardown needs no code here: see `process.rs`.
+//! The shared object lives in a static and outlives every test's tokio runtime, so a plane holds
+//! only runtime-free things (paths, std child processes, a `kube::Config`); each test builds its
+//! own `kube::Client` with [`ControlPlane::client`]. Teardown is the processes' own: see
+//! `process.rs`. Dropping an owned plane stops its components and removes its directory; the
+//! shared plane, never dropped, goes when the test process ends.
 
 use std::ffi::OsStr;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,16 +22,18 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, Config};
 use tokio::sync::OnceCell;
 
-use super::base::{
+use crate::base::{
     free_ports, load_config, spawn_apiserver, start_etcd, wait_apiserver_ready, write_kubeconfig,
 };
-use super::binaries::{Binaries, Profile, binaries};
-use super::pki::{CertAndKey, Pki};
-use super::process::{Janitor, Process};
-use super::{progress, wait};
+use crate::binaries::{Binaries, Profile, binaries};
+use crate::failure_logs::FailureLogs;
+use crate::pki::{CertAndKey, Pki};
+use crate::process::{Janitor, Process};
+use crate::{progress, wait};
 
 /// Which components beyond etcd and kube-apiserver a test needs. Asking again for a component
-/// that already runs is free; a component, once started, runs until the test binary exits.
+/// that already runs is free; a component, once started, runs as long as its control plane
+/// (the shared one: until the test binary exits).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Components {
     /// kube-controller-manager: Jobs, ServiceAccounts, namespace and node lifecycle.
@@ -49,15 +55,18 @@ impl Components {
     }
 }
 
+/// A running control plane. Dropping it stops its components (each killed and reaped, so its
+/// ports are free) and then removes its directory.
 pub struct ControlPlane {
-    // Field order is drop order, which matters only for a failed start: the processes are
-    // killed first, then the janitor removes the directory.
-    etcd: Process,
+    // Field order is drop order: the components that talk to the apiserver go first, then the
+    // apiserver, then etcd; once every process is gone the janitor removes the directory.
+    pub(crate) kwok: OnceCell<Process>,
+    pub(crate) scheduler: OnceCell<Process>,
+    pub(crate) controller_manager: OnceCell<Process>,
     apiserver: Process,
-    pub(super) controller_manager: OnceCell<Process>,
-    pub(super) scheduler: OnceCell<Process>,
-    pub(super) kwok: OnceCell<Process>,
-    janitor: Janitor,
+    etcd: Process,
+    _janitor: Janitor,
+    api_port: u16,
     dir: PathBuf,
     pki: Pki,
     kubeconfig: PathBuf,
@@ -69,9 +78,20 @@ static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
 
 impl ControlPlane {
     /// The test binary's control plane, started on first use, with at least `components`
-    /// running.
+    /// running. It is never dropped: its processes and directory go when the test process ends.
     pub async fn shared(components: Components) -> Result<&'static ControlPlane> {
-        let plane = SHARED.get_or_try_init(|| Self::start(components.profile())).await?;
+        let plane = SHARED.get_or_try_init(|| Self::boot(components.profile())).await?;
+        plane.ensure(components).await?;
+        Ok(plane)
+    }
+
+    /// A control plane of the caller's own, with at least `components` running: its own ports,
+    /// PKI and directory, shared with no other test. For a test that must see a whole cluster
+    /// to itself (cluster-autoscaler looks at every pending pod and node). Dropping it stops
+    /// every component and removes its directory; wrap it in an `Arc` (or [`crate::Plane`]) to
+    /// share it, and it stops when the last handle goes.
+    pub async fn start(components: Components) -> Result<ControlPlane> {
+        let plane = Self::boot(components.profile()).await?;
         plane.ensure(components).await?;
         Ok(plane)
     }
@@ -99,6 +119,16 @@ impl ControlPlane {
     /// The admin kubeconfig (certificate files next to it), for kubectl or a product binary.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// Where kube-apiserver listens (HTTPS, on 127.0.0.1).
+    pub fn api_address(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.api_port))
+    }
+
+    /// The control plane's temporary directory: logs, certificates, etcd data, kubeconfig.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The CA that signed the apiserver's certificate, PEM encoded.
@@ -138,7 +168,8 @@ impl ControlPlane {
     /// Creates a namespace named `<prefix>-<unique suffix>` and returns its name. With
     /// kube-controller-manager running it also waits for the namespace's `default`
     /// ServiceAccount, without which no pod (so no Job) can be created there. Namespaces are
-    /// never deleted: the whole control plane goes away with the test binary.
+    /// never deleted: the whole control plane goes away with the test binary (an owned one when
+    /// it is dropped).
     pub async fn fresh_namespace(&self, prefix: &str) -> Result<String> {
         static NEXT: AtomicU32 = AtomicU32::new(1);
         let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
@@ -184,7 +215,7 @@ impl ControlPlane {
     /// A guard that prints the components' log tails if the test panics while it is alive.
     /// Bind it first thing in a test: `let _logs = plane.logs_on_failure();`
     pub fn logs_on_failure(&self) -> FailureLogs<'_> {
-        FailureLogs { plane: self }
+        FailureLogs::borrowing(self)
     }
 
     fn processes(&self) -> impl Iterator<Item = &Process> {
@@ -196,7 +227,7 @@ impl ControlPlane {
 
     /// Starts etcd and kube-apiserver, retrying with fresh ports: a port found free can be
     /// taken by someone else before the component binds it.
-    async fn start(profile: Profile) -> Result<Self> {
+    async fn boot(profile: Profile) -> Result<Self> {
         let binaries = binaries(profile).await?;
         let started = Instant::now();
         let mut attempt = 1;
@@ -235,12 +266,13 @@ impl ControlPlane {
         let config = load_config(&kubeconfig).await?;
         wait_apiserver_ready(&apiserver, &config).await?;
         Ok(Self {
-            etcd,
-            apiserver,
-            controller_manager: OnceCell::new(),
-            scheduler: OnceCell::new(),
             kwok: OnceCell::new(),
-            janitor,
+            scheduler: OnceCell::new(),
+            controller_manager: OnceCell::new(),
+            apiserver,
+            etcd,
+            _janitor: janitor,
+            api_port,
             dir,
             pki,
             kubeconfig,
@@ -250,7 +282,7 @@ impl ControlPlane {
     }
 
     /// Spawns a component of the cluster profile, logging into the control plane's directory.
-    pub(super) async fn spawn(&self, name: &str, args: Vec<String>) -> Result<Process> {
+    pub(crate) async fn spawn(&self, name: &str, args: Vec<String>) -> Result<Process> {
         let binaries = binaries(Profile::Cluster).await?;
         Process::spawn(
             name,
@@ -261,7 +293,7 @@ impl ControlPlane {
         )
     }
 
-    pub(super) fn kubeconfig_arg(&self) -> String {
+    pub(crate) fn kubeconfig_arg(&self) -> String {
         format!("--kubeconfig={}", self.kubeconfig.display())
     }
 
@@ -316,18 +348,5 @@ impl ControlPlane {
         process.ensure_running()?;
         progress("kube-scheduler started");
         Ok(process)
-    }
-}
-
-/// Prints the components' log tails when dropped during a panic (a failing assertion).
-pub struct FailureLogs<'a> {
-    plane: &'a ControlPlane,
-}
-
-impl Drop for FailureLogs<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("control plane logs at the failure:{}", self.plane.log_tails(40));
-        }
     }
 }

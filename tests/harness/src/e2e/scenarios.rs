@@ -1,0 +1,197 @@
+//! The scenarios a World plays, each a sequence of timed, narrated steps.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use homelab_autoscaler::api::NodeClaimPhase;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::{ACT, NAMESPACE, World};
+use crate::eventually;
+
+impl World {
+    /// Scenario: a Deployment of `replicas` pods that fit only the pool scales it up, and scaling
+    /// the Deployment to zero brings the pool back to zero.
+    pub async fn builtin_scale_up_and_down(&mut self, replicas: i32) -> Result<()> {
+        let t = Instant::now();
+        let pool = crate::repo_path("examples/pool.yaml");
+        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()]).await?;
+        self.note("applied examples/pool.yaml: group `workers`, slots mini-1, mini-2, big-1", t);
+
+        let t = Instant::now();
+        let web: Deployment = serde_json::from_value(json!({
+            "metadata": { "name": "web", "namespace": "default" },
+            "spec": {
+                "replicas": replicas,
+                "selector": { "matchLabels": { "app": "web" } },
+                "template": {
+                    "metadata": { "labels": { "app": "web" } },
+                    "spec": {
+                        "nodeSelector": { "infra.homecluster.dev/group": "workers" },
+                        "containers": [{ "name": "web", "image": "nginx:1.27", "resources": { "requests": { "cpu": "1" } } }],
+                    },
+                },
+            },
+        }))?;
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), "default");
+        deployments.create(&PostParams::default(), &web).await?;
+        self.note(
+            format!("created Deployment web with {replicas} pods that only the pool can run"),
+            t,
+        );
+
+        let t = Instant::now();
+        let claims = self.claims();
+        let want = usize::try_from(replicas)?;
+        eventually("claims for every pending pod", ACT, || async {
+            let n = claims.list(&ListParams::default()).await?.items.len();
+            ensure!(n >= want, "{n} claims");
+            Ok(())
+        })
+        .await?;
+        self.note(format!("the built-in scaler created {want} claims"), t);
+
+        let t = Instant::now();
+        eventually("every claim ready", ACT, || async {
+            let list = claims.list(&ListParams::default()).await?.items;
+            let ready = list
+                .iter()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Ready))
+                .count();
+            ensure!(ready == want, "{ready} of {want} ready");
+            Ok(())
+        })
+        .await?;
+        self.note(format!("{want} machines booted, passed the readiness gate, claims ready"), t);
+
+        let t = Instant::now();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        eventually("every pod running", ACT, || async {
+            let list = pods.list(&ListParams::default().labels("app=web")).await?.items;
+            let running = list
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            ensure!(running == want, "{running} of {want} running");
+            Ok(())
+        })
+        .await?;
+        self.note(format!("{want} pods Running on the pool"), t);
+
+        let t = Instant::now();
+        deployments
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": { "replicas": 0 } })),
+            )
+            .await?;
+        let nodes: Api<CoreNode> = Api::all(self.client.clone());
+        eventually("the pool back at zero", Duration::from_secs(240), || async {
+            let live = claims.list(&ListParams::default()).await?.items.into_iter().filter(|c| {
+                matches!(
+                    c.status.as_ref().and_then(|s| s.phase),
+                    None | Some(
+                        NodeClaimPhase::Pending | NodeClaimPhase::Booting | NodeClaimPhase::Ready
+                    )
+                )
+            });
+            let live = live.count();
+            let machines = nodes
+                .list(&ListParams::default().labels("infra.homecluster.dev/group=workers"))
+                .await?
+                .items
+                .len();
+            ensure!(live == 0 && machines == 0, "{live} live claims, {machines} machines up");
+            Ok(())
+        })
+        .await?;
+        self.note(
+            "scaled web to 0: after the hold, machines drained and powered off, pool at 0",
+            t,
+        );
+        Ok(())
+    }
+
+    /// Scenario: a person starts a machine by hand with a bare NodeClaim (admission stamps it),
+    /// and powers it off again by deleting the claim.
+    pub async fn manual_claim(&mut self) -> Result<()> {
+        let t = Instant::now();
+        let pool = crate::repo_path("examples/pool.yaml");
+        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()]).await?;
+        self.note("applied examples/pool.yaml", t);
+
+        let t = Instant::now();
+        let manifest = crate::repo_path("examples/manual-claim.yaml");
+        let created = self
+            .kubectl(&["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy(), "-o", "name"])
+            .await?;
+        let name = created.trim().rsplit('/').next().unwrap_or_default().to_string();
+        let claims = self.claims();
+        let claim = claims.get(&name).await?;
+        ensure!(
+            claim.spec.requested_by.as_deref() == Some("admin"),
+            "admission stamps the requester: {:?}",
+            claim.spec.requested_by
+        );
+        ensure!(
+            claim.spec.attempt == Some(1) && claim.spec.deadline_at.is_some(),
+            "admission stamps attempt and deadline: {:?}",
+            claim.spec
+        );
+        self.note(
+            format!(
+                "created {name} by hand; admission stamped requestedBy, attempt 1 and the deadline"
+            ),
+            t,
+        );
+
+        let t = Instant::now();
+        let second = self
+            .plane
+            .kubectl(["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy()])
+            .await?;
+        let refusal = String::from_utf8_lossy(&second.stderr).into_owned();
+        ensure!(
+            !second.status.success() && refusal.contains("already has live claim"),
+            "a second live claim is refused: {refusal}"
+        );
+        self.note("a second claim for the same slot was refused at admission", t);
+
+        let t = Instant::now();
+        eventually("the manual claim ready", ACT, || async {
+            let claim = claims.get(&name).await?;
+            let phase = claim.status.as_ref().and_then(|s| s.phase);
+            ensure!(
+                phase == Some(NodeClaimPhase::Ready) && claim.spec.deadline_at.is_none(),
+                "phase {phase:?}"
+            );
+            Ok(())
+        })
+        .await?;
+        self.note("the machine booted and the claim is ready (its deadline cleared)", t);
+
+        let t = Instant::now();
+        self.kubectl(&["delete", "nodeclaim", "-n", NAMESPACE, &name, "--wait=false"]).await?;
+        let nodes: Api<CoreNode> = Api::all(self.client.clone());
+        eventually("the machine off and the claim released", ACT, || async {
+            let gone = claims.get_opt(&name).await?.is_none();
+            let up = nodes
+                .list(&ListParams::default().labels("infra.homecluster.dev/group=workers"))
+                .await?
+                .items
+                .len();
+            ensure!(gone && up == 0, "claim gone: {gone}, machines up: {up}");
+            Ok(())
+        })
+        .await?;
+        self.note(
+            "deleted the claim: the machine was drained and powered off, the claim released",
+            t,
+        );
+        Ok(())
+    }
+}
