@@ -573,11 +573,6 @@ async fn get_options_fills_every_field() {
     assert_eq!(secs(&options.scale_down_unneeded_duration), Some(120), "the group's override");
     assert_eq!(secs(&options.scale_down_unready_duration), Some(1200), "the request's default");
     assert_eq!(secs(&options.max_node_provision_duration), Some(1200), "the group's 20m");
-    assert_eq!(
-        secs(&options.max_node_startup_duration),
-        Some(900),
-        "cluster-autoscaler's flag default"
-    );
     assert_eq!(legacy_secs(&options.scale_down_unneeded_time), Some(120));
     assert_eq!(legacy_secs(&options.scale_down_unready_time), Some(1200));
     assert_eq!(legacy_secs(&options.max_node_provision_time), Some(1200));

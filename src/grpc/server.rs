@@ -189,7 +189,6 @@ impl CloudProvider for CloudProviderService {
         Ok(Response::new(proto::NodeGroupTemplateNodeInfoResponse {
             node_info: bytes.clone(),
             node_bytes: bytes,
-            resource_slice_bytes: Vec::new(),
         }))
     }
 

@@ -19,7 +19,6 @@ pub mod fallback {
     pub const SCALE_DOWN_UNNEEDED_TIME: Duration = Duration::from_secs(10 * 60);
     pub const SCALE_DOWN_UNREADY_TIME: Duration = Duration::from_secs(20 * 60);
     pub const MAX_NODE_PROVISION_TIME: Duration = Duration::from_secs(15 * 60);
-    pub const MAX_NODE_STARTUP_TIME: Duration = Duration::from_secs(15 * 60);
 }
 
 /// Options as a request carries them: any of them may be missing.
@@ -30,10 +29,8 @@ pub struct AutoscalingOptions {
     pub scale_down_unneeded_time: Option<Duration>,
     pub scale_down_unready_time: Option<Duration>,
     pub max_node_provision_time: Option<Duration>,
-    pub max_node_startup_time: Option<Duration>,
     pub zero_or_max_node_scaling: Option<bool>,
     pub ignore_daemon_sets_utilization: Option<bool>,
-    pub allow_non_atomic_scale_up_to_max: Option<bool>,
 }
 
 /// Options with every field decided.
@@ -44,10 +41,8 @@ pub struct ResolvedOptions {
     pub scale_down_unneeded_time: Duration,
     pub scale_down_unready_time: Duration,
     pub max_node_provision_time: Duration,
-    pub max_node_startup_time: Duration,
     pub zero_or_max_node_scaling: bool,
     pub ignore_daemon_sets_utilization: bool,
-    pub allow_non_atomic_scale_up_to_max: bool,
 }
 
 /// A Group duration as a std one; a negative value reads as unset.
@@ -85,8 +80,6 @@ pub fn resolve(group: &GroupSpec, defaults: &AutoscalingOptions) -> ResolvedOpti
         max_node_provision_time: deadline(duration(group.max_node_provision_time))
             .or(deadline(defaults.max_node_provision_time))
             .unwrap_or(fallback::MAX_NODE_PROVISION_TIME),
-        max_node_startup_time: deadline(defaults.max_node_startup_time)
-            .unwrap_or(fallback::MAX_NODE_STARTUP_TIME),
         zero_or_max_node_scaling: scale_down
             .zero_or_max_node_scaling
             .or(defaults.zero_or_max_node_scaling)
@@ -94,9 +87,6 @@ pub fn resolve(group: &GroupSpec, defaults: &AutoscalingOptions) -> ResolvedOpti
         ignore_daemon_sets_utilization: scale_down
             .ignore_daemon_sets_utilization
             .or(defaults.ignore_daemon_sets_utilization)
-            .unwrap_or(false),
-        allow_non_atomic_scale_up_to_max: defaults
-            .allow_non_atomic_scale_up_to_max
             .unwrap_or(false),
     }
 }
@@ -138,10 +128,8 @@ mod tests {
             scale_down_unneeded_time: Some(minutes(11)),
             scale_down_unready_time: Some(minutes(21)),
             max_node_provision_time: Some(minutes(16)),
-            max_node_startup_time: Some(minutes(17)),
             zero_or_max_node_scaling: Some(false),
             ignore_daemon_sets_utilization: Some(true),
-            allow_non_atomic_scale_up_to_max: Some(true),
         }
     }
 
@@ -166,10 +154,8 @@ mod tests {
                     scale_down_unneeded_time: minutes(2),
                     scale_down_unready_time: minutes(3),
                     max_node_provision_time: minutes(20),
-                    max_node_startup_time: minutes(17),
                     zero_or_max_node_scaling: true,
                     ignore_daemon_sets_utilization: false,
-                    allow_non_atomic_scale_up_to_max: true,
                 },
             ),
             (
@@ -182,10 +168,8 @@ mod tests {
                     scale_down_unneeded_time: minutes(11),
                     scale_down_unready_time: minutes(21),
                     max_node_provision_time: minutes(16),
-                    max_node_startup_time: minutes(17),
                     zero_or_max_node_scaling: false,
                     ignore_daemon_sets_utilization: true,
-                    allow_non_atomic_scale_up_to_max: true,
                 },
             ),
             (
@@ -198,10 +182,8 @@ mod tests {
                     scale_down_unneeded_time: minutes(10),
                     scale_down_unready_time: minutes(20),
                     max_node_provision_time: minutes(15),
-                    max_node_startup_time: minutes(15),
                     zero_or_max_node_scaling: false,
                     ignore_daemon_sets_utilization: false,
-                    allow_non_atomic_scale_up_to_max: false,
                 },
             ),
         ];
@@ -215,12 +197,10 @@ mod tests {
         let spec = group(ScaleDownOptions::default(), Some(Duration::ZERO));
         let defaults = AutoscalingOptions {
             max_node_provision_time: Some(Duration::ZERO),
-            max_node_startup_time: Some(Duration::ZERO),
             ..AutoscalingOptions::default()
         };
         let got = resolve(&spec, &defaults);
         assert_eq!(got.max_node_provision_time, fallback::MAX_NODE_PROVISION_TIME);
-        assert_eq!(got.max_node_startup_time, fallback::MAX_NODE_STARTUP_TIME);
     }
 
     #[test]
