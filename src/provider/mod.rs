@@ -43,7 +43,7 @@ pub use groups::{GroupSnapshot, NodeGroupInfo, SlotState, provider_id_of};
 pub use increase::CreatedClaim;
 pub use instances::{Instance, InstanceError, InstanceState, OTHER_ERROR_CLASS};
 pub use node_lookup::NodeRef;
-pub use options::{AutoscalingOptions, ResolvedOptions};
+pub use options::{AutoscalingOptions, GroupOptions, ResolvedOptions};
 pub use pricing::{PodPlacement, PriceWindow};
 
 /// A slot: one physical machine of a pool (the `nodes.infra.homecluster.dev` kind).
