@@ -1,6 +1,7 @@
 //! The shape of the house (the dependency rules in docs/architecture.md), checked on the source:
-//! the provider's modules import one another without cycles. A module's imports are the sibling
-//! modules its file names through `super::` or `crate::provider::` (tests included).
+//! the built-in scaler and the simulator import nothing of the controllers, and the provider's
+//! modules import one another without cycles. A module's imports are the sibling modules its
+//! file names through `super::` or `crate::provider::` (tests included).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -89,6 +90,49 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     }
     let mut done = BTreeSet::new();
     graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+/// The files of `src/<dir>/` (recursively) that name `crate::<module>`.
+fn files_naming(dir: &str, module: &str) -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    let needle = format!("crate::{module}");
+    files
+        .into_iter()
+        .filter(|path| {
+            let source = std::fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            source.match_indices(&needle).any(|(at, _)| {
+                // `crate::controller`, not `crate::controllers_of_something`
+                !source[at + needle.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+            })
+        })
+        .map(|path| path.display().to_string())
+        .collect()
+}
+
+#[test]
+fn the_scaler_and_the_simulator_import_nothing_of_the_controllers() {
+    for dir in ["scaler", "simulator"] {
+        let files = files_naming(dir, "controller");
+        assert!(
+            files.is_empty(),
+            "src/{dir} must act through the provider (or, for the simulator, on its own), not \
+             through the controllers; these files import crate::controller: {files:?}"
+        );
+    }
 }
 
 #[test]
