@@ -3,7 +3,9 @@
 //! A machine is a slot ([`api::Node`]); a request for a machine is a [`api::NodeClaim`]. A
 //! machine is wanted if and only if a live claim exists for its slot. The pure model lives in
 //! [`phase`] (the phase table and the slot's derived report) and [`claim`] (budget, deadline and
-//! attempts); [`manifests`] renders the CRDs from the types.
+//! attempts); what a core Node and a Job say is read in [`machine`] and [`job_outcome`], below
+//! the controllers, the scaler and the simulator alike; [`manifests`] renders the CRDs from the
+//! types.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -12,6 +14,8 @@ pub mod clock;
 pub mod controller;
 mod fixtures;
 pub mod grpc;
+pub mod job_outcome;
+pub mod machine;
 pub mod manifests;
 pub mod operator;
 pub mod phase;

@@ -540,12 +540,40 @@ async fn node_group_for_node_finds_managed_nodes_and_leaves_others_unmanaged() {
 }
 
 #[tokio::test]
+async fn get_options_is_unimplemented_for_a_group_that_overrides_nothing() {
+    // A cluster-autoscaler group with neither scaleDown options nor maxNodeProvisionTime.
+    let plain = json!({
+        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+        "metadata": { "name": "plain" }, "spec": { "minSize": 1, "pricing": { "hourlyRate": 1.0, "podRate": 0.1 } },
+    });
+    let mut env =
+        env(Setup { prefix: "grpc-no-options", other_groups: vec![plain], ..Setup::default() })
+            .await;
+    let defaults = proto::NodeGroupAutoscalingOptions {
+        scale_down_utilization_threshold: 0.5,
+        max_node_provision_duration: Some(prost_types::Duration { seconds: 900, nanos: 0 }),
+        ..Default::default()
+    };
+    let status = env
+        .grpc
+        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+            id: "plain".into(),
+            defaults: Some(defaults),
+        })
+        .await
+        .expect_err("no answer: cluster-autoscaler's own flags apply");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    assert!(status.message().contains("cluster-autoscaler's own flags"), "{}", status.message());
+}
+
+#[tokio::test]
 async fn get_options_fills_every_field() {
     let slots = vec![SlotDef { name: "a", rate: None }];
     let scale_down = Some(json!({ "utilizationThreshold": 0.3, "unneededTime": "2m" }));
     let mut env =
         env(Setup { prefix: "grpc-options", slots, scale_down, ..Setup::default() }).await;
-    // cluster-autoscaler ≥ 1.35 sends its defaults without the legacy durations.
+    // The group overrides two scale-down options (and maxNodeProvisionTime), so every field is
+    // answered. cluster-autoscaler ≥ 1.35 sends its defaults without the legacy durations.
     let defaults = proto::NodeGroupAutoscalingOptions {
         scale_down_utilization_threshold: 0.5,
         scale_down_gpu_utilization_threshold: 0.6,
@@ -571,11 +599,6 @@ async fn get_options_fills_every_field() {
     assert_eq!(secs(&options.scale_down_unneeded_duration), Some(120), "the group's override");
     assert_eq!(secs(&options.scale_down_unready_duration), Some(1200), "the request's default");
     assert_eq!(secs(&options.max_node_provision_duration), Some(1200), "the group's 20m");
-    assert_eq!(
-        secs(&options.max_node_startup_duration),
-        Some(900),
-        "cluster-autoscaler's flag default"
-    );
     assert_eq!(legacy_secs(&options.scale_down_unneeded_time), Some(120));
     assert_eq!(legacy_secs(&options.scale_down_unready_time), Some(1200));
     assert_eq!(legacy_secs(&options.max_node_provision_time), Some(1200));

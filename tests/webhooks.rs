@@ -826,6 +826,21 @@ async fn group_rules_are_enforced() {
     let (ok, _, stderr) = w.kubectl(&["apply", "-f", &file, "-n", &w.ns]).await;
     assert!(ok, "kubectl apply failed: {stderr}");
     assert!(!stderr.contains("spec.minSize"), "an unexpected warning:\n{stderr}");
+    assert!(!stderr.contains("MaxNodeStartupTime"), "an unexpected warning:\n{stderr}");
+
+    // Overriding a cluster-autoscaler option is allowed, with a warning that it costs the pool
+    // its startup time and which flag to set instead.
+    let tuned = format!("{}  scaleDown:\n    unneededTime: 5m\n", manifest("tuned", 0));
+    let file = w.manifest("tuned.yaml", &tuned);
+    let (ok, _, stderr) = w.kubectl(&["apply", "-f", &file, "-n", &w.ns]).await;
+    assert!(ok, "kubectl apply failed: {stderr}");
+    assert!(
+        stderr.contains(
+            "Warning: this group overrides cluster-autoscaler options (spec.scaleDown.unneededTime)"
+        ) && stderr.contains("MaxNodeStartupTime")
+            && stderr.contains("--scale-down-unneeded-time"),
+        "no startup-time warning in kubectl's output:\n{stderr}"
+    );
 
     // Nonsense durations are refused with the field named.
     let (code, message) = refused(

@@ -53,8 +53,9 @@ pub struct GroupSpec {
     pub min_size: i32,
 
     /// How long cluster-autoscaler waits for a requested machine before it gives up on it.
-    /// A claim's deadline is never shorter than this (its boot budget is the floor).
-    /// Go duration syntax, for example `15m`.
+    /// A claim's deadline is never shorter than this (its boot budget is the floor). Like the
+    /// `scaleDown` options, it is handed to cluster-autoscaler through GetOptions, so setting it
+    /// overrides cluster-autoscaler's options for the pool. Go duration syntax, for example `15m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub max_node_provision_time: Option<Duration>,
@@ -66,7 +67,9 @@ pub struct GroupSpec {
     pub node_readiness_taints: Vec<TaintSelector>,
 
     /// Scale-down options handed to cluster-autoscaler per group (GetOptions). Unset fields take
-    /// cluster-autoscaler's own defaults.
+    /// cluster-autoscaler's own defaults. A pool that sets none of them (nor
+    /// `maxNodeProvisionTime`) is left to cluster-autoscaler's flags entirely; one that sets any
+    /// gets a startup time of 0 from cluster-autoscaler 1.35–1.36 (see docs/api.md).
     #[serde(default)]
     pub scale_down: ScaleDownOptions,
 
@@ -77,6 +80,31 @@ pub struct GroupSpec {
     /// The price of a slot that declares none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,
+}
+
+impl GroupSpec {
+    /// The cluster-autoscaler options this pool sets, as field paths: `spec.scaleDown.*` and
+    /// `spec.maxNodeProvisionTime`, which cluster-autoscaler is handed too (it also floors the
+    /// claims' deadline). With none, NodeGroupGetOptions answers UNIMPLEMENTED and
+    /// cluster-autoscaler runs the pool with its own flags.
+    pub fn autoscaler_option_overrides(&self) -> Vec<&'static str> {
+        let s = &self.scale_down;
+        [
+            ("spec.scaleDown.utilizationThreshold", s.utilization_threshold.is_some()),
+            ("spec.scaleDown.gpuUtilizationThreshold", s.gpu_utilization_threshold.is_some()),
+            ("spec.scaleDown.unneededTime", s.unneeded_time.is_some()),
+            ("spec.scaleDown.unreadyTime", s.unready_time.is_some()),
+            ("spec.scaleDown.zeroOrMaxNodeScaling", s.zero_or_max_node_scaling.is_some()),
+            (
+                "spec.scaleDown.ignoreDaemonSetsUtilization",
+                s.ignore_daemon_sets_utilization.is_some(),
+            ),
+            ("spec.maxNodeProvisionTime", self.max_node_provision_time.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(field, set)| set.then_some(field))
+        .collect()
+    }
 }
 
 /// Who scales a pool.

@@ -29,6 +29,10 @@ pub const GROUP_LABEL: &str = "group";
 pub const LABEL_GROUP: &str = "infra.homecluster.dev/group";
 pub const LABEL_SLOT: &str = "infra.homecluster.dev/node";
 pub const LABEL_NODECLAIM: &str = "infra.homecluster.dev/nodeclaim";
+/// The label that says which lifecycle a Job runs: `startup` or `shutdown`.
+pub const LABEL_LIFECYCLE: &str = "infra.homecluster.dev/lifecycle";
+/// Every object the operator creates carries this.
+pub const LABEL_MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "homelab-autoscaler");
 /// A person writes this annotation on a slot to end its failure streak now (RFC 3339 time):
 /// claims that failed before it no longer count towards the attempt bound.
 pub const ANNOTATION_ATTEMPTS_RESET_AT: &str = "infra.homecluster.dev/attempts-reset-at";

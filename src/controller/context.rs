@@ -17,10 +17,11 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{KubeContext, Result, is_already_exists};
-use super::jobs::{JobOutcome, LABEL_LIFECYCLE, LABEL_MANAGED_BY, Lifecycle, outcome};
-use crate::api::{GROUP_LABEL, Group, Node, NodeClaim};
+use super::jobs::Lifecycle;
+use crate::api::{GROUP_LABEL, Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, Node, NodeClaim};
 use crate::claim::Timeouts;
 use crate::clock::Clock;
+use crate::job_outcome::{JobOutcome, outcome};
 
 /// Read-only caches of the objects the reconcilers read.
 #[derive(Clone)]

@@ -12,13 +12,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::api::{LABEL_GROUP, LABEL_NODECLAIM, LABEL_SLOT, LifecyclePodSpec, Node, NodeClaim};
+use crate::api::{
+    LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_SLOT, LifecyclePodSpec,
+    Node, NodeClaim,
+};
 use crate::claim::{DEFAULT_JOB_BACKOFF_LIMIT, DEFAULT_JOB_TTL_SECONDS};
-
-/// The label that says which lifecycle a Job runs: `startup` or `shutdown`.
-pub const LABEL_LIFECYCLE: &str = "infra.homecluster.dev/lifecycle";
-/// Every object the operator creates carries this.
-pub const LABEL_MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "homelab-autoscaler");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lifecycle {
@@ -191,32 +189,6 @@ pub fn build(ctx: &JobContext<'_>) -> Job {
 
 fn env_var(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
-}
-
-/// How a Job ended, if it has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobOutcome {
-    Running,
-    Succeeded { at: Option<jiff::Timestamp> },
-    Failed,
-}
-
-/// How a Job ended. Since Kubernetes 1.31 a Job first gets `FailureTarget` (or
-/// `SuccessCriteriaMet`) and only later `Failed` (`Complete`), once its pods are gone; the
-/// outcome is known at the first.
-pub fn outcome(job: &Job) -> JobOutcome {
-    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let has = |t: &str| {
-        conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
-    };
-    if has("Complete") || has("SuccessCriteriaMet") {
-        let at = job.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0);
-        JobOutcome::Succeeded { at }
-    } else if has("Failed") || has("FailureTarget") {
-        JobOutcome::Failed
-    } else {
-        JobOutcome::Running
-    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ mod context;
 mod error;
 pub mod group;
 pub mod jobs;
-pub mod machine;
 pub mod slot;
 
 pub use context::{

@@ -105,10 +105,8 @@ pub fn defaults(options: Option<&proto::NodeGroupAutoscalingOptions>) -> Autosca
             o.max_node_provision_duration.as_ref(),
             o.max_node_provision_time.as_ref(),
         ),
-        max_node_startup_time: duration_from_wire(o.max_node_startup_duration.as_ref()),
         zero_or_max_node_scaling: Some(o.zero_or_max_node_scaling),
         ignore_daemon_sets_utilization: Some(o.ignore_daemon_sets_utilization),
-        allow_non_atomic_scale_up_to_max: Some(o.allow_non_atomic_scale_up_to_max),
     }
 }
 
@@ -125,8 +123,6 @@ pub fn options(o: ResolvedOptions) -> proto::NodeGroupAutoscalingOptions {
         scale_down_unneeded_duration: Some(duration_to_wire(o.scale_down_unneeded_time)),
         scale_down_unready_duration: Some(duration_to_wire(o.scale_down_unready_time)),
         max_node_provision_duration: Some(duration_to_wire(o.max_node_provision_time)),
-        max_node_startup_duration: Some(duration_to_wire(o.max_node_startup_time)),
-        allow_non_atomic_scale_up_to_max: o.allow_non_atomic_scale_up_to_max,
     }
 }
 
@@ -209,10 +205,8 @@ mod tests {
             scale_down_unneeded_time: Duration::from_secs(600),
             scale_down_unready_time: Duration::from_secs(1200),
             max_node_provision_time: Duration::from_secs(900),
-            max_node_startup_time: Duration::from_secs(900),
             zero_or_max_node_scaling: false,
             ignore_daemon_sets_utilization: true,
-            allow_non_atomic_scale_up_to_max: false,
         };
         let o = options(resolved);
         for (current, legacy) in [
@@ -224,10 +218,6 @@ mod tests {
             assert!(!current.is_zero());
             assert_eq!(duration_from_legacy(legacy.as_ref()), Some(current));
         }
-        assert_eq!(
-            duration_from_wire(o.max_node_startup_duration.as_ref()),
-            Some(Duration::from_secs(900))
-        );
         assert!(o.ignore_daemon_sets_utilization);
     }
 

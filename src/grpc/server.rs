@@ -3,7 +3,7 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::provider::{Caller, Provider};
+use crate::provider::{Caller, GroupOptions, Provider};
 
 use super::convert;
 use super::proto;
@@ -189,7 +189,6 @@ impl CloudProvider for CloudProviderService {
         Ok(Response::new(proto::NodeGroupTemplateNodeInfoResponse {
             node_info: bytes.clone(),
             node_bytes: bytes,
-            resource_slice_bytes: Vec::new(),
         }))
     }
 
@@ -200,9 +199,22 @@ impl CloudProvider for CloudProviderService {
     ) -> Answer<proto::NodeGroupAutoscalingOptionsResponse> {
         let r = request.get_ref();
         let defaults = convert::defaults(r.defaults.as_ref());
-        let resolved = self.provider.options(&self.caller, &r.id, &defaults).map_err(to_status)?;
-        Ok(Response::new(proto::NodeGroupAutoscalingOptionsResponse {
-            node_group_autoscaling_options: Some(convert::options(resolved)),
-        }))
+        match self.provider.options(&self.caller, &r.id, &defaults).map_err(to_status)? {
+            // The one code cluster-autoscaler reads as "use your own defaults". Asked every
+            // loop, so it is not logged above debug.
+            GroupOptions::FlagsApply => {
+                tracing::debug!("the group overrides no option");
+                Err(Status::unimplemented(format!(
+                    "group {:?} overrides no autoscaling option: cluster-autoscaler's own flags \
+                     apply to it",
+                    r.id
+                )))
+            }
+            GroupOptions::Overridden { options, .. } => {
+                Ok(Response::new(proto::NodeGroupAutoscalingOptionsResponse {
+                    node_group_autoscaling_options: Some(convert::options(options)),
+                }))
+            }
+        }
     }
 }

@@ -6,7 +6,9 @@
 //! One file per job: [`groups`] (which groups and slots), [`target_size`], [`increase`] (with
 //! the pure [`slot_choice`] and [`claim_object`]), [`decrease`], [`delete_nodes`],
 //! [`instances`], [`template`], [`options`], [`pricing`] and [`node_lookup`]
-//! (NodeGroupForNode). The caches live in `stores`.
+//! (NodeGroupForNode). The caches live in `stores`. The slot's price ([`slot_pricing`]) sits
+//! below the choice, the template and the pricing, which read it; the modules import one another
+//! without cycles (tests/dependency_rules.rs).
 //!
 //! Reads never call the API server. Writes are serialized within the process, decide on the
 //! claims as the API server has them (one list), and are answered only once the caches show
@@ -23,6 +25,7 @@ pub mod node_lookup;
 pub mod options;
 pub mod pricing;
 pub mod slot_choice;
+pub mod slot_pricing;
 mod stores;
 pub mod target_size;
 pub mod template;
@@ -43,7 +46,7 @@ pub use groups::{GroupSnapshot, NodeGroupInfo, SlotState, provider_id_of};
 pub use increase::CreatedClaim;
 pub use instances::{Instance, InstanceError, InstanceState, OTHER_ERROR_CLASS};
 pub use node_lookup::NodeRef;
-pub use options::{AutoscalingOptions, ResolvedOptions};
+pub use options::{AutoscalingOptions, GroupOptions, ResolvedOptions};
 pub use pricing::{PodPlacement, PriceWindow};
 
 /// A slot: one physical machine of a pool (the `nodes.infra.homecluster.dev` kind).

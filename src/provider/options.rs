@@ -1,7 +1,13 @@
-//! NodeGroupGetOptions: every option, filled from the Group where it says, else from the
-//! defaults cluster-autoscaler sends, else from cluster-autoscaler's own flag defaults. Nothing
-//! is left unset: cluster-autoscaler reads an absent duration as 0, and a maxNodeProvisionTime
-//! of 0 times out every scale-up at once.
+//! NodeGroupGetOptions (NOTES 7). A Group that overrides no option gets no answer (the wire says
+//! UNIMPLEMENTED), so cluster-autoscaler runs it with its own flags. An answer is not free: the
+//! contract has no field for MaxNodeStartupTime, and cluster-autoscaler 1.35–1.36 takes 0 for a
+//! group whose options a provider answers, so a registered machine that is not Ready yet counts
+//! as unready at once (upstream issue 10245). Admission warns a Group that overrides anything.
+//!
+//! When the Group does override something, every option is answered: the Group's, else the
+//! defaults cluster-autoscaler sends, else its own flag defaults. Nothing is left unset:
+//! cluster-autoscaler reads an absent duration as 0, and a maxNodeProvisionTime of 0 times out
+//! every scale-up at once.
 
 use std::time::Duration;
 
@@ -19,7 +25,6 @@ pub mod fallback {
     pub const SCALE_DOWN_UNNEEDED_TIME: Duration = Duration::from_secs(10 * 60);
     pub const SCALE_DOWN_UNREADY_TIME: Duration = Duration::from_secs(20 * 60);
     pub const MAX_NODE_PROVISION_TIME: Duration = Duration::from_secs(15 * 60);
-    pub const MAX_NODE_STARTUP_TIME: Duration = Duration::from_secs(15 * 60);
 }
 
 /// Options as a request carries them: any of them may be missing.
@@ -30,10 +35,8 @@ pub struct AutoscalingOptions {
     pub scale_down_unneeded_time: Option<Duration>,
     pub scale_down_unready_time: Option<Duration>,
     pub max_node_provision_time: Option<Duration>,
-    pub max_node_startup_time: Option<Duration>,
     pub zero_or_max_node_scaling: Option<bool>,
     pub ignore_daemon_sets_utilization: Option<bool>,
-    pub allow_non_atomic_scale_up_to_max: Option<bool>,
 }
 
 /// Options with every field decided.
@@ -44,10 +47,8 @@ pub struct ResolvedOptions {
     pub scale_down_unneeded_time: Duration,
     pub scale_down_unready_time: Duration,
     pub max_node_provision_time: Duration,
-    pub max_node_startup_time: Duration,
     pub zero_or_max_node_scaling: bool,
     pub ignore_daemon_sets_utilization: bool,
-    pub allow_non_atomic_scale_up_to_max: bool,
 }
 
 /// A Group duration as a std one; a negative value reads as unset.
@@ -85,8 +86,6 @@ pub fn resolve(group: &GroupSpec, defaults: &AutoscalingOptions) -> ResolvedOpti
         max_node_provision_time: deadline(duration(group.max_node_provision_time))
             .or(deadline(defaults.max_node_provision_time))
             .unwrap_or(fallback::MAX_NODE_PROVISION_TIME),
-        max_node_startup_time: deadline(defaults.max_node_startup_time)
-            .unwrap_or(fallback::MAX_NODE_STARTUP_TIME),
         zero_or_max_node_scaling: scale_down
             .zero_or_max_node_scaling
             .or(defaults.zero_or_max_node_scaling)
@@ -95,23 +94,39 @@ pub fn resolve(group: &GroupSpec, defaults: &AutoscalingOptions) -> ResolvedOpti
             .ignore_daemon_sets_utilization
             .or(defaults.ignore_daemon_sets_utilization)
             .unwrap_or(false),
-        allow_non_atomic_scale_up_to_max: defaults
-            .allow_non_atomic_scale_up_to_max
-            .unwrap_or(false),
+    }
+}
+
+/// What GetOptions answers for a group.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GroupOptions {
+    /// The group overrides no option: cluster-autoscaler's own flags apply to it.
+    FlagsApply,
+    /// The group overrides these options (field paths); every option, filled.
+    Overridden { overrides: Vec<&'static str>, options: ResolvedOptions },
+}
+
+/// Answers only for a group that overrides something.
+pub fn decide(group: &GroupSpec, defaults: &AutoscalingOptions) -> GroupOptions {
+    let overrides = group.autoscaler_option_overrides();
+    if overrides.is_empty() {
+        GroupOptions::FlagsApply
+    } else {
+        GroupOptions::Overridden { overrides, options: resolve(group, defaults) }
     }
 }
 
 impl Provider {
-    /// The group's options, every field filled.
+    /// The group's options, or that cluster-autoscaler's flags apply.
     #[tracing::instrument(skip(self, caller, defaults))]
     pub fn options(
         &self,
         caller: &Caller,
         group: &str,
         defaults: &AutoscalingOptions,
-    ) -> Result<ResolvedOptions, ProviderError> {
+    ) -> Result<GroupOptions, ProviderError> {
         let snapshot = self.snapshot(caller, group)?;
-        Ok(resolve(&snapshot.group.spec, defaults))
+        Ok(decide(&snapshot.group.spec, defaults))
     }
 }
 
@@ -138,10 +153,8 @@ mod tests {
             scale_down_unneeded_time: Some(minutes(11)),
             scale_down_unready_time: Some(minutes(21)),
             max_node_provision_time: Some(minutes(16)),
-            max_node_startup_time: Some(minutes(17)),
             zero_or_max_node_scaling: Some(false),
             ignore_daemon_sets_utilization: Some(true),
-            allow_non_atomic_scale_up_to_max: Some(true),
         }
     }
 
@@ -166,10 +179,8 @@ mod tests {
                     scale_down_unneeded_time: minutes(2),
                     scale_down_unready_time: minutes(3),
                     max_node_provision_time: minutes(20),
-                    max_node_startup_time: minutes(17),
                     zero_or_max_node_scaling: true,
                     ignore_daemon_sets_utilization: false,
-                    allow_non_atomic_scale_up_to_max: true,
                 },
             ),
             (
@@ -182,10 +193,8 @@ mod tests {
                     scale_down_unneeded_time: minutes(11),
                     scale_down_unready_time: minutes(21),
                     max_node_provision_time: minutes(16),
-                    max_node_startup_time: minutes(17),
                     zero_or_max_node_scaling: false,
                     ignore_daemon_sets_utilization: true,
-                    allow_non_atomic_scale_up_to_max: true,
                 },
             ),
             (
@@ -198,10 +207,8 @@ mod tests {
                     scale_down_unneeded_time: minutes(10),
                     scale_down_unready_time: minutes(20),
                     max_node_provision_time: minutes(15),
-                    max_node_startup_time: minutes(15),
                     zero_or_max_node_scaling: false,
                     ignore_daemon_sets_utilization: false,
-                    allow_non_atomic_scale_up_to_max: false,
                 },
             ),
         ];
@@ -211,16 +218,88 @@ mod tests {
     }
 
     #[test]
+    fn only_a_group_that_overrides_something_is_answered() {
+        let some = |edit: fn(&mut GroupSpec)| {
+            let mut spec = group(ScaleDownOptions::default(), None);
+            edit(&mut spec);
+            spec
+        };
+        let table: Vec<(&str, GroupSpec, &[&str])> = vec![
+            ("nothing set", some(|_| {}), &[]),
+            (
+                "not options: driver, floor, readiness taints, builtin, pricing",
+                some(|g| {
+                    g.min_size = 2;
+                    g.node_readiness_taints.clear();
+                    g.builtin.pods_per_node = 3;
+                    g.pricing = Some(crate::api::Pricing { hourly_rate: 1.0, pod_rate: 0.1 });
+                }),
+                &[],
+            ),
+            (
+                "a threshold",
+                some(|g| g.scale_down.utilization_threshold = Some(0.4)),
+                &["spec.scaleDown.utilizationThreshold"],
+            ),
+            (
+                "a GPU threshold",
+                some(|g| g.scale_down.gpu_utilization_threshold = Some(0.4)),
+                &["spec.scaleDown.gpuUtilizationThreshold"],
+            ),
+            (
+                "the unneeded time",
+                some(|g| g.scale_down.unneeded_time = Some(minutes(5).into())),
+                &["spec.scaleDown.unneededTime"],
+            ),
+            (
+                "the unready time",
+                some(|g| g.scale_down.unready_time = Some(minutes(5).into())),
+                &["spec.scaleDown.unreadyTime"],
+            ),
+            (
+                "zero-or-max, even false",
+                some(|g| g.scale_down.zero_or_max_node_scaling = Some(false)),
+                &["spec.scaleDown.zeroOrMaxNodeScaling"],
+            ),
+            (
+                "DaemonSets ignored",
+                some(|g| g.scale_down.ignore_daemon_sets_utilization = Some(true)),
+                &["spec.scaleDown.ignoreDaemonSetsUtilization"],
+            ),
+            (
+                "the provision time: cluster-autoscaler is handed it too",
+                some(|g| g.max_node_provision_time = Some(minutes(20).into())),
+                &["spec.maxNodeProvisionTime"],
+            ),
+            (
+                "two of them",
+                some(|g| {
+                    g.scale_down.unneeded_time = Some(minutes(5).into());
+                    g.max_node_provision_time = Some(minutes(20).into());
+                }),
+                &["spec.scaleDown.unneededTime", "spec.maxNodeProvisionTime"],
+            ),
+        ];
+        for (name, spec, want) in table {
+            match decide(&spec, &ca_defaults()) {
+                GroupOptions::FlagsApply => assert!(want.is_empty(), "{name}: not answered"),
+                GroupOptions::Overridden { overrides, options } => {
+                    assert_eq!(overrides, want, "{name}");
+                    assert_eq!(options, resolve(&spec, &ca_defaults()), "{name}: every field");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_zero_deadline_is_never_passed_on() {
         let spec = group(ScaleDownOptions::default(), Some(Duration::ZERO));
         let defaults = AutoscalingOptions {
             max_node_provision_time: Some(Duration::ZERO),
-            max_node_startup_time: Some(Duration::ZERO),
             ..AutoscalingOptions::default()
         };
         let got = resolve(&spec, &defaults);
         assert_eq!(got.max_node_provision_time, fallback::MAX_NODE_PROVISION_TIME);
-        assert_eq!(got.max_node_startup_time, fallback::MAX_NODE_STARTUP_TIME);
     }
 
     #[test]

@@ -10,6 +10,8 @@ use crate::api::{LABEL_GROUP, Pricing};
 use super::error::ProviderError;
 use super::groups::GroupSnapshot;
 use super::node_lookup::NodeRef;
+use super::slot_pricing::pricing_of;
+use super::template::representative;
 use super::{Caller, Provider};
 
 /// The window a price is asked for.
@@ -37,14 +39,6 @@ pub struct PodPlacement {
     pub node_name: Option<String>,
     /// `spec.nodeSelector`, which may name a group by its node label.
     pub node_selector: BTreeMap<String, String>,
-}
-
-/// The pricing in force for a slot: its own, else its group's.
-pub fn pricing_of<'a>(
-    slot: Option<&'a Pricing>,
-    group: Option<&'a Pricing>,
-) -> Option<&'a Pricing> {
-    slot.or(group)
 }
 
 /// A rate per hour over a window. No pricing declared costs nothing.
@@ -122,7 +116,7 @@ fn slot_rate(snapshot: &GroupSnapshot, slot: &str, rate: impl Fn(&Pricing) -> f6
 /// The rate of the slot a template of the group is built from.
 fn representative_rate(snapshot: &GroupSnapshot, rate: impl Fn(&Pricing) -> f64) -> Option<f64> {
     let group = snapshot.group.spec.pricing.as_ref();
-    match super::template::representative(snapshot) {
+    match representative(snapshot) {
         Some(state) => pricing_of(state.slot.spec.pricing.as_ref(), group).map(rate),
         None => group.map(rate),
     }
@@ -184,15 +178,6 @@ mod tests {
     fn a_window_that_ends_first_is_refused() {
         let err = price_over(Some(1.0), window("2026-03-04T10:00:00Z", "2026-03-04T09:00:00Z"));
         assert!(matches!(err, Err(ProviderError::InvalidWindow { .. })));
-    }
-
-    #[test]
-    fn the_slots_pricing_wins_over_the_groups() {
-        let slot = Pricing { hourly_rate: 1.0, pod_rate: 0.1 };
-        let group = Pricing { hourly_rate: 9.0, pod_rate: 0.9 };
-        assert_eq!(pricing_of(Some(&slot), Some(&group)), Some(&slot));
-        assert_eq!(pricing_of(None, Some(&group)), Some(&group));
-        assert_eq!(pricing_of(None, None), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::claim::{AttemptSeed, prior_of_slot, reset_of_slot, seed_attempt};
 
 use super::error::ExhaustedSlot;
 use super::groups::SlotState;
-use super::pricing::pricing_of;
+use super::slot_pricing::pricing_of;
 
 /// A free slot as the choice sees it.
 #[derive(Clone, Debug, PartialEq)]

@@ -24,8 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::observation::{Machine, Observation, Workload};
 use super::placement::{NodeShape, Template, admits, shape_of, takes_pods};
-use crate::api::NodeClaimPhase;
-use crate::controller::jobs::{LABEL_LIFECYCLE, LABEL_MANAGED_BY};
+use crate::api::{LABEL_LIFECYCLE, LABEL_MANAGED_BY, NodeClaimPhase};
 use crate::phase;
 use crate::provider::{GroupSnapshot, SlotState, provider_id_of};
 

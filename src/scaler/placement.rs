@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::api::{LABEL_GROUP, LABEL_SLOT, Node as Slot};
-use crate::controller::machine;
+use crate::machine;
 
 /// The label every node carries with its own name.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";

@@ -23,8 +23,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{GROUP_LABEL, Group, LABEL_SLOT, Node};
-use crate::controller::jobs::{JobOutcome, LABEL_LIFECYCLE, LABEL_MANAGED_BY, outcome};
+use crate::api::{GROUP_LABEL, Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_SLOT, Node};
+use crate::job_outcome::{JobOutcome, outcome};
 
 /// The annotation that makes a slot play a broken machine.
 pub const BEHAVIOUR_ANNOTATION: &str = "simulator.infra.homecluster.dev/behaviour";

@@ -1,5 +1,6 @@
 //! Group admission: durations and thresholds that make sense, no driver switch under live
-//! claims, and a warning (not a denial) for a floor the pool cannot reach.
+//! claims, and warnings (not denials) for a floor the pool cannot reach and for options that
+//! make cluster-autoscaler give the pool's booting machines no startup time.
 
 use std::time::Duration;
 
@@ -96,6 +97,12 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
             facts.live_claims
         ));
     }
+    if spec.driver == ScalingDriver::ClusterAutoscaler {
+        let overrides = spec.autoscaler_option_overrides();
+        if !overrides.is_empty() {
+            findings.warn(startup_time_warning(&overrides));
+        }
+    }
     if spec.min_size as usize > facts.slots {
         findings.warn(format!(
             "spec.minSize is {} but the group has {} slot(s); add slots labelled `group: {}`",
@@ -105,6 +112,39 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
         ));
     }
     findings.verdict()
+}
+
+/// cluster-autoscaler's flag for a Group option, where it has one.
+fn flag_of(field: &str) -> Option<&'static str> {
+    match field {
+        "spec.scaleDown.utilizationThreshold" => Some("--scale-down-utilization-threshold"),
+        "spec.scaleDown.gpuUtilizationThreshold" => Some("--scale-down-gpu-utilization-threshold"),
+        "spec.scaleDown.unneededTime" => Some("--scale-down-unneeded-time"),
+        "spec.scaleDown.unreadyTime" => Some("--scale-down-unready-time"),
+        "spec.scaleDown.ignoreDaemonSetsUtilization" => Some("--ignore-daemonsets-utilization"),
+        "spec.maxNodeProvisionTime" => Some("--max-node-provision-time"),
+        _ => None,
+    }
+}
+
+/// Why overriding an option costs the pool its startup time (NOTES 7, upstream issue 10245).
+fn startup_time_warning(overrides: &[&str]) -> String {
+    let flags: Vec<&str> = overrides.iter().filter_map(|f| flag_of(f)).collect();
+    let flagless: Vec<&str> = overrides.iter().copied().filter(|f| flag_of(f).is_none()).collect();
+    let mut instead = String::from("Unless the group needs values of its own");
+    if !flags.is_empty() {
+        instead.push_str(&format!(", use the flags {} instead", flags.join(", ")));
+    }
+    if !flagless.is_empty() {
+        instead.push_str(&format!(", leave {} unset (it has no flag)", flagless.join(", ")));
+    }
+    format!(
+        "this group overrides cluster-autoscaler options ({}), so the operator answers \
+         GetOptions, and cluster-autoscaler 1.35-1.36 then uses a MaxNodeStartupTime of 0 for it: \
+         a registered machine that is not Ready yet counts as unready, not upcoming, and a second \
+         machine may boot for the same pods (kubernetes/autoscaler issue 10245). {instead}.",
+        overrides.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -175,6 +215,60 @@ mod tests {
             other => panic!("expected a denial, got {other:?}"),
         }
         assert!(verdict_of(switch, Some(&old), 3, 0).is_allowed());
+    }
+
+    #[test]
+    fn overriding_an_autoscaler_option_is_a_warning() {
+        let warnings = |v: Verdict| match v {
+            Verdict::Allow { warnings, .. } => warnings,
+            other => panic!("expected an admission, got {other:?}"),
+        };
+        // name, the edit, what the one warning says (None: no warning)
+        type Row = (&'static str, fn(&mut Group), Option<&'static [&'static str]>);
+        let table: Vec<Row> = vec![
+            ("no option", |_| {}, None),
+            (
+                "a scale-down option",
+                |g| g.spec.scale_down.unneeded_time = Some("5m".parse().unwrap()),
+                Some(&[
+                    "options (spec.scaleDown.unneededTime)",
+                    "the flags --scale-down-unneeded-time instead",
+                ]),
+            ),
+            (
+                "the provision time",
+                |g| g.spec.max_node_provision_time = Some("20m".parse().unwrap()),
+                Some(&[
+                    "options (spec.maxNodeProvisionTime)",
+                    "the flags --max-node-provision-time instead",
+                ]),
+            ),
+            (
+                "an option without a flag",
+                |g| g.spec.scale_down.zero_or_max_node_scaling = Some(true),
+                Some(&["leave spec.scaleDown.zeroOrMaxNodeScaling unset (it has no flag)"]),
+            ),
+            (
+                "a builtin pool: cluster-autoscaler never asks",
+                |g| {
+                    g.spec.driver = ScalingDriver::Builtin;
+                    g.spec.scale_down.unneeded_time = Some("5m".parse().unwrap());
+                },
+                None,
+            ),
+        ];
+        for (name, edit, want) in table {
+            let got = warnings(verdict_of(edit, None, 3, 0));
+            match want {
+                None => assert!(got.is_empty(), "{name}: {got:?}"),
+                Some(parts) => {
+                    assert_eq!(got.len(), 1, "{name}: {got:?}");
+                    for part in parts.iter().chain(&["MaxNodeStartupTime", "10245"]) {
+                        assert!(got[0].contains(part), "{name}: {:?} lacks {part:?}", got[0]);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

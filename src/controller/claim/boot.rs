@@ -17,8 +17,8 @@ use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
-use crate::controller::machine::TO_BE_DELETED_TAINT;
 use crate::controller::params;
+use crate::machine::TO_BE_DELETED_TAINT;
 use crate::phase::{self, Writer};
 
 pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {

@@ -14,10 +14,12 @@ use serde_json::json;
 use super::chokepoint::{self, PhaseMove};
 use super::{overdue, ready, requeue_at};
 use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
-use crate::controller::jobs::{self, JobOutcome};
+use crate::controller::jobs;
 use crate::controller::params;
-use crate::controller::{Context, machine};
+use crate::job_outcome::{JobOutcome, outcome};
+use crate::machine;
 use crate::phase::Writer;
 
 fn plus(t: Timestamp, d: std::time::Duration) -> Timestamp {
@@ -46,7 +48,7 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         // Not cached yet, or collected: the deadline bounds the wait either way.
         return Ok(deadline.map_or_else(Action::await_change, |d| requeue_at(ctx, d)));
     };
-    let completed_at = match jobs::outcome(&job) {
+    let completed_at = match outcome(&job) {
         JobOutcome::Running => {
             return Ok(deadline.map_or_else(Action::await_change, |d| requeue_at(ctx, d)));
         }

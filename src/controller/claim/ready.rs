@@ -12,9 +12,10 @@ use serde_json::json;
 use super::chokepoint::{self, PhaseMove};
 use super::requeue_at;
 use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::params;
-use crate::controller::{Context, machine};
+use crate::machine;
 use crate::phase::Writer;
 
 pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {

@@ -13,9 +13,10 @@ use super::chokepoint::{self, PhaseMove};
 use super::{gate, has_finalizer, requeue_at};
 use crate::api::{Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{DEFAULT_CLAIM_TTL_SECONDS, FINALIZER};
+use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_not_found};
 use crate::controller::params;
-use crate::controller::{Context, machine};
+use crate::machine;
 use crate::phase::{self, Writer};
 
 /// A belt for the wait on a shutdown: Job and node events normally wake the claim first.

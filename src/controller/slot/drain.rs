@@ -7,8 +7,8 @@ use serde_json::json;
 
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_not_found};
-use crate::controller::machine;
 use crate::controller::params;
+use crate::machine;
 
 /// How long one eviction may take before it counts as refused.
 const EVICTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

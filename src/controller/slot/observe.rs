@@ -13,9 +13,10 @@ use crate::api::{
     GROUP_LABEL, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeStatus, ObservedPower,
     SlotClaimDigest,
 };
+use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::params;
-use crate::controller::{Context, machine};
+use crate::machine;
 use crate::phase::{self, Observation, SlotReportInput};
 
 /// The providerID a slot's node carries.

@@ -13,13 +13,15 @@ use serde_json::json;
 
 use super::drain::{self, Drained};
 use super::observe::newest;
-use crate::api::{GROUP_LABEL, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
+use crate::api::{GROUP_LABEL, LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
+use crate::controller::Context;
 use crate::controller::claim::chokepoint;
 use crate::controller::claim::release::awaits_forced_shutdown;
 use crate::controller::error::Result;
-use crate::controller::jobs::{self, JobContext, JobOutcome, LABEL_LIFECYCLE, Lifecycle};
-use crate::controller::{Context, machine};
+use crate::controller::jobs::{self, JobContext, Lifecycle};
+use crate::job_outcome::{JobOutcome, outcome};
+use crate::machine;
 use crate::phase;
 
 const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -72,7 +74,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
     };
 
     let shutdown_jobs = ctx.lifecycle_jobs_of_slot(&slot_name, Lifecycle::Shutdown);
-    if shutdown_jobs.iter().any(|j| jobs::outcome(j) == JobOutcome::Running) {
+    if shutdown_jobs.iter().any(|j| outcome(j) == JobOutcome::Running) {
         return Ok(Action::await_change());
     }
     let now = ctx.now();
@@ -143,7 +145,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         // machine is given to come up before the attempt counts as not landed.
         let finished = shutdown_jobs
             .iter()
-            .filter_map(|j| match jobs::outcome(j) {
+            .filter_map(|j| match outcome(j) {
                 JobOutcome::Succeeded { at } => at,
                 _ => None,
             })

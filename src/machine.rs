@@ -1,5 +1,6 @@
-//! What a core Node says about its machine. Pure: the readiness gate, the machine-gone bound
-//! and the slot's report all read it through these functions.
+//! What a core Node says about its machine. Pure: the readiness gate, the machine-gone bound,
+//! the slot's report and the built-in scaler's view of usable nodes all read it through these
+//! functions, so it sits below both the controllers and the scaler.
 
 use k8s_openapi::api::core::v1::Node as CoreNode;
 

@@ -1,0 +1,171 @@
+//! The shape of the house (the dependency rules in docs/architecture.md), checked on the source:
+//! the built-in scaler and the simulator import nothing of the controllers, and the provider's
+//! modules import one another without cycles. A module's imports are the sibling modules its
+//! file names through `super::` or `crate::provider::` (tests included).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn source_of(dir: &Path, file: &str) -> String {
+    let path = dir.join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The sibling modules of `src/<dir>/` each of its files names.
+fn module_graph(dir: &str) -> Graph {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let modules: BTreeSet<String> = entries
+        .map(|e| e.expect("directory entry").file_name().to_string_lossy().into_owned())
+        .filter_map(|name| name.strip_suffix(".rs").map(str::to_owned))
+        .filter(|name| name != "mod")
+        .collect();
+    modules
+        .iter()
+        .map(|module| {
+            let source = source_of(&dir, &format!("{module}.rs"));
+            let named = named_modules(&source);
+            let imports = modules.iter().filter(|m| *m != module && named.contains(*m)).cloned();
+            (module.clone(), imports.collect())
+        })
+        .collect()
+}
+
+/// Every first path segment after `super::`, `super::super::` or `crate::provider::`, including
+/// each one of a `super::{a::x, b}` group.
+fn named_modules(source: &str) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for prefix in ["super::", "crate::provider::"] {
+        for (at, _) in source.match_indices(prefix) {
+            let mut rest = &source[at + prefix.len()..];
+            while let Some(deeper) = rest.strip_prefix("super::") {
+                rest = deeper;
+            }
+            let segments = match rest.strip_prefix('{') {
+                Some(group) => group[..group.find('}').unwrap_or(group.len())].split(',').collect(),
+                None => vec![rest],
+            };
+            for segment in segments {
+                let name: String = segment
+                    .trim_start()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    named.insert(name);
+                }
+            }
+        }
+    }
+    named
+}
+
+/// A cycle of the graph, as the modules along it, if there is one.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &Graph,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|n| n == node) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+/// The files of `src/<dir>/` (recursively) that name `crate::<module>`.
+fn files_naming(dir: &str, module: &str) -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    let needle = format!("crate::{module}");
+    files
+        .into_iter()
+        .filter(|path| {
+            let source = std::fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            source.match_indices(&needle).any(|(at, _)| {
+                // `crate::controller`, not `crate::controllers_of_something`
+                !source[at + needle.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+            })
+        })
+        .map(|path| path.display().to_string())
+        .collect()
+}
+
+#[test]
+fn the_scaler_and_the_simulator_import_nothing_of_the_controllers() {
+    for dir in ["scaler", "simulator"] {
+        let files = files_naming(dir, "controller");
+        assert!(
+            files.is_empty(),
+            "src/{dir} must act through the provider (or, for the simulator, on its own), not \
+             through the controllers; these files import crate::controller: {files:?}"
+        );
+    }
+}
+
+#[test]
+fn the_provider_modules_import_one_another_without_cycles() {
+    let graph = module_graph("provider");
+    assert!(graph.contains_key("slot_choice") && graph.contains_key("pricing"), "{graph:?}");
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("the provider's modules import one another in a circle: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_scan_finds_imports_and_cycles() {
+    let named = named_modules(
+        "use super::error::E;\nuse super::{Caller, groups::G, slot_choice};\n\
+         use super::super::template::tests::t;\nlet x = crate::provider::pricing::f();",
+    );
+    for module in ["error", "Caller", "groups", "slot_choice", "template", "pricing"] {
+        assert!(named.contains(module), "{module} not found in {named:?}");
+    }
+
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g = Graph::new();
+        for (from, to) in edges {
+            g.entry(from.to_string()).or_default().insert(to.to_string());
+            g.entry(to.to_string()).or_default();
+        }
+        g
+    };
+    let circle = graph(&[("pricing", "template"), ("template", "choice"), ("choice", "pricing")]);
+    let cycle = find_cycle(&circle).expect("the circle is found");
+    assert_eq!(cycle.first(), cycle.last(), "{cycle:?}");
+    assert_eq!(cycle.len(), 4, "{cycle:?}");
+    let tree = graph(&[("pricing", "template"), ("template", "choice"), ("pricing", "choice")]);
+    assert_eq!(find_cycle(&tree), None);
+}
