@@ -30,3 +30,45 @@ async fn scales_the_pool_up_and_down_without_a_double_boot() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backs_off_a_machine_that_never_boots_and_places_the_pod_elsewhere() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_backs_off_a_machine_that_never_boots(ca).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_no_second_machine_while_registration_is_slow() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_waits_for_slow_registration(ca, "30s").await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scales_from_zero_the_group_whose_template_fits() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_scales_from_zero_by_template(ca).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_in_the_middle_of_a_scale_up_loses_and_doubles_nothing() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_restarts_mid_scale_up(ca).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_started_by_hand_stays_on_past_the_unneeded_time() {
+    let settings = AutoscalerSettings::default();
+    let unneeded = settings.scale_down_unneeded;
+    with_autoscaler(settings, async move |world, ca| {
+        world.autoscaler_leaves_a_manual_machine_on(ca, unneeded).await
+    })
+    .await;
+}

@@ -134,8 +134,10 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupIncreaseSizeRequest>,
     ) -> Answer<proto::NodeGroupIncreaseSizeResponse> {
+        // The connection tells one cluster-autoscaler process from the next (adoption.rs).
+        let caller = self.caller.over(request.remote_addr());
         let r = request.get_ref();
-        self.provider.increase_size(&self.caller, &r.id, r.delta).await.map_err(to_status)?;
+        self.provider.increase_size(&caller, &r.id, r.delta).await.map_err(to_status)?;
         Ok(Response::new(proto::NodeGroupIncreaseSizeResponse {}))
     }
 

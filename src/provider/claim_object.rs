@@ -60,6 +60,9 @@ pub fn new_claim(intent: &ClaimIntent<'_>) -> NodeClaim {
             generate_name: Some(format!("{slot}-")),
             namespace: intent.slot.metadata.namespace.clone(),
             labels: Some(labels),
+            annotations: intent.caller.session.as_ref().map(|session| {
+                BTreeMap::from([(super::adoption::SESSION_ANNOTATION.to_owned(), session.clone())])
+            }),
             owner_references: intent.slot.controller_owner_ref(&()).map(|r| vec![r]),
             ..ObjectMeta::default()
         },

@@ -60,7 +60,7 @@ pub fn plan_decrease(snapshot: &GroupSnapshot, delta: i32) -> Result<DecreasePla
             expected: "negative",
         });
     }
-    let target = snapshot.target_size();
+    let target = snapshot.wanted_count();
     if target == 0 {
         // Nothing is wanted: the group is already at any size it can be lowered to.
         return Ok(DecreasePlan::default());

@@ -19,7 +19,7 @@ use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::phase;
 
 use super::error::ProviderError;
-use super::groups::{GroupSnapshot, phase_of};
+use super::groups::{GroupSnapshot, is_acknowledged, phase_of};
 use super::node_lookup::{NodeRef, find_slot};
 use super::{Caller, Provider};
 
@@ -75,7 +75,7 @@ pub fn plan_delete(
     let newly_unwanted =
         plan.iter().filter(|p| snapshot.slot(&p.slot).is_some_and(|s| s.is_wanted())).count();
     let by = super::groups::saturating_i32(newly_unwanted);
-    let (target, min_size) = (snapshot.target_size(), snapshot.group.spec.min_size);
+    let (target, min_size) = (snapshot.wanted_count(), snapshot.group.spec.min_size);
     if by > 0 && target - by < min_size {
         return Err(ProviderError::BelowMinSize {
             group: snapshot.name().to_owned(),
@@ -85,11 +85,6 @@ pub fn plan_delete(
         });
     }
     Ok(plan)
-}
-
-/// cluster-autoscaler has been told about this failure and no longer needs to see it.
-pub fn is_acknowledged(claim: &NodeClaim) -> bool {
-    claim.status.as_ref().is_some_and(|s| s.failure_acknowledged_at.is_some())
 }
 
 impl Provider {

@@ -7,7 +7,7 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::api::{GROUP_LABEL, Group, NodeClaim, ScalingDriver};
+use crate::api::{GROUP_LABEL, Group, NodeClaim, NodeClaimPhase, ScalingDriver};
 use crate::phase;
 
 use super::Slot;
@@ -63,6 +63,12 @@ pub fn newest_first(a: &NodeClaim, b: &NodeClaim) -> Ordering {
         .then_with(|| b.metadata.name.cmp(&a.metadata.name))
 }
 
+/// cluster-autoscaler has been told about this failure (DeleteNodes) and no longer needs to
+/// see it.
+pub fn is_acknowledged(claim: &NodeClaim) -> bool {
+    claim.status.as_ref().is_some_and(|s| s.failure_acknowledged_at.is_some())
+}
+
 /// One slot of a group with the claims that name it.
 #[derive(Clone, Debug)]
 pub struct SlotState {
@@ -96,6 +102,21 @@ impl SlotState {
     /// The newest claim of any phase.
     pub fn newest_claim(&self) -> Option<&Arc<NodeClaim>> {
         self.claims.first()
+    }
+
+    /// A failed boot cluster-autoscaler has not acknowledged yet (DeleteNodes): with no live
+    /// claim, the newest claim failed and is neither deleted nor acknowledged. It is listed as a
+    /// creating instance with its error and counts in the target size, as a cloud's failed
+    /// instance counts in its desired size until the autoscaler deletes it.
+    pub fn unacknowledged_failure(&self) -> Option<&Arc<NodeClaim>> {
+        if self.live_claim().is_some() {
+            return None;
+        }
+        self.newest_claim().filter(|c| {
+            phase_of(c) == Some(NodeClaimPhase::Failed)
+                && c.metadata.deletion_timestamp.is_none()
+                && !is_acknowledged(c)
+        })
     }
 
     pub fn instance_id(&self) -> String {
@@ -158,9 +179,18 @@ impl GroupSnapshot {
         saturating_i32(self.slots.iter().filter(|s| !s.is_free()).count())
     }
 
-    /// The target size: slots whose machine is wanted.
-    pub fn target_size(&self) -> i32 {
+    /// Slots whose machine is wanted: the capacity the minimum size is kept against.
+    pub fn wanted_count(&self) -> i32 {
         saturating_i32(self.slots.iter().filter(|s| s.is_wanted()).count())
+    }
+
+    /// The target size cluster-autoscaler reads: wanted slots, plus failed boots it has not
+    /// acknowledged. Without the failures, a failed scale-up would look finished to
+    /// cluster-autoscaler in the same loop that reports its error, and it would not back the
+    /// group off (its scale-up request ends before the error is read).
+    pub fn target_size(&self) -> i32 {
+        let failures = self.slots.iter().filter(|s| s.unacknowledged_failure().is_some()).count();
+        self.wanted_count().saturating_add(saturating_i32(failures))
     }
 
     pub fn slot(&self, name: &str) -> Option<&SlotState> {
@@ -264,6 +294,31 @@ pub(crate) mod tests {
         )))];
         let snap = GroupSnapshot::build(group("pool", 0), &slots, &claims, &HashSet::new());
         assert_eq!((snap.live_count(), snap.target_size()), (1, 0));
+    }
+
+    #[test]
+    fn a_failed_boot_counts_in_the_target_until_cluster_autoscaler_acknowledges_it() {
+        use NodeClaimPhase::*;
+        let slots = vec![slot("a", "pool"), slot("b", "pool"), slot("c", "pool")];
+        let mut acknowledged = claim("b-1", "b", Some(Failed), "2026-03-04T09:00:00Z");
+        if let Some(status) = acknowledged.status.as_mut() {
+            status.failure_acknowledged_at = Some(crate::fixtures::at("2026-03-04T09:05:00Z"));
+        }
+        let claims: Vec<Arc<NodeClaim>> = vec![
+            claim("a-1", "a", Some(Failed), "2026-03-04T09:00:00Z"),
+            acknowledged,
+            // A failure followed by a new boot: the live claim is what counts.
+            claim("c-1", "c", Some(Failed), "2026-03-04T09:00:00Z"),
+            claim("c-2", "c", Some(Booting), "2026-03-04T09:10:00Z"),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let snap = GroupSnapshot::build(group("pool", 0), &slots, &claims, &HashSet::new());
+        assert!(snap.slot("a").unwrap().unacknowledged_failure().is_some());
+        assert!(snap.slot("b").unwrap().unacknowledged_failure().is_none());
+        assert!(snap.slot("c").unwrap().unacknowledged_failure().is_none());
+        assert_eq!((snap.wanted_count(), snap.target_size()), (1, 2));
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! NodeGroupIncreaseSize: `delta` new claims on `delta` free slots, in one call. A free slot
 //! has no live claim; the provider picks among them (see [`super::slot_choice`]) and refuses,
 //! before writing anything, a request the pool cannot meet: more machines than slots, or not
-//! enough free slots that may boot now. Provisioning continues after the call returns.
+//! enough free slots that may boot now. Provisioning continues after the call returns. A call
+//! from a new cluster-autoscaler connection first takes over boots an earlier one started
+//! ([`super::adoption`]).
 
 use jiff::Timestamp;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::NodeClaim;
 
+use super::adoption::{SESSION_ANNOTATION, to_adopt};
 use super::claim_object::{ClaimIntent, new_claim};
 use super::error::ProviderError;
 use super::groups::GroupSnapshot;
@@ -112,9 +115,29 @@ impl Provider {
         // requestedAt and deadlineAt exactly the budget apart.
         let now = Timestamp::from_second(Timestamp::now().as_second())
             .unwrap_or_else(|_| Timestamp::now());
-        let plan = plan_increase(&snapshot, delta, now)?;
+        let adopt = match &caller.session {
+            Some(session) => to_adopt(&snapshot, &caller.requested_by, session, delta),
+            None => Vec::new(),
+        };
+        let remaining = delta.saturating_sub(super::groups::saturating_i32(adopt.len()));
+        // Decided in full before anything is written: a request the pool cannot meet changes
+        // nothing.
+        let plan =
+            if remaining > 0 { plan_increase(&snapshot, remaining, now)? } else { Vec::new() };
 
         let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
+        if let Some(session) = &caller.session {
+            self.adopt(&api, &adopt, session).await?;
+            if !adopt.is_empty() {
+                tracing::info!(
+                    group,
+                    delta,
+                    adopted = adopt.len(),
+                    creating = plan.len(),
+                    "IncreaseSize from a new cluster-autoscaler connection took over boots an earlier one started"
+                );
+            }
+        }
         let mut created: Vec<CreatedClaim> = Vec::with_capacity(plan.len());
         for planned in &plan {
             let Some(state) = snapshot.slot(&planned.slot.name) else { continue };
@@ -162,6 +185,28 @@ impl Provider {
             })
             .await;
         Ok(created)
+    }
+
+    /// Records `session` on claims an earlier cluster-autoscaler connection started.
+    async fn adopt(
+        &self,
+        api: &Api<NodeClaim>,
+        claims: &[std::sync::Arc<NodeClaim>],
+        session: &str,
+    ) -> Result<(), ProviderError> {
+        for claim in claims {
+            let name = claim.metadata.name.clone().unwrap_or_default();
+            let patch = serde_json::json!({ "metadata": { "annotations": { SESSION_ANNOTATION: session } } });
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(
+                |source| {
+                    ProviderError::kube(
+                        format!("taking over claim {name} for session {session}"),
+                        source,
+                    )
+                },
+            )?;
+        }
+        Ok(())
     }
 
     async fn roll_back(&self, api: &Api<NodeClaim>, created: &[CreatedClaim]) {

@@ -19,9 +19,8 @@
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::phase;
 
-use super::delete_nodes::is_acknowledged;
 use super::error::ProviderError;
-use super::groups::{SlotState, phase_of};
+use super::groups::SlotState;
 use super::{Caller, Provider};
 
 /// cluster-autoscaler's `OtherErrorClass`: any failure that is not running out of resources.
@@ -66,16 +65,16 @@ pub fn instance_of(slot: &SlotState) -> Option<Instance> {
         };
         return Some(Instance { id, state, error: None });
     }
-    let newest = slot.newest_claim()?;
-    if newest.metadata.deletion_timestamp.is_some() {
-        return Some(Instance { id, state: InstanceState::Deleting, error: None });
-    }
-    if phase_of(newest) == Some(NodeClaimPhase::Failed) && !is_acknowledged(newest) {
+    if let Some(failed) = slot.unacknowledged_failure() {
         return Some(Instance {
             id,
             state: InstanceState::Creating,
-            error: Some(failure_of(newest)),
+            error: Some(failure_of(failed)),
         });
+    }
+    let newest = slot.newest_claim()?;
+    if newest.metadata.deletion_timestamp.is_some() {
+        return Some(Instance { id, state: InstanceState::Deleting, error: None });
     }
     None
 }

@@ -14,6 +14,7 @@
 //! claims as the API server has them (one list), and are answered only once the caches show
 //! them (bounded by [`ProviderConfig::settle_timeout`]), so the next read agrees with them.
 
+pub mod adoption;
 pub mod claim_object;
 pub mod decrease;
 pub mod delete_nodes;
@@ -95,6 +96,9 @@ pub struct Caller {
     pub requested_by: String,
     /// Why, in a sentence; recorded in `spec.request.reason` of the claims it creates.
     pub reason: Option<String>,
+    /// The connection a cluster-autoscaler call came over (its peer address): a new one is a
+    /// new cluster-autoscaler process (see [`adoption`]).
+    pub session: Option<String>,
 }
 
 impl Caller {
@@ -104,7 +108,13 @@ impl Caller {
             driver: ScalingDriver::ClusterAutoscaler,
             requested_by: REQUESTED_BY_CLUSTER_AUTOSCALER.into(),
             reason: None,
+            session: None,
         }
+    }
+
+    /// The same caller, on the connection from `peer`.
+    pub fn over(&self, peer: Option<std::net::SocketAddr>) -> Self {
+        Self { session: peer.map(|p| p.to_string()), ..self.clone() }
     }
 
     /// The built-in demand scaler, with the decision it acts on.
@@ -113,6 +123,7 @@ impl Caller {
             driver: ScalingDriver::Builtin,
             requested_by: crate::claim::REQUESTED_BY_SCALER.into(),
             reason: Some(reason.into()),
+            session: None,
         }
     }
 }
