@@ -309,7 +309,7 @@ impl World {
             "--operator-usernames=admin".into(),
             "--startup-job-timeout=30s".into(),
             "--registration-timeout=30s".into(),
-            "--readiness-gate-timeout=30s".into(),
+            "--readiness-gate-timeout=60s".into(),
             "--drain-timeout=10s".into(),
         ];
         let ca_pem = match &self.tls {
