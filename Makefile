@@ -12,9 +12,11 @@ test:
 	tests/harness/build-binaries.sh e2e
 	cargo test --workspace --all-targets --locked
 
-## demo: a local pool of simulated machines scaling up and down.
+## demo: a local pool of simulated machines scaling up and down, under the real
+## cluster-autoscaler and then the built-in scaler. DRIVER=cluster-autoscaler|builtin picks one;
+## KEEP=1 leaves the last cluster running and prints its KUBECONFIG.
 demo:
-	tests/harness/demo.sh
+	DRIVER=$(DRIVER) KEEP=$(KEEP) tests/harness/demo.sh
 
 ## manifests: regenerate crds/ and webhooks/ from the code.
 manifests:

@@ -1,21 +1,98 @@
 //! `make demo`: a local pool of simulated machines scaling up and down, narrated.
 //!
 //! It builds (once) and starts a real control plane from upstream Go modules, runs the operator
-//! binary and the machine simulator against it, applies examples/pool.yaml, starts a workload
-//! that needs the pool, prints every claim as it changes, scales the workload away, and ends with
-//! a summary of each step and its duration. Everything it started stops when it exits.
+//! binary and the machine simulator against it, and plays a pool of three machines twice:
+//! first driven by the real cluster-autoscaler (built from its source) through the operator's
+//! externalgrpc provider, then by the operator's built-in demand scaler. Each part starts a
+//! workload that needs the pool, prints every call cluster-autoscaler makes and every claim as
+//! it changes, scales the workload away, and ends with a summary of each step and its duration.
+//!
+//! `DRIVER=cluster-autoscaler` or `DRIVER=builtin` plays one part only. `KEEP=1` leaves the last
+//! part's cluster running (until Ctrl-C) and prints the `KUBECONFIG` line for it. Everything the
+//! demo started stops when it exits.
 
-use homelab_harness::e2e;
+use anyhow::{Context as _, Result, bail};
+use homelab_harness::e2e::{AutoscalerSettings, World, operator_binary};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    ClusterAutoscaler,
+    Builtin,
+}
+
+fn drivers() -> Result<Vec<Driver>> {
+    match std::env::var("DRIVER").unwrap_or_default().as_str() {
+        "" | "both" => Ok(vec![Driver::ClusterAutoscaler, Driver::Builtin]),
+        "cluster-autoscaler" | "ca" => Ok(vec![Driver::ClusterAutoscaler]),
+        "builtin" => Ok(vec![Driver::Builtin]),
+        other => bail!("DRIVER={other}: use cluster-autoscaler, builtin or both"),
+    }
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    let bin = e2e::operator_binary(std::env::args().nth(1).as_deref())?;
-    println!("homelab-autoscaler demo: a pool of three machines, scaled by demand\n");
-    let mut world = e2e::World::start(&bin, true).await?;
+async fn main() -> Result<()> {
+    let bin = operator_binary(std::env::args().nth(1).as_deref())?;
+    let keep = std::env::var("KEEP").is_ok_and(|v| !v.is_empty() && v != "0");
+    let drivers = drivers()?;
+    for (index, driver) in drivers.iter().enumerate() {
+        let last = index + 1 == drivers.len();
+        let world = match driver {
+            Driver::ClusterAutoscaler => autoscaler_part(&bin).await?,
+            Driver::Builtin => builtin_part(&bin).await?,
+        };
+        if keep && last {
+            hold(world).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Part 1: the real cluster-autoscaler takes the pool 0 → 3 → 0.
+async fn autoscaler_part(bin: &std::path::Path) -> Result<World> {
+    println!("homelab-autoscaler demo, part 1: the real cluster-autoscaler drives a pool of three");
+    println!("machines through the operator's externalgrpc provider (mutual TLS)\n");
+    let mut world = World::start_for_autoscaler(bin, true).await?;
+    let ca = world.autoscaler(&AutoscalerSettings::default()).await?;
+    println!("cluster-autoscaler running (its log: {})\n", ca.log_path().display());
+    let outcome = world.autoscaler_scale_up_and_down(&ca, 3).await;
+    println!("{}", world.summary());
+    if let Err(error) = &outcome {
+        eprintln!(
+            "the demo did not go as expected: {error:#}\n--- cluster-autoscaler ---\n{}\n{}",
+            ca.log_tail(30),
+            world.plane.log_tails(20)
+        );
+    }
+    outcome?;
+    // cluster-autoscaler stays with the world while it is kept.
+    world.keep_alongside(ca);
+    Ok(world)
+}
+
+/// Part 2: the built-in demand scaler does the same without cluster-autoscaler.
+async fn builtin_part(bin: &std::path::Path) -> Result<World> {
+    println!(
+        "\nhomelab-autoscaler demo, part 2: the built-in demand scaler, no cluster-autoscaler\n"
+    );
+    let mut world = World::start(bin, true).await?;
     let outcome = world.builtin_scale_up_and_down(3).await;
     println!("{}", world.summary());
     if let Err(error) = &outcome {
         eprintln!("the demo did not go as expected: {error:#}\n{}", world.plane.log_tails(20));
     }
-    outcome
+    outcome?;
+    Ok(world)
+}
+
+/// Leaves the world running for a person until Ctrl-C.
+async fn hold(world: World) -> Result<()> {
+    println!("The cluster stays up until Ctrl-C. In another terminal:\n");
+    println!("  export KUBECONFIG={}", world.plane.kubeconfig_path().display());
+    println!("  kubectl get homelab -n homelab-autoscaler-system");
+    println!("  kubectl scale deployment web -n default --replicas=2   # and watch the claims\n");
+    println!("(kubectl is in {})", world.plane.kubectl_path().display());
+    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    println!("stopping");
+    drop(world);
+    Ok(())
 }

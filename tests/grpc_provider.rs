@@ -338,7 +338,7 @@ async fn increase_refuses_what_the_pool_cannot_do() {
 }
 
 #[tokio::test]
-async fn target_size_counts_live_claims_minus_marked() {
+async fn target_size_counts_live_claims_minus_marked_and_failures_until_acknowledged() {
     use NodeClaimPhase::*;
     let slots: Vec<SlotDef> = ["a", "b", "c", "d", "e", "f", "g"]
         .into_iter()
@@ -356,9 +356,13 @@ async fn target_size_counts_live_claims_minus_marked() {
     let mut env = env(Setup { prefix: "grpc-target", slots, claims, ..Setup::default() }).await;
     assert_eq!(
         env.target_size().await,
-        4,
-        "empty, pending, booting and ready; not marked, failed or completed"
+        5,
+        "empty, pending, booting, ready, and the failure CA has not acknowledged; not marked or completed"
     );
+    // cluster-autoscaler's DeleteNodes on the failed instance acknowledges it: it leaves the
+    // target, as a failed cloud instance leaves the desired size when the autoscaler deletes it.
+    env.delete_nodes(vec![env.node("f", false)]).await.expect("acknowledge");
+    assert_eq!(env.target_size().await, 4, "the acknowledged failure no longer counts");
 }
 
 #[tokio::test]

@@ -30,6 +30,12 @@ impl CloudProviderService {
 
 type Answer<T> = Result<Response<T>, Status>;
 
+/// One line per call that changes a pool, in the form a person reads cluster-autoscaler's
+/// intent in (`IncreaseSize(workers, +3)`); the reads, which come every loop, are not logged.
+fn log_call(call: std::fmt::Arguments<'_>) {
+    tracing::info!("cluster-autoscaler called {call}");
+}
+
 #[tonic::async_trait]
 impl CloudProvider for CloudProviderService {
     #[tracing::instrument(skip_all, fields(rpc = "NodeGroups"))]
@@ -137,6 +143,7 @@ impl CloudProvider for CloudProviderService {
         // The connection tells one cluster-autoscaler process from the next (adoption.rs).
         let caller = self.caller.over(request.remote_addr());
         let r = request.get_ref();
+        log_call(format_args!("IncreaseSize({}, {:+})", r.id, r.delta));
         self.provider.increase_size(&caller, &r.id, r.delta).await.map_err(to_status)?;
         Ok(Response::new(proto::NodeGroupIncreaseSizeResponse {}))
     }
@@ -148,6 +155,8 @@ impl CloudProvider for CloudProviderService {
     ) -> Answer<proto::NodeGroupDeleteNodesResponse> {
         let r = request.get_ref();
         let nodes: Vec<_> = r.nodes.iter().map(|n| convert::node_ref(Some(n))).collect();
+        let names: Vec<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        log_call(format_args!("DeleteNodes({}, [{}])", r.id, names.join(", ")));
         self.provider.delete_nodes(&self.caller, &r.id, &nodes).await.map_err(to_status)?;
         Ok(Response::new(proto::NodeGroupDeleteNodesResponse {}))
     }
@@ -158,6 +167,7 @@ impl CloudProvider for CloudProviderService {
         request: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
     ) -> Answer<proto::NodeGroupDecreaseTargetSizeResponse> {
         let r = request.get_ref();
+        log_call(format_args!("DecreaseTargetSize({}, {})", r.id, r.delta));
         self.provider
             .decrease_target_size(&self.caller, &r.id, r.delta)
             .await

@@ -131,6 +131,11 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// The kubectl built with the control plane (same version as the apiserver).
+    pub fn kubectl_path(&self) -> &Path {
+        &self.kubectl
+    }
+
     /// The CA that signed the apiserver's certificate, PEM encoded.
     pub fn ca_pem(&self) -> String {
         self.pki.ca_pem()

@@ -191,6 +191,14 @@ impl World {
             format!("cluster-autoscaler scaled the pool up; {want} pods Running on {nodes:?}"),
             t,
         );
+        let split = self.scale_up_breakdown("web", "workers").await?;
+        self.record(format!(
+            "pod pending → Running, {:.0}s: cluster-autoscaler's decision {:.0}s, simulated boot {:.0}s, our control plane {:.0}s (1 s resolution)",
+            split.total.as_secs_f64(),
+            split.decision.as_secs_f64(),
+            split.boot.as_secs_f64(),
+            split.overhead.as_secs_f64()
+        ), split.total);
 
         // A few more of cluster-autoscaler's loops: a double boot would show now.
         let t = Instant::now();
@@ -500,6 +508,62 @@ impl World {
         Ok(())
     }
 
+    /// Splits the time from the first pod's creation to the last pod Running into
+    /// cluster-autoscaler's decision (until its first claim), the simulated machine (startup Job
+    /// done → node registered, plus the simulator's gate delay, on the slowest claim) and the
+    /// rest, which is this operator and Kubernetes. Object times have 1 s resolution.
+    pub async fn scale_up_breakdown(&self, app: &str, group: &str) -> Result<ScaleUpBreakdown> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
+        let created =
+            list.iter().filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0)).min();
+        let running = list
+            .iter()
+            .filter_map(|p| {
+                let conditions = p.status.as_ref()?.conditions.as_ref()?;
+                conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready")?
+                    .last_transition_time
+                    .as_ref()
+                    .map(|t| t.0)
+            })
+            .max();
+        let claims = self.claims_seen(group);
+        let requested =
+            claims.iter().filter_map(|c| c.spec.requested_at.as_ref().map(|t| t.0)).min();
+        let (Some(created), Some(running), Some(requested)) = (created, running, requested) else {
+            anyhow::bail!("no pods, no Running time or no claim for {app} in {group}");
+        };
+        let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+            Api::namespaced(self.client.clone(), NAMESPACE);
+        let nodes: Api<CoreNode> = Api::all(self.client.clone());
+        let mut boot = Duration::ZERO;
+        for claim in &claims {
+            let Some(job) = claim.status.as_ref().and_then(|s| s.startup_job.clone()) else {
+                continue;
+            };
+            let done =
+                jobs.get_opt(&job).await?.and_then(|j| j.status?.completion_time).map(|t| t.0);
+            let registered = nodes
+                .get_opt(&claim.spec.slot_ref.name)
+                .await?
+                .and_then(|n| n.metadata.creation_timestamp)
+                .map(|t| t.0);
+            if let (Some(done), Some(registered)) = (done, registered) {
+                boot = boot.max(span(done, registered) + super::SIMULATED_GATE_DELAY);
+            }
+        }
+        let total = span(created, running);
+        let decision = span(created, requested);
+        Ok(ScaleUpBreakdown {
+            total,
+            decision,
+            boot,
+            overhead: total.saturating_sub(decision + boot),
+        })
+    }
+
     /// Waits until cluster-autoscaler has run `loops` more loops (its last-activity metric
     /// moves every loop), so a decision it would take has been taken.
     pub async fn quiet_loops(&self, ca: &Autoscaler, loops: u32) -> Result<()> {
@@ -595,3 +659,16 @@ spec:
   startupPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
   shutdownPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
 "#;
+
+/// Where the time from "pod pending" to "pod Running" went.
+#[derive(Clone, Copy, Debug)]
+pub struct ScaleUpBreakdown {
+    pub total: Duration,
+    pub decision: Duration,
+    pub boot: Duration,
+    pub overhead: Duration,
+}
+
+fn span(from: jiff::Timestamp, to: jiff::Timestamp) -> Duration {
+    Duration::try_from(to.duration_since(from)).unwrap_or_default()
+}

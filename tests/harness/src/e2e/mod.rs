@@ -37,6 +37,10 @@ pub use autoscaler_scenarios::Workload;
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;
 
 pub const NAMESPACE: &str = "homelab-autoscaler-system";
+/// How long a simulated machine takes to register its node after its startup Job.
+pub const SIMULATED_BOOT_DELAY: Duration = Duration::from_secs(2);
+/// How long a simulated machine's node carries its bootstrap taints.
+pub const SIMULATED_GATE_DELAY: Duration = Duration::from_secs(2);
 const ACT: Duration = Duration::from_secs(120);
 
 /// One timed step of the scenario.
@@ -53,10 +57,14 @@ pub struct World {
     pub replicas: Vec<Replica>,
     _simulator: Child,
     watch: tokio::task::JoinHandle<()>,
+    /// Narrates cluster-autoscaler's calls as they reach the provider.
+    calls: Option<tokio::task::JoinHandle<()>>,
     /// Every claim seen so far, including those already released and deleted.
     pub ledger: ClaimLedger,
     /// Mutual-TLS files for the externalgrpc provider, when cluster-autoscaler is to dial it.
     grpc_cert_dir: Option<PathBuf>,
+    /// A cluster-autoscaler that lives (and stops) with the World.
+    kept_autoscaler: Option<Autoscaler>,
     pub client: Client,
     pub plane: Plane,
     started: Instant,
@@ -72,6 +80,9 @@ impl Drop for World {
         // The claim printer would otherwise keep watching (and retrying against a stopped
         // control plane) until the runtime ends.
         self.watch.abort();
+        if let Some(calls) = &self.calls {
+            calls.abort();
+        }
     }
 }
 
@@ -162,7 +173,12 @@ fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, log: &Path) -> Result<C
 
 impl World {
     fn note(&mut self, what: impl Into<String>, since: Instant) {
-        let step = Step { what: what.into(), took: since.elapsed() };
+        self.record(what, since.elapsed());
+    }
+
+    /// A step whose duration was measured elsewhere.
+    fn record(&mut self, what: impl Into<String>, took: Duration) {
+        let step = Step { what: what.into(), took };
         if self.narrate {
             println!(
                 "[{:>6.1}s] {} ({:.1}s)",
@@ -252,8 +268,8 @@ impl World {
             &[
                 "simulate".into(),
                 format!("--namespace={NAMESPACE}"),
-                "--boot-delay=2s".into(),
-                "--gate-delay=2s".into(),
+                format!("--boot-delay={}s", SIMULATED_BOOT_DELAY.as_secs()),
+                format!("--gate-delay={}s", SIMULATED_GATE_DELAY.as_secs()),
             ],
             kubeconfig,
             &logs.join("simulator.log"),
@@ -277,8 +293,11 @@ impl World {
             replicas: Vec::new(),
             _simulator: simulator,
             watch,
+            calls: (grpc_mtls && narrate)
+                .then(|| tokio::spawn(print_calls(logs.join("operator-0.log"), started))),
             ledger,
             grpc_cert_dir,
+            kept_autoscaler: None,
             client,
             plane,
             started,
@@ -358,6 +377,11 @@ impl World {
         .await
     }
 
+    /// Keeps `ca` running for as long as the World.
+    pub fn keep_alongside(&mut self, ca: Autoscaler) {
+        self.kept_autoscaler = Some(ca);
+    }
+
     /// The last `lines` lines of operator replica `index`'s log.
     pub fn operator_log_tail(&self, index: usize, lines: usize) -> String {
         let log = std::fs::read_to_string(self.logs.join(format!("operator-{index}.log")))
@@ -393,6 +417,31 @@ impl World {
         }
         out.push_str(&format!("  {:>7.1}s  total\n", self.started.elapsed().as_secs_f64()));
         out
+    }
+}
+
+/// Prints each call cluster-autoscaler makes that changes a pool, as the operator logs it
+/// (`cluster-autoscaler called IncreaseSize(workers, +3)`), by following the operator's log.
+async fn print_calls(log: PathBuf, started: Instant) {
+    const MARK: &str = "cluster-autoscaler called ";
+    let mut offset = 0;
+    let mut ticks = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        ticks.tick().await;
+        let Ok(text) = tokio::fs::read(&log).await else { continue };
+        let fresh = String::from_utf8_lossy(text.get(offset..).unwrap_or_default()).into_owned();
+        // Only whole lines; a partial one is read again next time.
+        let Some(end) = fresh.rfind('\n') else { continue };
+        offset += end + 1;
+        for line in fresh[..end].lines() {
+            if let Some((_, call)) = line.split_once(MARK) {
+                println!(
+                    "[{:>6.1}s]   cluster-autoscaler → {}",
+                    started.elapsed().as_secs_f64(),
+                    call.trim_end()
+                );
+            }
+        }
     }
 }
 
