@@ -32,28 +32,16 @@ impl Profile {
         }
     }
 
-    fn programs(self) -> &'static [&'static str] {
-        match self {
-            Profile::Integration => &["etcd", "kube-apiserver", "kubectl"],
-            Profile::Cluster => &[
-                "etcd",
-                "kube-apiserver",
-                "kubectl",
-                "kube-controller-manager",
-                "kube-scheduler",
-                "kwok",
-            ],
-            Profile::E2e => &[
-                "etcd",
-                "kube-apiserver",
-                "kubectl",
-                "kube-controller-manager",
-                "kube-scheduler",
-                "kwok",
-                "helm",
-                "cluster-autoscaler",
-            ],
+    /// What the profile runs: each profile is the one before it plus a few programs.
+    fn programs(self) -> Vec<&'static str> {
+        let mut programs = vec!["etcd", "kube-apiserver", "kubectl"];
+        if self != Profile::Integration {
+            programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
+        if self == Profile::E2e {
+            programs.extend(["helm", "cluster-autoscaler"]);
+        }
+        programs
     }
 }
 

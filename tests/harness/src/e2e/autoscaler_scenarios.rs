@@ -261,14 +261,6 @@ impl World {
         Ok(())
     }
 
-    /// Applies a manifest given as text into the operator's namespace.
-    pub async fn apply_text(&self, manifest: &str) -> Result<()> {
-        let path = self.logs.join(format!("manifest-{}.yaml", self.steps.len()));
-        std::fs::write(&path, manifest)?;
-        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &path.to_string_lossy()]).await?;
-        Ok(())
-    }
-
     /// Scenario 2: the machine cluster-autoscaler's scale-up lands on never boots. The claim
     /// fails, cluster-autoscaler sees the instance error and backs the group off, acknowledges
     /// the failed instance with DeleteNodes, and the pod ends up on another slot.
@@ -397,7 +389,7 @@ impl World {
     /// nodeSelector), so cluster-autoscaler scales that group from zero.
     pub async fn autoscaler_scales_from_zero_by_template(&mut self, ca: &Autoscaler) -> Result<()> {
         let t = Instant::now();
-        self.apply_text(TWO_SIZES).await?;
+        self.apply_example("pools-by-size.yaml").await?;
         let workload = Workload {
             name: "bigjob".into(),
             replicas: 1,
@@ -460,11 +452,7 @@ impl World {
     ) -> Result<()> {
         let t = Instant::now();
         self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        let manifest = crate::repo_path("examples/manual-claim.yaml");
-        let created = self
-            .kubectl(&["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy(), "-o", "name"])
-            .await?;
-        let name = created.trim().rsplit('/').next().unwrap_or_default().to_string();
+        let name = self.create_manual_claim().await?;
         let claims = self.claims();
         eventually("the manual claim ready", ACT, || async {
             let claim = claims.get(&name).await?;
@@ -615,50 +603,6 @@ pub fn released_by_autoscaler(claim: &NodeClaim) -> bool {
         .and_then(|s| s.scale_down_requested_by.as_deref())
         .is_some_and(|by| by.starts_with("cluster-autoscaler"))
 }
-
-/// Two pools at zero: small machines, and one big machine with a label the pod selects.
-const TWO_SIZES: &str = r#"
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Group
-metadata: { name: minis }
-spec: { driver: cluster-autoscaler, nodeReadinessTaints: [] }
----
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Group
-metadata: { name: bigs }
-spec: { driver: cluster-autoscaler, nodeReadinessTaints: [] }
----
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Node
-metadata: { name: mini-1, labels: { group: minis } }
-spec:
-  kubernetesNodeName: mini-1
-  pricing: { hourlyRate: 0.02 }
-  nodeCapacity: { cpu: "4", memory: 16Gi, pods: "110" }
-  startupPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
-  shutdownPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
----
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Node
-metadata: { name: mini-2, labels: { group: minis } }
-spec:
-  kubernetesNodeName: mini-2
-  pricing: { hourlyRate: 0.02 }
-  nodeCapacity: { cpu: "4", memory: 16Gi, pods: "110" }
-  startupPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
-  shutdownPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
----
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Node
-metadata: { name: big-1, labels: { group: bigs } }
-spec:
-  kubernetesNodeName: big-1
-  pricing: { hourlyRate: 0.25 }
-  nodeLabels: { homelab.demo/size: big }
-  nodeCapacity: { cpu: "32", memory: 128Gi, pods: "110" }
-  startupPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
-  shutdownPodSpec: { image: busybox:1.36, nodeSelector: { homelab.demo/role: lab } }
-"#;
 
 /// Where the time from "pod pending" to "pod Running" went.
 #[derive(Clone, Copy, Debug)]

@@ -377,6 +377,16 @@ impl World {
         .await
     }
 
+    /// Creates examples/manual-claim.yaml (a person starting mini-1 by hand, through
+    /// admission) and returns the claim's generated name.
+    pub async fn create_manual_claim(&self) -> Result<String> {
+        let manifest = crate::repo_path("examples/manual-claim.yaml");
+        let created = self
+            .kubectl(&["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy(), "-o", "name"])
+            .await?;
+        Ok(created.trim().rsplit('/').next().unwrap_or_default().to_string())
+    }
+
     /// Keeps `ca` running for as long as the World.
     pub fn keep_alongside(&mut self, ca: Autoscaler) {
         self.kept_autoscaler = Some(ca);

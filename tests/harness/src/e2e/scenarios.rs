@@ -125,11 +125,8 @@ impl World {
         self.note("applied examples/pool.yaml", t);
 
         let t = Instant::now();
+        let name = self.create_manual_claim().await?;
         let manifest = crate::repo_path("examples/manual-claim.yaml");
-        let created = self
-            .kubectl(&["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy(), "-o", "name"])
-            .await?;
-        let name = created.trim().rsplit('/').next().unwrap_or_default().to_string();
         let claims = self.claims();
         let claim = claims.get(&name).await?;
         ensure!(
