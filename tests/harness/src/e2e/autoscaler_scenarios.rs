@@ -261,6 +261,16 @@ impl World {
         Ok(())
     }
 
+    /// Makes the slots' simulated kubelets report NotReady for `duration` after registering.
+    pub async fn slow_kubelets(&self, slots: &[&str], duration: &str) -> Result<()> {
+        use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
+        for slot in slots {
+            self.annotate_slot(slot, BEHAVIOUR_ANNOTATION, "registers-not-ready").await?;
+            self.annotate_slot(slot, NOT_READY_FOR_ANNOTATION, duration).await?;
+        }
+        Ok(())
+    }
+
     /// Scenario 2: the machine cluster-autoscaler's scale-up lands on never boots. The claim
     /// fails, cluster-autoscaler sees the instance error and backs the group off, acknowledges
     /// the failed instance with DeleteNodes, and the pod ends up on another slot.
@@ -352,20 +362,7 @@ impl World {
     ) -> Result<()> {
         let t = Instant::now();
         self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        for slot in ["mini-1", "mini-2", "mini-3"] {
-            self.annotate_slot(
-                slot,
-                homelab_autoscaler::simulator::BEHAVIOUR_ANNOTATION,
-                "registers-not-ready",
-            )
-            .await?;
-            self.annotate_slot(
-                slot,
-                homelab_autoscaler::simulator::NOT_READY_FOR_ANNOTATION,
-                not_ready_for,
-            )
-            .await?;
-        }
+        self.slow_kubelets(&["mini-1", "mini-2", "mini-3"], not_ready_for).await?;
         self.deploy(&Workload::on_group("slow", "workers", 2, "3")).await?;
         self.note(
             format!("pool applied, every kubelet NotReady for {not_ready_for}; 2 pods pending"),
@@ -419,6 +416,8 @@ impl World {
     pub async fn autoscaler_restarts_mid_scale_up(&mut self, ca: &mut Autoscaler) -> Result<()> {
         let t = Instant::now();
         self.apply_example("pool-cluster-autoscaler.yaml").await?;
+        // Kubelets that take 20 s to turn Ready keep the boots in flight across the restart.
+        self.slow_kubelets(&["mini-1", "mini-2", "mini-3"], "20s").await?;
         self.deploy(&Workload::on_group("web", "workers", 2, "3")).await?;
         eventually("cluster-autoscaler's claims", ACT, || async {
             let claims = self.claims_seen("workers");
@@ -428,6 +427,12 @@ impl World {
         })
         .await?;
         ca.restart().await?;
+        let claims = self.claims_seen("workers");
+        ensure!(
+            claims.iter().all(|c| phase(c) != NodeClaimPhase::Ready),
+            "the restart did not land mid-boot:\n{}",
+            describe(&claims)
+        );
         self.note("cluster-autoscaler asked for 2 machines and was killed and restarted while they booted", t);
 
         let t = Instant::now();
