@@ -246,6 +246,28 @@ pub struct NodeGroupHealth {
     pub status: String,
     #[serde(default)]
     pub cloud_provider_target: i64,
+    #[serde(default)]
+    pub node_counts: NodeCounts,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    #[serde(default)]
+    pub registered: RegisteredNodes,
+    #[serde(default)]
+    pub unregistered: i64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisteredNodes {
+    #[serde(default)]
+    pub total: i64,
+    #[serde(default)]
+    pub ready: i64,
+    #[serde(default)]
+    pub not_started: i64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

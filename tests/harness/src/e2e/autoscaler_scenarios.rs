@@ -209,6 +209,15 @@ impl World {
             "every claim ready: {:?}",
             claims.iter().map(phase).collect::<Vec<_>>()
         );
+        let status = Autoscaler::status(&self.client).await?;
+        let workers = status.group("workers").context("workers in CA's status")?;
+        ensure!(
+            workers.health.cloud_provider_target == i64::from(replicas)
+                && workers.health.node_counts.registered.ready == i64::from(replicas),
+            "CA's status ConfigMap: target {} and {} ready, want {replicas}",
+            workers.health.cloud_provider_target,
+            workers.health.node_counts.registered.ready
+        );
         let scaled_up = ca.metric("cluster_autoscaler_scaled_up_nodes_total").await?;
         ensure!(
             scaled_up == f64::from(replicas),
@@ -370,6 +379,21 @@ impl World {
         );
 
         let t = Instant::now();
+        let client = self.client.clone();
+        eventually("CA counts both registered machines as not started", ACT, || async {
+            let status = Autoscaler::status(&client).await?;
+            let workers = status.group("workers").context("workers not in CA's status yet")?;
+            let counts = &workers.health.node_counts.registered;
+            ensure!(counts.not_started == 2, "CA's status: {counts:?}");
+            Ok(())
+        })
+        .await?;
+        self.note(
+            "cluster-autoscaler's status ConfigMap counts both NotReady machines as not started",
+            t,
+        );
+
+        let t = Instant::now();
         let nodes = self.pods_running("slow", 2, Duration::from_secs(240)).await?;
         self.quiet_loops(ca, 5).await?;
         let claims = self.claims_made_by_increase_size("workers", 2)?;
@@ -526,7 +550,9 @@ impl World {
         let requested =
             claims.iter().filter_map(|c| c.spec.requested_at.as_ref().map(|t| t.0)).min();
         let (Some(created), Some(running), Some(requested)) = (created, running, requested) else {
-            anyhow::bail!("no pods, no Running time or no claim for {app} in {group}");
+            anyhow::bail!(
+                "for {app} in {group}: first pod created {created:?}, last Ready {running:?}, first claim requested {requested:?}"
+            );
         };
         let jobs: Api<k8s_openapi::api::batch::v1::Job> =
             Api::namespaced(self.client.clone(), NAMESPACE);

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use homelab_autoscaler::api::NodeClaim;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::Client;
@@ -462,7 +462,10 @@ async fn record_claims(client: Client, ledger: ClaimLedger, narrate: bool, start
     let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     let mut stream =
         watcher(claims, watcher::Config::default()).default_backoff().applied_objects().boxed();
-    while let Ok(Some(claim)) = stream.try_next().await {
+    // A watch error (the apiserver busy, a list that failed) is retried with backoff; only the
+    // stream's end stops the ledger, which the assertions read.
+    while let Some(next) = stream.next().await {
+        let Ok(claim) = next else { continue };
         let name = claim.metadata.name.clone().unwrap_or_default();
         if let Ok(mut ledger) = ledger.lock() {
             ledger.insert(name.clone(), claim.clone());
