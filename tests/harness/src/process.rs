@@ -177,13 +177,18 @@ impl Process {
 
     /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
-        match fs::read_to_string(&self.log) {
-            Ok(text) => {
-                let all: Vec<&str> = text.lines().collect();
-                all[all.len().saturating_sub(lines)..].join("\n")
-            }
-            Err(err) => format!("(cannot read {}: {err})", self.log.display()),
+        file_tail(&self.log, lines)
+    }
+}
+
+/// The last `lines` lines of a log file, or why it cannot be read.
+pub fn file_tail(path: &Path, lines: usize) -> String {
+    match fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
         }
+        Err(err) => format!("(cannot read {}: {err})", path.display()),
     }
 }
 

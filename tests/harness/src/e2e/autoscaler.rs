@@ -7,15 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, bail};
 
 use crate::binaries::{Profile, binaries};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
+
+use super::http_get;
 
 /// How cluster-autoscaler is run: the flags that shorten its clocks for a test, and the
 /// readiness taints it must treat as startup taints (NOTES 13).
@@ -189,9 +190,7 @@ impl Autoscaler {
 
     /// The last `lines` lines of its log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let log = self.log();
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        crate::process::file_tail(&self.log, lines)
     }
 
     /// The sum of a metric's samples on `/metrics` (0 when absent), e.g.
@@ -304,16 +303,6 @@ fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
             (metric == name && series.contains(labels)).then(|| value.parse::<f64>().ok()).flatten()
         })
         .sum()
-}
-
-async fn http_get(addr: &str, path: &str) -> Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response.lines().next().unwrap_or_default().to_string();
-    ensure!(status.contains(" 200"), "GET {path}: {status}");
-    Ok(response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
 }
 
 #[cfg(test)]

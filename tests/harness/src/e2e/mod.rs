@@ -143,17 +143,20 @@ fn log_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-async fn http_ok(addr: &str, path: &str) -> Result<()> {
+/// The body of `GET path` from a plain-HTTP endpoint (an operator's or cluster-autoscaler's
+/// admin port), or an error unless it answers 200.
+pub(crate) async fn http_get(addr: &str, path: &str) -> Result<String> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    ensure!(
-        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
-        "not ready: {}",
-        response.lines().next().unwrap_or("")
-    );
-    Ok(())
+    let status = response.lines().next().unwrap_or_default();
+    ensure!(status.split_whitespace().nth(1) == Some("200"), "GET {path}: {status}");
+    Ok(response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+async fn http_ok(addr: &str, path: &str) -> Result<()> {
+    http_get(addr, path).await.map(|_| ())
 }
 
 fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, log: &Path) -> Result<Child> {
@@ -394,10 +397,7 @@ impl World {
 
     /// The last `lines` lines of operator replica `index`'s log.
     pub fn operator_log_tail(&self, index: usize, lines: usize) -> String {
-        let log = std::fs::read_to_string(self.logs.join(format!("operator-{index}.log")))
-            .unwrap_or_default();
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        crate::process::file_tail(&self.logs.join(format!("operator-{index}.log")), lines)
     }
 
     /// Registers the generated admission configurations with `url: https://localhost:<port>`.
