@@ -9,7 +9,7 @@ use homelab_autoscaler::api::{
     Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
 use homelab_autoscaler::claim::FINALIZER;
-use homelab_autoscaler::simulator::BEHAVIOUR_ANNOTATION;
+use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
 use homelab_harness::lab::{Lab, With, timeouts};
 use homelab_harness::{KWOK_NODE_ANNOTATION, eventually};
 use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
@@ -633,7 +633,7 @@ async fn a_booting_machine_carries_the_autoscaler_startup_taint_until_its_gate_p
     let slots = lab
         .pool(&[("slow", Some("registers-not-ready")), ("stuck", Some("never-clears-gate"))])
         .await;
-    let patch = json!({ "metadata": { "annotations": { "simulator.infra.homecluster.dev/not-ready-for": "3s" } } });
+    let patch = json!({ "metadata": { "annotations": { NOT_READY_FOR_ANNOTATION: "3s" } } });
     lab.slots()
         .patch(&slots[0], &PatchParams::default(), &Patch::Merge(&patch))
         .await
