@@ -72,6 +72,7 @@ struct Setup {
 struct Env {
     client: Client,
     ns: String,
+    address: std::net::SocketAddr,
     grpc: CloudProviderClient<Channel>,
     _provider: Provider,
     _stop: Stop,
@@ -114,6 +115,13 @@ impl Env {
             .expect("target size")
             .into_inner()
             .target_size
+    }
+
+    /// A new connection, as a restarted cluster-autoscaler makes.
+    async fn reconnect(&mut self) {
+        self.grpc = CloudProviderClient::connect(format!("http://{}", self.address))
+            .await
+            .expect("connect again");
     }
 
     async fn increase(&mut self, delta: i32) -> Result<(), tonic::Status> {
@@ -227,7 +235,7 @@ async fn env(setup: Setup) -> Env {
         shutdown.clone(),
     ));
     let grpc = CloudProviderClient::connect(format!("http://{address}")).await.expect("connect");
-    Env { client, ns, grpc, _provider: provider, _stop: Stop(shutdown), _logs: logs }
+    Env { client, ns, address, grpc, _provider: provider, _stop: Stop(shutdown), _logs: logs }
 }
 
 /// A claim named `<slot>-<index>`, with the status the claim controller would have written.
@@ -688,4 +696,34 @@ async fn node_groups_template_and_prices() {
         .into_inner()
         .price;
     assert!((price - 0.5).abs() < 1e-9, "the cheap slot is the template: {price}");
+}
+
+#[tokio::test]
+async fn a_new_connection_takes_over_the_boots_the_one_before_started() {
+    const SESSION: &str = "infra.homecluster.dev/autoscaler-session";
+    let session = |c: &NodeClaim| {
+        c.metadata.annotations.as_ref().and_then(|a| a.get(SESSION)).cloned().unwrap_or_default()
+    };
+    let mut env =
+        env(Setup { prefix: "grpc-adopt", slots: three_priced_slots(), ..Setup::default() }).await;
+    env.increase(2).await.expect("the first cluster-autoscaler asks for 2");
+    let first = env.list_claims().await;
+    assert_eq!(first.len(), 2);
+    let old = session(&first[0]);
+    assert!(!old.is_empty() && first.iter().all(|c| session(c) == old), "both carry the session");
+
+    // A restarted cluster-autoscaler asks again for the same pods while both still boot.
+    env.reconnect().await;
+    env.increase(2).await.expect("the restarted one asks for 2 again");
+    let taken_over = env.list_claims().await;
+    assert_eq!(taken_over.len(), 2, "no machine is booted twice");
+    let new = session(&taken_over[0]);
+    assert!(
+        new != old && taken_over.iter().all(|c| session(c) == new),
+        "taken over: {new} was {old}"
+    );
+
+    // Real new demand from the same connection still gets a machine.
+    env.increase(1).await.expect("one more");
+    assert_eq!(env.list_claims().await.len(), 3);
 }
