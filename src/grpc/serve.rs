@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -97,7 +98,11 @@ pub async fn serve_on(
         }
         None => {
             tracing::info!(?address, "externalgrpc provider listening (plaintext)");
-            let incoming = TcpListenerStream::new(listener);
+            let incoming = TcpListenerStream::new(listener).inspect(|accepted| {
+                if let Ok(tcp) = accepted {
+                    crate::tls::no_delay(tcp);
+                }
+            });
             router.serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned()).await?;
         }
     }

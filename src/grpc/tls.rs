@@ -109,6 +109,7 @@ pub fn incoming(
                     }
                 },
             };
+            crate::tls::no_delay(&tcp);
             let acceptor = tls.acceptor();
             let accepted = accepted.clone();
             tokio::spawn(async move {

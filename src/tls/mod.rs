@@ -57,3 +57,13 @@ pub fn install_crypto_provider() {
     // Err means a provider is already installed, which is what we want.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+/// Turns Nagle's algorithm off on an accepted connection. A response written in more than one
+/// segment otherwise waits for the client's delayed ACK: measured, cluster-autoscaler's
+/// TemplateNodeInfo (a node of a few KiB) took 44 ms instead of under 1 ms, once per group on
+/// every loop. A socket that refuses the option is served anyway.
+pub fn no_delay(tcp: &tokio::net::TcpStream) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::debug!(%error, "TCP_NODELAY refused; serving with Nagle's algorithm on");
+    }
+}

@@ -34,6 +34,7 @@ pub async fn serve_https(
                 }
             },
         };
+        crate::tls::no_delay(&tcp);
         let acceptor = tls.acceptor();
         let service = TowerToHyperService::new(router.clone());
         let shutdown = shutdown.clone();
