@@ -7,20 +7,17 @@
 //!   [`SCALE_DOWN_DISABLED`] annotation, so CA does not power off a machine someone started by
 //!   hand once its unneeded time runs out.
 //!
-//! [`wanted`] decides, [`apply`] writes only what differs. The annotation is removed only where
+//! [`wanted`] decides, [`patch`] says only what differs (the slot controller writes it with the
+//! rest of its node patch). The annotation is removed only where
 //! the operator put it (it leaves [`PROTECTED_FOR`] beside it), so a person's own
 //! `scale-down-disabled` survives.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
-use kube::api::{Api, Patch};
 use serde_json::json;
 
 use crate::api::{ClaimCall, NodeClaim};
-use crate::controller::Context;
-use crate::controller::error::{KubeContext, Result};
-use crate::controller::params;
 use crate::phase;
 
 /// cluster-autoscaler treats any taint under this prefix as a startup taint: the node counts as
@@ -108,25 +105,6 @@ pub fn patch(node: &CoreNode, want: &Marks) -> Option<serde_json::Value> {
         metadata.insert("resourceVersion".into(), json!(version));
     }
     Some(serde_json::Value::Object(patch))
-}
-
-/// Brings the node's marks in line with the slot's live claim.
-pub async fn apply(ctx: &Context, node: &CoreNode, live: Option<&NodeClaim>) -> Result<()> {
-    let want = wanted(live);
-    let Some(patch) = patch(node, &want) else { return Ok(()) };
-    let node_name = node.metadata.name.clone().unwrap_or_default();
-    Api::<CoreNode>::all(ctx.client.clone())
-        .patch(&node_name, &params(), &Patch::Merge(&patch))
-        .await
-        .during(|| {
-            format!(
-                "marking node {node_name} for cluster-autoscaler (startup taint {}, scale-down disabled {})",
-                want.startup_taint,
-                want.protected_for.is_some()
-            )
-        })?;
-    tracing::info!(node = %node_name, startup_taint = want.startup_taint, protected_for = ?want.protected_for, "cluster-autoscaler marks updated");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -52,14 +52,25 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             return Ok(Action::await_change());
         }
         let node = ctx.core_node(&slot.spec.kubernetes_node_name);
+        let live = observe::live_claim(&ctx, &name);
         if let Some(node) = &node {
-            let written = observe::tie_node_to_slot(&ctx, &slot, node).await?;
-            let live = observe::live_claim(&ctx, &name);
-            autoscaler_marks::apply(&ctx, written.as_ref().unwrap_or(node), live.as_deref())
-                .await?;
+            // One write for everything the slot side wants of the node.
+            let mut patch = observe::identity_patch(&slot, node);
+            let marks = autoscaler_marks::wanted(live.as_deref());
+            let remarked = match autoscaler_marks::patch(node, &marks) {
+                Some(serde_json::Value::Object(more)) => {
+                    observe::extend_patch(&mut patch, more);
+                    true
+                }
+                _ => false,
+            };
+            observe::write_node(&ctx, node, patch).await?;
+            if remarked {
+                tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "cluster-autoscaler marks updated");
+            }
         }
         let action = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
-        observe::write_status(&ctx, &slot, node.as_deref()).await?;
+        observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref()).await?;
         Ok(action)
     }
     .instrument(span)

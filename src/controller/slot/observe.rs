@@ -26,15 +26,10 @@ pub fn provider_id(slot: &Node) -> String {
     })
 }
 
-/// Sets the node's providerID when empty and mirrors the slot's identity onto its labels, so
+/// What ties a node to its slot, as a merge patch (empty when the node already says it): the
+/// providerID when the node has none, and the slot's group and name as labels, so
 /// cluster-autoscaler matches instances to nodes and people can select a pool's nodes.
-/// Returns the node as written, so a later write in the same pass starts from its
-/// resourceVersion.
-pub async fn tie_node_to_slot(
-    ctx: &Context,
-    slot: &Node,
-    node: &CoreNode,
-) -> Result<Option<CoreNode>> {
+pub fn identity_patch(slot: &Node, node: &CoreNode) -> serde_json::Map<String, serde_json::Value> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let group =
         slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned().unwrap_or_default();
@@ -53,15 +48,43 @@ pub async fn tie_node_to_slot(
     if current_id.is_empty() {
         patch.insert("spec".into(), json!({ "providerID": provider_id(slot) }));
     }
+    patch
+}
+
+/// Writes what the slot side wants of its node (identity and cluster-autoscaler marks) in one
+/// merge patch, when there is anything to write.
+pub async fn write_node(
+    ctx: &Context,
+    node: &CoreNode,
+    patch: serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
     if patch.is_empty() {
-        return Ok(None);
+        return Ok(());
     }
     let node_name = node.metadata.name.clone().unwrap_or_default();
-    let written = Api::<CoreNode>::all(ctx.client.clone())
+    Api::<CoreNode>::all(ctx.client.clone())
         .patch(&node_name, &params(), &Patch::Merge(&serde_json::Value::Object(patch)))
         .await
-        .during(|| format!("tying node {node_name} to slot {slot_name}"))?;
-    Ok(Some(written))
+        .during(|| format!("updating node {node_name} for its slot"))?;
+    Ok(())
+}
+
+/// Adds the merge patch `from` into `into`, object by object. Unlike applying one patch to the
+/// other, a `null` (delete this key) in `from` is kept.
+pub fn extend_patch(
+    into: &mut serde_json::Map<String, serde_json::Value>,
+    from: serde_json::Map<String, serde_json::Value>,
+) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(serde_json::Value::Object(inner)), serde_json::Value::Object(more)) => {
+                extend_patch(inner, more)
+            }
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
 }
 
 /// The slot's live claim (the newest, should a race have left two).
@@ -136,12 +159,16 @@ fn condition(
     }
 }
 
-/// Writes the slot's status when it changed.
-pub async fn write_status(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> Result<()> {
+/// Writes the slot's status when it changed; `live` is the slot's live claim.
+pub async fn write_status(
+    ctx: &Context,
+    slot: &Node,
+    node: Option<&CoreNode>,
+    live: Option<&NodeClaim>,
+) -> Result<()> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let claims = ctx.claims_of_slot(&slot_name);
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
-    let live = live_claim(ctx, &slot_name);
     let shutdown_in_flight = ctx.shutdown_in_flight(&slot_name);
     let observed = Observation {
         powered_on: machine::powered_on(node),
@@ -149,8 +176,8 @@ pub async fn write_status(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -
         shutdown_job_in_flight: shutdown_in_flight,
     };
     let report = phase::derive_report(SlotReportInput {
-        live_claim: live.as_deref().map(|c| Some(phase::of(c))),
-        marked: live.as_deref().is_some_and(phase::is_marked),
+        live_claim: live.map(|c| Some(phase::of(c))),
+        marked: live.is_some_and(phase::is_marked),
         observed,
     });
     let previous = slot.status.clone().unwrap_or_default();
@@ -196,4 +223,31 @@ pub async fn write_status(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -
         .await
         .during(|| format!("writing the status of slot {slot_name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patches_extend_object_by_object_and_keep_deletions() {
+        let mut into =
+            json!({ "metadata": { "labels": { "a": "1" } }, "spec": { "providerID": "x" } });
+        let from = json!({
+            "metadata": { "annotations": { "gone": null }, "resourceVersion": "7" },
+            "spec": { "taints": [] },
+        });
+        let (Some(into_map), serde_json::Value::Object(from_map)) = (into.as_object_mut(), from)
+        else {
+            panic!("objects");
+        };
+        extend_patch(into_map, from_map);
+        assert_eq!(
+            into,
+            json!({
+                "metadata": { "labels": { "a": "1" }, "annotations": { "gone": null }, "resourceVersion": "7" },
+                "spec": { "providerID": "x", "taints": [] },
+            })
+        );
+    }
 }

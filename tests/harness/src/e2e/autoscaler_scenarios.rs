@@ -166,6 +166,25 @@ impl World {
         Ok(claims)
     }
 
+    /// After five more of cluster-autoscaler's loops (a double boot would show by then), the
+    /// group has exactly `want` claims, all from IncreaseSize and all ready: none doubled, none
+    /// lost.
+    pub async fn settled_without_double_boot(
+        &self,
+        ca: &Autoscaler,
+        group: &str,
+        want: usize,
+    ) -> Result<()> {
+        self.quiet_loops(ca, 5).await?;
+        let claims = self.claims_made_by_increase_size(group, want)?;
+        ensure!(
+            claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
+            "every claim ready:\n{}",
+            describe(&claims)
+        );
+        Ok(())
+    }
+
     /// Scenario 1: `replicas` pods that need one machine each scale the pool 0 → N through
     /// cluster-autoscaler, exactly N claims, and back to 0 through its scale-down.
     pub async fn autoscaler_scale_up_and_down(
@@ -200,15 +219,8 @@ impl World {
             split.overhead.as_secs_f64()
         ), split.total);
 
-        // A few more of cluster-autoscaler's loops: a double boot would show now.
         let t = Instant::now();
-        self.quiet_loops(ca, 5).await?;
-        let claims = self.claims_made_by_increase_size("workers", want)?;
-        ensure!(
-            claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
-            "every claim ready: {:?}",
-            claims.iter().map(phase).collect::<Vec<_>>()
-        );
+        self.settled_without_double_boot(ca, "workers", want).await?;
         let status = Autoscaler::status(&self.client).await?;
         let workers = status.group("workers").context("workers in CA's status")?;
         ensure!(
@@ -395,13 +407,7 @@ impl World {
 
         let t = Instant::now();
         let nodes = self.pods_running("slow", 2, Duration::from_secs(240)).await?;
-        self.quiet_loops(ca, 5).await?;
-        let claims = self.claims_made_by_increase_size("workers", 2)?;
-        ensure!(
-            claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
-            "both ready:\n{}",
-            describe(&claims)
-        );
+        self.settled_without_double_boot(ca, "workers", 2).await?;
         self.note(format!("2 pods Running on {nodes:?} with exactly 2 claims"), t);
         Ok(())
     }
@@ -461,13 +467,7 @@ impl World {
 
         let t = Instant::now();
         let nodes = self.pods_running("web", 2, ACT).await?;
-        self.quiet_loops(ca, 5).await?;
-        let claims = self.claims_made_by_increase_size("workers", 2)?;
-        ensure!(
-            claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
-            "none lost:\n{}",
-            describe(&claims)
-        );
+        self.settled_without_double_boot(ca, "workers", 2).await?;
         self.note(format!("2 pods Running on {nodes:?}, exactly 2 claims, all ready"), t);
         Ok(())
     }
