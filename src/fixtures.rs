@@ -15,8 +15,9 @@ pub fn slot(name: &str, group: &str) -> Node {
     let mut slot = Node::new(
         name,
         NodeSpec {
-            startup_pod_spec: pod_spec(),
-            shutdown_pod_spec: pod_spec(),
+            power: None,
+            startup_pod_spec: Some(pod_spec()),
+            shutdown_pod_spec: Some(pod_spec()),
             kubernetes_node_name: name.into(),
             provider_id: None,
             node_taints: vec![],

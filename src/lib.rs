@@ -19,6 +19,7 @@ pub mod machine;
 pub mod manifests;
 pub mod operator;
 pub mod phase;
+pub mod power;
 pub mod provider;
 pub mod scaler;
 pub mod simulator;

@@ -30,6 +30,10 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "127.0.0.1")]
         ips: Vec<std::net::IpAddr>,
     },
+    /// Power a slot's machine on or off, or read its power state, with its `spec.power` driver
+    /// (what the power Jobs run; `--slot NAME` reads the slot with your kubeconfig).
+    #[command(subcommand)]
+    Power(homelab_autoscaler::power::cli::PowerCommand),
     /// Render or check the manifests generated from the code (crds/).
     Manifests {
         #[command(subcommand)]
@@ -90,6 +94,16 @@ fn main() -> anyhow::Result<ExitCode> {
                 anyhow::Ok(())
             })?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Power(command) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            match runtime.block_on(homelab_autoscaler::power::cli::run(command)) {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Certs { out, dns_names, ips } => {
             let bundle = homelab_autoscaler::tls::issue_self_signed(&dns_names, &ips)?;

@@ -754,7 +754,7 @@ async fn slot_rules_are_enforced() {
         async move {
             let mut slot = slots.get("machine-1").await.expect("get slot");
             slot.spec.provider_id = Some(provider_id.into());
-            slot.spec.startup_pod_spec.image = image.into();
+            slot.spec.startup_pod_spec.get_or_insert_default().image = image.into();
             slots.replace("machine-1", &PostParams::default(), &slot).await
         }
     };
@@ -766,7 +766,7 @@ async fn slot_rules_are_enforced() {
     let edited = w.slots.get("machine-1").await.expect("get slot");
     let kept = edited.spec.provider_id.clone();
     let mut image = edited;
-    image.spec.startup_pod_spec.image = "registry.invalid/wake:2".into();
+    image.spec.startup_pod_spec.get_or_insert_default().image = "registry.invalid/wake:2".into();
     let image = w.slots.replace("machine-1", &post, &image).await.expect("edit the image");
     assert_eq!(image.spec.provider_id, kept);
 

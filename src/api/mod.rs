@@ -4,6 +4,7 @@
 mod common;
 mod group;
 mod nodeclaim;
+mod power;
 mod slot;
 
 pub use common::{Pricing, TaintSelector};
@@ -13,6 +14,11 @@ pub use group::{
 };
 pub use nodeclaim::{
     ClaimCall, ClaimRequest, NodeClaim, NodeClaimPhase, NodeClaimSpec, NodeClaimStatus, SlotRef,
+};
+pub use power::{
+    CredentialsRef, DEFAULT_SSH_COMMAND, DriverChoice, HttpHeader, HttpPower, HttpRequest, Ipmi,
+    IpmiOffMethod, IpmiPrivilege, PowerAction, PowerDriverKind, PowerSpec, Redfish, RedfishTls,
+    SecretKeyRef, SshShutdown, WakeOnLan,
 };
 pub use slot::{
     LifecyclePodSpec, LifecycleVolume, Node, NodeSpec, NodeStatus, ObservedPower, SlotClaimDigest,

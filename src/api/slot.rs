@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::common::Pricing;
 use super::nodeclaim::{ClaimCall, NodeClaimPhase};
+use super::power::PowerSpec;
 
 /// One physical machine of a pool: a slot. Git owns it; it says what the machine is and how
 /// to power it on and off. Whether the machine is wanted is not here: it is wanted exactly
@@ -37,11 +38,18 @@ use super::nodeclaim::{ClaimCall, NodeClaimPhase};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
-    /// The pod that powers the machine on (wake-on-LAN, IPMI, a smart plug). It runs as a Job
-    /// when a claim for this slot starts booting.
-    pub startup_pod_spec: LifecyclePodSpec,
-    /// The pod that powers the machine off. It runs as a Job when the machine is no longer wanted.
-    pub shutdown_pod_spec: LifecyclePodSpec,
+    /// A typed power driver (Wake-on-LAN, Redfish, IPMI, HTTP, SSH): the operator runs it as the
+    /// startup and shutdown Jobs. Each direction is powered either by this or by a pod spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerSpec>,
+    /// The pod that powers the machine on, when `power` does not. It runs as a Job when a claim
+    /// for this slot starts booting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_pod_spec: Option<LifecyclePodSpec>,
+    /// The pod that powers the machine off, when `power` does not. It runs as a Job when the
+    /// machine is no longer wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_pod_spec: Option<LifecyclePodSpec>,
     /// The name the machine registers with as a Kubernetes node. Equal to this slot's name.
     #[schemars(length(min = 1, max = 253))]
     #[schemars(regex(

@@ -40,6 +40,8 @@ pub struct Context {
     pub timeouts: Timeouts,
     /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead.
     pub drain_timeout: Duration,
+    /// The image power Jobs run (the operator's own).
+    pub power_image: String,
     pub clock: Arc<dyn Clock>,
     pub recorder: Recorder,
     pub stores: Stores,
@@ -172,6 +174,7 @@ impl Context {
         namespace: &str,
         timeouts: Timeouts,
         drain_timeout: Duration,
+        power_image: String,
         clock: Arc<dyn Clock>,
         shutdown: &CancellationToken,
     ) -> std::result::Result<(Arc<Self>, Subscriptions), StartError> {
@@ -218,6 +221,7 @@ impl Context {
             namespace: namespace.to_string(),
             timeouts,
             drain_timeout,
+            power_image,
             clock,
             stores,
             boot_locks: std::sync::Mutex::default(),

@@ -11,6 +11,9 @@ pub enum Error {
     },
     #[error(transparent)]
     IllegalMove(#[from] IllegalMove),
+    /// The slot cannot be turned into a lifecycle Job (it predates the admission rule).
+    #[error("{0}")]
+    Lifecycle(String),
     #[error("serializing {what}: {source}")]
     Serialize { what: &'static str, source: serde_json::Error },
 }

@@ -6,17 +6,18 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EnvVar, PodSpec, PodTemplateSpec, SecretVolumeSource, Volume,
-    VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, EnvVar, PodSecurityContext, PodSpec,
+    PodTemplateSpec, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
 use crate::api::{
     LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_SLOT, LifecyclePodSpec,
-    Node, NodeClaim,
+    Node, NodeClaim, PowerAction, PowerDriverKind, PowerSpec,
 };
 use crate::claim::{DEFAULT_JOB_BACKOFF_LIMIT, DEFAULT_JOB_TTL_SECONDS};
+use crate::power;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lifecycle {
@@ -78,14 +79,81 @@ pub struct JobContext<'a> {
     pub name: String,
     /// The ceiling of the Job's run time (the startup Job timeout of the budget).
     pub max_run_time: std::time::Duration,
+    /// The operator's own image, which power Jobs run as `homelab-autoscaler power on|off`.
+    pub power_image: &'a str,
+}
+
+/// Why a slot cannot be turned into a Job (admission refuses such a slot; an object stored
+/// before that rule can still carry it).
+#[derive(Debug, thiserror::Error)]
+#[error("slot {slot} has no way to power its machine {direction}: {detail}")]
+pub struct NoLifecycle {
+    pub slot: String,
+    pub direction: &'static str,
+    pub detail: String,
+}
+
+/// What runs in a lifecycle pod: the slot's own pod spec, or a power driver.
+enum Source<'a> {
+    Pod(&'a LifecyclePodSpec),
+    Power { spec: &'a PowerSpec, kind: PowerDriverKind, action: PowerAction },
+}
+
+fn source<'a>(slot: &'a Node, lifecycle: Lifecycle) -> Result<Source<'a>, NoLifecycle> {
+    let (pod, action) = match lifecycle {
+        Lifecycle::Startup => (slot.spec.startup_pod_spec.as_ref(), PowerAction::On),
+        Lifecycle::Shutdown => (slot.spec.shutdown_pod_spec.as_ref(), PowerAction::Off),
+    };
+    let fail = |detail: String| NoLifecycle {
+        slot: slot.metadata.name.clone().unwrap_or_default(),
+        direction: action.as_str(),
+        detail,
+    };
+    if let Some(pod) = pod {
+        return Ok(Source::Pod(pod));
+    }
+    let spec = slot.spec.power.as_ref().ok_or_else(|| {
+        fail(format!("neither spec.power nor spec.{}PodSpec is set", lifecycle.as_str()))
+    })?;
+    let kind = power::driver_for(spec, action).map_err(|e| fail(e.to_string()))?;
+    Ok(Source::Power { spec, kind, action })
+}
+
+/// The settings a power Job's pod is given: the slot's `spec.power` reduced to the one driver
+/// it runs, so the pod sees no other driver's settings.
+pub fn reduced_power_spec(
+    spec: &PowerSpec,
+    kind: PowerDriverKind,
+    action: PowerAction,
+) -> PowerSpec {
+    let mut reduced =
+        PowerSpec { confirm_timeout_seconds: spec.confirm_timeout_seconds, ..PowerSpec::default() };
+    match action {
+        PowerAction::On => reduced.on = Some(kind),
+        PowerAction::Off => reduced.off = Some(kind),
+    }
+    match kind {
+        PowerDriverKind::WakeOnLan => reduced.wake_on_lan = spec.wake_on_lan.clone(),
+        PowerDriverKind::Redfish => reduced.redfish = spec.redfish.clone(),
+        PowerDriverKind::Ipmi => reduced.ipmi = spec.ipmi.clone(),
+        PowerDriverKind::Http => {
+            reduced.http = spec.http.clone().map(|mut http| {
+                // Only the request of this direction: the other may name other Secrets.
+                match action {
+                    PowerAction::On => http.off = None,
+                    PowerAction::Off => http.on = None,
+                }
+                http
+            });
+        }
+        PowerDriverKind::Ssh => reduced.ssh = spec.ssh.clone(),
+    }
+    reduced
 }
 
 /// Builds the Job. Pure; the caller creates it.
-pub fn build(ctx: &JobContext<'_>) -> Job {
-    let spec: &LifecyclePodSpec = match ctx.lifecycle {
-        Lifecycle::Startup => &ctx.slot.spec.startup_pod_spec,
-        Lifecycle::Shutdown => &ctx.slot.spec.shutdown_pod_spec,
-    };
+pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
+    let source = source(ctx.slot, ctx.lifecycle)?;
     let slot_name = ctx.slot.metadata.name.clone().unwrap_or_default();
     let claim_name = ctx.claim.and_then(|c| c.metadata.name.clone());
     let mut labels = BTreeMap::from([
@@ -106,7 +174,7 @@ pub fn build(ctx: &JobContext<'_>) -> Job {
     .collect();
 
     let attempt = ctx.claim.and_then(|c| c.spec.attempt).unwrap_or(1);
-    let mut env = vec![
+    let env = vec![
         env_var("HOMELAB_SLOT", &slot_name),
         env_var("HOMELAB_NODE_NAME", &ctx.slot.spec.kubernetes_node_name),
         env_var("HOMELAB_GROUP", ctx.group),
@@ -114,8 +182,59 @@ pub fn build(ctx: &JobContext<'_>) -> Job {
         env_var("HOMELAB_ATTEMPT", &attempt.to_string()),
         env_var("HOMELAB_LIFECYCLE", ctx.lifecycle.as_str()),
     ];
-    env.extend(spec.env.iter().cloned());
+    let (pod, run) = match source {
+        Source::Pod(spec) => (pod_from_spec(ctx, spec, env), JobRun::of(spec)),
+        Source::Power { spec, kind, action } => {
+            (power_pod(ctx, spec, kind, action, env), JobRun::default())
+        }
+    };
 
+    let ceiling = i64::try_from(ctx.max_run_time.as_secs()).unwrap_or(i64::MAX).max(1);
+    let active_deadline = run.active_deadline_seconds.map_or(ceiling, |s| s.min(ceiling));
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(ctx.name.clone()),
+            namespace: ctx.slot.metadata.namespace.clone(),
+            labels: Some(labels.clone()),
+            owner_references: Some(owners),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(run.backoff_limit.unwrap_or(DEFAULT_JOB_BACKOFF_LIMIT)),
+            active_deadline_seconds: Some(active_deadline),
+            ttl_seconds_after_finished: Some(
+                run.ttl_seconds_after_finished.unwrap_or(DEFAULT_JOB_TTL_SECONDS),
+            ),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The Job-level settings a pod spec may override.
+#[derive(Default)]
+struct JobRun {
+    backoff_limit: Option<i32>,
+    active_deadline_seconds: Option<i64>,
+    ttl_seconds_after_finished: Option<i32>,
+}
+
+impl JobRun {
+    fn of(spec: &LifecyclePodSpec) -> Self {
+        JobRun {
+            backoff_limit: spec.backoff_limit,
+            active_deadline_seconds: spec.active_deadline_seconds,
+            ttl_seconds_after_finished: spec.ttl_seconds_after_finished,
+        }
+    }
+}
+
+fn pod_from_spec(ctx: &JobContext<'_>, spec: &LifecyclePodSpec, mut env: Vec<EnvVar>) -> PodSpec {
+    env.extend(spec.env.iter().cloned());
     let volumes: Vec<Volume> = spec
         .volumes
         .iter()
@@ -142,50 +261,111 @@ pub fn build(ctx: &JobContext<'_>) -> Job {
             ..VolumeMount::default()
         })
         .collect();
-
-    let ceiling = i64::try_from(ctx.max_run_time.as_secs()).unwrap_or(i64::MAX).max(1);
-    let active_deadline = spec.active_deadline_seconds.map_or(ceiling, |s| s.min(ceiling));
-    Job {
-        metadata: ObjectMeta {
-            name: Some(ctx.name.clone()),
-            namespace: ctx.slot.metadata.namespace.clone(),
-            labels: Some(labels.clone()),
-            owner_references: Some(owners),
-            ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(spec.backoff_limit.unwrap_or(DEFAULT_JOB_BACKOFF_LIMIT)),
-            active_deadline_seconds: Some(active_deadline),
-            ttl_seconds_after_finished: Some(
-                spec.ttl_seconds_after_finished.unwrap_or(DEFAULT_JOB_TTL_SECONDS),
-            ),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".into()),
-                    service_account_name: spec.service_account_name.clone(),
-                    node_selector: (!spec.node_selector.is_empty())
-                        .then(|| spec.node_selector.clone()),
-                    tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
-                    volumes: (!volumes.is_empty()).then_some(volumes),
-                    containers: vec![Container {
-                        name: ctx.lifecycle.as_str().into(),
-                        image: Some(spec.image.clone()),
-                        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
-                        args: (!spec.args.is_empty()).then(|| spec.args.clone()),
-                        env: Some(env),
-                        resources: spec.resources.clone(),
-                        volume_mounts: (!mounts.is_empty()).then_some(mounts),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
-        }),
-        status: None,
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        service_account_name: spec.service_account_name.clone(),
+        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        volumes: (!volumes.is_empty()).then_some(volumes),
+        containers: vec![Container {
+            name: ctx.lifecycle.as_str().into(),
+            image: Some(spec.image.clone()),
+            command: (!spec.command.is_empty()).then(|| spec.command.clone()),
+            args: (!spec.args.is_empty()).then(|| spec.args.clone()),
+            env: Some(env),
+            resources: spec.resources.clone(),
+            volume_mounts: (!mounts.is_empty()).then_some(mounts),
+            ..Container::default()
+        }],
+        ..PodSpec::default()
     }
 }
+
+/// The user the power pod runs as (the distroless "nonroot" user).
+const POWER_POD_USER: i64 = 65532;
+
+/// A pod that runs the operator's image as `homelab-autoscaler power on|off`: the settings in an
+/// environment variable, only the driver's Secrets mounted, no API access.
+fn power_pod(
+    ctx: &JobContext<'_>,
+    spec: &PowerSpec,
+    kind: PowerDriverKind,
+    action: PowerAction,
+    mut env: Vec<EnvVar>,
+) -> PodSpec {
+    let reduced = reduced_power_spec(spec, kind, action);
+    // Serializing plain data into a String cannot fail; an empty spec would fail loudly in the pod.
+    env.push(env_var(power::SPEC_ENV, &serde_json::to_string(&reduced).unwrap_or_default()));
+    env.push(env_var("HOMELAB_POWER_SECRETS_DIR", power::DEFAULT_SECRETS_DIR));
+    env.push(env_var("HOMELAB_POWER_TERMINATION_LOG", TERMINATION_LOG));
+    let secrets = reduced.secrets_of(kind);
+    let volumes: Vec<Volume> = secrets
+        .iter()
+        .enumerate()
+        .map(|(i, name)| Volume {
+            name: format!("secret-{i}"),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(name.clone()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        })
+        .collect();
+    let mounts: Vec<VolumeMount> = secrets
+        .iter()
+        .enumerate()
+        .map(|(i, name)| VolumeMount {
+            name: format!("secret-{i}"),
+            mount_path: format!("{}/{name}", power::DEFAULT_SECRETS_DIR),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        })
+        .collect();
+    // A magic packet must leave on the machines' LAN, not on the pod network.
+    let host_network = kind == PowerDriverKind::WakeOnLan;
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        host_network: host_network.then_some(true),
+        dns_policy: host_network.then(|| "ClusterFirstWithHostNet".into()),
+        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(POWER_POD_USER),
+            run_as_group: Some(POWER_POD_USER),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        volumes: (!volumes.is_empty()).then_some(volumes),
+        containers: vec![Container {
+            name: ctx.lifecycle.as_str().into(),
+            image: Some(ctx.power_image.to_string()),
+            args: Some(vec!["power".into(), action.as_str().into()]),
+            env: Some(env),
+            volume_mounts: (!mounts.is_empty()).then_some(mounts),
+            termination_message_path: Some(TERMINATION_LOG.into()),
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Capabilities::default()
+                }),
+                ..SecurityContext::default()
+            }),
+            ..Container::default()
+        }],
+        ..PodSpec::default()
+    }
+}
+
+/// Where the power pod writes why it failed, for Kubernetes to report.
+const TERMINATION_LOG: &str = "/dev/termination-log";
 
 fn env_var(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
@@ -210,8 +390,9 @@ mod tests {
     fn the_startup_job_carries_the_slot_spec_and_its_provenance() {
         let mut s = slot("m1", "pool");
         s.metadata.uid = Some("slot-uid".into());
-        s.spec.startup_pod_spec.active_deadline_seconds = Some(900);
-        s.spec.startup_pod_spec.command = vec!["wake".into()];
+        let startup = s.spec.startup_pod_spec.get_or_insert_default();
+        startup.active_deadline_seconds = Some(900);
+        startup.command = vec!["wake".into()];
         let mut c = claim("m1-abcde", "m1", "pool");
         c.metadata.uid = Some("claim-uid".into());
         c.spec.attempt = Some(2);
@@ -222,7 +403,9 @@ mod tests {
             lifecycle: Lifecycle::Startup,
             name: startup_job_name("m1-abcde"),
             max_run_time: std::time::Duration::from_secs(300),
-        });
+            power_image: "operator:1",
+        })
+        .unwrap();
         let owners = job.metadata.owner_references.clone().unwrap();
         assert_eq!(owners.len(), 2);
         assert_eq!((owners[0].kind.as_str(), owners[0].controller), ("NodeClaim", Some(true)));

@@ -32,6 +32,7 @@ async fn run_controllers(
         &args.namespace,
         args.timeouts(),
         super::drain_timeout(args),
+        args.power_image.clone(),
         Arc::new(SystemClock),
         &stop,
     )

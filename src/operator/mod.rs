@@ -83,7 +83,15 @@ pub struct RunArgs {
     /// pending pods).
     #[arg(long, default_value = "10s")]
     pub scaler_interval: kube::core::Duration,
+    /// The image the power Jobs run as `homelab-autoscaler power on|off` (for slots with
+    /// `spec.power`): the operator's own image. The Helm chart passes its image here.
+    #[arg(long, env = "HOMELAB_POWER_IMAGE", default_value = DEFAULT_POWER_IMAGE)]
+    pub power_image: String,
 }
+
+/// The operator's published image at this version.
+pub const DEFAULT_POWER_IMAGE: &str =
+    concat!("ghcr.io/homecluster-dev/homelab-autoscaler:", env!("CARGO_PKG_VERSION"));
 
 impl RunArgs {
     /// The attempt timeouts: the seed's constants, with the configurable members replaced.

@@ -7,6 +7,7 @@ pub mod configuration;
 pub mod group_rules;
 mod handlers;
 mod lookup;
+pub mod power_rules;
 pub mod server;
 pub mod slot_rules;
 pub mod verdict;

@@ -1,6 +1,7 @@
 //! Slot (`Node`) admission: `spec.powerState` is gone and says so; a slot is named after its
-//! Kubernetes node, belongs to an existing pool, has runnable lifecycle pods, and keeps its
-//! providerID while a claim is live (cluster-autoscaler matches instances by it).
+//! Kubernetes node, belongs to an existing pool, has runnable lifecycle pods or power drivers
+//! (`power_rules`), and keeps its providerID while a claim is live (cluster-autoscaler matches
+//! instances by it).
 
 use super::verdict::{Findings, Verdict};
 use crate::api::{ANNOTATION_ATTEMPTS_RESET_AT, GROUP_LABEL, LifecyclePodSpec, Node, NodeClaim};
@@ -61,8 +62,13 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
         }
         Some(_) => {}
     }
-    check_pod_spec("spec.startupPodSpec", &slot.spec.startup_pod_spec, &mut findings);
-    check_pod_spec("spec.shutdownPodSpec", &slot.spec.shutdown_pod_spec, &mut findings);
+    if let Some(spec) = &slot.spec.startup_pod_spec {
+        check_pod_spec("spec.startupPodSpec", spec, &mut findings);
+    }
+    if let Some(spec) = &slot.spec.shutdown_pod_spec {
+        check_pod_spec("spec.shutdownPodSpec", spec, &mut findings);
+    }
+    super::power_rules::check(slot, &mut findings);
     if let Some(value) =
         slot.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ATTEMPTS_RESET_AT))
         && value.parse::<jiff::Timestamp>().is_err()
@@ -162,30 +168,32 @@ mod tests {
             ("no group label", |s| s.metadata.labels = None, "metadata.labels.group"),
             (
                 "empty image",
-                |s| s.spec.startup_pod_spec.image = " ".into(),
+                |s| s.spec.startup_pod_spec.get_or_insert_default().image = " ".into(),
                 "spec.startupPodSpec.image",
             ),
             (
                 "two volume sources",
                 |s| {
-                    s.spec.shutdown_pod_spec.volumes = vec![LifecycleVolume {
-                        name: "creds".into(),
-                        mount_path: "/creds".into(),
-                        secret_name: Some("a".into()),
-                        config_map_name: Some("b".into()),
-                    }]
+                    s.spec.shutdown_pod_spec.get_or_insert_default().volumes =
+                        vec![LifecycleVolume {
+                            name: "creds".into(),
+                            mount_path: "/creds".into(),
+                            secret_name: Some("a".into()),
+                            config_map_name: Some("b".into()),
+                        }]
                 },
                 "exactly one of secretName and configMapName",
             ),
             (
                 "relative mount path",
                 |s| {
-                    s.spec.startup_pod_spec.volumes = vec![LifecycleVolume {
-                        name: "creds".into(),
-                        mount_path: "creds".into(),
-                        secret_name: Some("a".into()),
-                        config_map_name: None,
-                    }]
+                    s.spec.startup_pod_spec.get_or_insert_default().volumes =
+                        vec![LifecycleVolume {
+                            name: "creds".into(),
+                            mount_path: "creds".into(),
+                            secret_name: Some("a".into()),
+                            config_map_name: None,
+                        }]
                 },
                 "absolute path",
             ),

@@ -87,6 +87,11 @@ impl Findings {
     pub fn invalid(&mut self, message: impl Into<String>) {
         self.invalid.push(message.into());
     }
+    /// Every denial message so far (for table tests of one rule).
+    #[cfg(test)]
+    pub fn messages(&self) -> Vec<String> {
+        self.invalid.iter().chain(&self.forbidden).cloned().collect()
+    }
     pub fn forbidden(&mut self, message: impl Into<String>) {
         self.forbidden.push(message.into());
     }

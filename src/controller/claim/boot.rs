@@ -15,7 +15,7 @@ use super::{has_finalizer, overdue, requeue_at};
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
 use crate::controller::Context;
-use crate::controller::error::{KubeContext, Result};
+use crate::controller::error::{Error, KubeContext, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::controller::params;
 use crate::machine::TO_BE_DELETED_TAINT;
@@ -90,7 +90,9 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         lifecycle: Lifecycle::Startup,
         name: job_name.clone(),
         max_run_time: ctx.timeouts.job_timeout,
-    });
+        power_image: &ctx.power_image,
+    })
+    .map_err(|e| Error::Lifecycle(e.to_string()))?;
     ctx.create_job(&job).await?;
     clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
 

@@ -18,7 +18,7 @@ use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
 use crate::controller::claim::chokepoint;
 use crate::controller::claim::release::awaits_forced_shutdown;
-use crate::controller::error::Result;
+use crate::controller::error::{Error, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::machine;
@@ -214,7 +214,9 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         lifecycle: Lifecycle::Shutdown,
         name: job_name.clone(),
         max_run_time: ctx.timeouts.job_timeout,
-    });
+        power_image: &ctx.power_image,
+    })
+    .map_err(|e| Error::Lifecycle(e.to_string()))?;
     let created = ctx.create_job(&job).await?;
     if let Some(claim) = claim {
         chokepoint::patch_status(

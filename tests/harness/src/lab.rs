@@ -49,6 +49,9 @@ pub struct Lab {
     _logs: FailureLogs<'static>,
 }
 
+/// The image the lab's power Jobs name (kwok-less labs never run their pods).
+pub const LAB_POWER_IMAGE: &str = "registry.invalid/homelab-autoscaler:lab";
+
 async fn start_controllers(
     client: &Client,
     ns: &str,
@@ -60,6 +63,7 @@ async fn start_controllers(
         ns,
         timeouts(),
         Duration::from_secs(5),
+        LAB_POWER_IMAGE.into(),
         Arc::new(SystemClock),
         &token,
     )

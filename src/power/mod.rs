@@ -1,0 +1,203 @@
+//! Power drivers: what `homelab-autoscaler power on|off|status` does, in a Job's pod or at a
+//! person's terminal. One file per protocol; this module picks the driver a slot's `spec.power`
+//! names for a direction, runs it, and, where the protocol can read the power state, waits until
+//! the machine reports the state asked for.
+
+pub mod cli;
+pub mod http;
+pub mod ipmi;
+pub mod redfish;
+pub mod secrets;
+pub mod ssh;
+pub mod wol;
+
+use std::time::Duration;
+
+pub use secrets::{DEFAULT_SECRETS_DIR, Secrets};
+
+use crate::api::{DriverChoice, PowerAction, PowerDriverKind, PowerSpec};
+
+/// The environment variable that carries a Job's power settings (JSON of `spec.power`, reduced
+/// to the driver the Job runs).
+pub const SPEC_ENV: &str = "HOMELAB_POWER_SPEC";
+/// How long a driver waits for the machine to report the new state, unless the slot says.
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often the power state is read while waiting.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A machine's power state as its BMC reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PowerState {
+    On,
+    Off,
+}
+
+impl PowerState {
+    fn of(action: PowerAction) -> Self {
+        match action {
+            PowerAction::On => PowerState::On,
+            PowerAction::Off => PowerState::Off,
+        }
+    }
+}
+
+impl std::fmt::Display for PowerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PowerState::On => "On",
+            PowerState::Off => "Off",
+        })
+    }
+}
+
+/// Why powering a machine failed. The message ends up in the pod's termination message, so it
+/// says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum PowerError {
+    #[error("spec.power: {0}")]
+    Settings(String),
+    #[error("reading Secret {secret}: {detail}")]
+    ReadSecret { secret: String, detail: String },
+    #[error("{peer} refused the login ({detail}): check Secret {secret}")]
+    Unauthorized { peer: String, secret: String, detail: String },
+    #[error("{peer}: {detail}")]
+    Protocol { peer: String, detail: String },
+    #[error("{peer} did not report {wanted} within {waited:?} (last reported {last})")]
+    NotConfirmed { peer: String, wanted: PowerState, waited: Duration, last: String },
+}
+
+impl PowerError {
+    pub(crate) fn protocol(peer: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        PowerError::Protocol { peer: peer.into(), detail: detail.to_string() }
+    }
+}
+
+/// What a finished action did, for the log and the person at the terminal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Done {
+    pub driver: PowerDriverKind,
+    pub summary: String,
+}
+
+/// Picks the driver for `action`, or says why none.
+pub fn driver_for(spec: &PowerSpec, action: PowerAction) -> Result<PowerDriverKind, PowerError> {
+    match spec.driver_for(action) {
+        DriverChoice::Chosen(kind) => Ok(kind),
+        DriverChoice::None => Err(PowerError::Settings(format!(
+            "no configured driver can power the machine {}",
+            action.as_str()
+        ))),
+        DriverChoice::Unusable(kind) => Err(PowerError::Settings(format!(
+            "{} is {}, but {} is not configured or cannot power a machine {}",
+            action.as_str(),
+            kind.field(),
+            kind.field(),
+            action.as_str()
+        ))),
+        DriverChoice::Ambiguous(kinds) => Err(PowerError::Settings(format!(
+            "{} drivers could power the machine {}: set spec.power.{} to one of them",
+            kinds.iter().map(|k| k.field()).collect::<Vec<_>>().join(", "),
+            action.as_str(),
+            action.as_str()
+        ))),
+    }
+}
+
+/// Powers the machine `action` with the driver `spec` picks, and confirms the new state where
+/// the protocol can read it.
+#[tracing::instrument(skip_all, fields(action = action.as_str()))]
+pub async fn power(
+    spec: &PowerSpec,
+    action: PowerAction,
+    secrets: &Secrets,
+) -> Result<Done, PowerError> {
+    let kind = driver_for(spec, action)?;
+    let confirm = spec
+        .confirm_timeout_seconds
+        .map_or(DEFAULT_CONFIRM_TIMEOUT, |s| Duration::from_secs(u64::from(s)));
+    let missing = || PowerError::Settings(format!("{} is not configured", kind.field()));
+    let summary = match kind {
+        PowerDriverKind::WakeOnLan => wol::wake(spec.wake_on_lan.as_ref().ok_or_else(missing)?)
+            .await
+            .map_err(|e| PowerError::protocol("Wake-on-LAN", e))?,
+        PowerDriverKind::Http => {
+            http::send(spec.http.as_ref().ok_or_else(missing)?, action, secrets).await?
+        }
+        PowerDriverKind::Ssh => {
+            ssh::shutdown(spec.ssh.as_ref().ok_or_else(missing)?, secrets).await?
+        }
+        PowerDriverKind::Redfish => {
+            let bmc =
+                redfish::Bmc::connect(spec.redfish.as_ref().ok_or_else(missing)?, secrets).await?;
+            set_and_confirm(&bmc, action, confirm).await?
+        }
+        PowerDriverKind::Ipmi => {
+            let bmc = ipmi::Bmc::new(spec.ipmi.as_ref().ok_or_else(missing)?, secrets)?;
+            set_and_confirm(&bmc, action, confirm).await?
+        }
+    };
+    tracing::info!(driver = kind.field(), summary, "done");
+    Ok(Done { driver: kind, summary })
+}
+
+/// Reads the power state, if a configured driver can.
+pub async fn status(spec: &PowerSpec, secrets: &Secrets) -> Result<Option<PowerState>, PowerError> {
+    match spec.status_driver() {
+        Some(PowerDriverKind::Redfish) => {
+            let Some(settings) = spec.redfish.as_ref() else { return Ok(None) };
+            let bmc = redfish::Bmc::connect(settings, secrets).await?;
+            Ok(Some(bmc.power_state().await?))
+        }
+        Some(PowerDriverKind::Ipmi) => {
+            let Some(settings) = spec.ipmi.as_ref() else { return Ok(None) };
+            let bmc = ipmi::Bmc::new(settings, secrets)?;
+            Ok(Some(bmc.power_state().await?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A BMC: reads and sets the power state.
+pub(crate) trait Reads {
+    fn peer(&self) -> String;
+    async fn power_state(&self) -> Result<PowerState, PowerError>;
+    async fn set_power(&self, action: PowerAction) -> Result<(), PowerError>;
+}
+
+/// Asks for `action` unless the machine is already there, then polls until it reports so.
+async fn set_and_confirm(
+    bmc: &impl Reads,
+    action: PowerAction,
+    within: Duration,
+) -> Result<String, PowerError> {
+    let wanted = PowerState::of(action);
+    let before = bmc.power_state().await?;
+    if before == wanted {
+        return Ok(format!("{} already reports {wanted}", bmc.peer()));
+    }
+    bmc.set_power(action).await?;
+    let started = tokio::time::Instant::now();
+    let mut last;
+    loop {
+        match bmc.power_state().await {
+            Ok(state) if state == wanted => {
+                return Ok(format!(
+                    "{} reports {wanted} after {:.1}s",
+                    bmc.peer(),
+                    started.elapsed().as_secs_f32()
+                ));
+            }
+            Ok(state) => last = state.to_string(),
+            Err(error) => last = format!("an error: {error}"),
+        }
+        if started.elapsed() >= within {
+            return Err(PowerError::NotConfirmed {
+                peer: bmc.peer(),
+                wanted,
+                waited: within,
+                last,
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}

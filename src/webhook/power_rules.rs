@@ -1,0 +1,263 @@
+//! How a slot powers its machine: for each direction exactly one of a `spec.power` driver and a
+//! lifecycle pod spec, and driver settings that can work. Pure: reads the slot, decides.
+
+use super::verdict::Findings;
+use crate::api::{DriverChoice, Node, PowerAction, PowerDriverKind, PowerSpec};
+use crate::power;
+
+/// The rules of `spec.power` against the pod specs.
+pub fn check(slot: &Node, findings: &mut Findings) {
+    for (action, pod_field, pod_set) in [
+        (PowerAction::On, "spec.startupPodSpec", slot.spec.startup_pod_spec.is_some()),
+        (PowerAction::Off, "spec.shutdownPodSpec", slot.spec.shutdown_pod_spec.is_some()),
+    ] {
+        let choice = slot.spec.power.as_ref().map(|p| p.driver_for(action));
+        let able = |kinds: &[PowerDriverKind]| -> String {
+            kinds.iter().map(|k| format!("spec.power.{}", k.field())).collect::<Vec<_>>().join(", ")
+        };
+        match (pod_set, choice) {
+            (true, Some(DriverChoice::Chosen(kind))) => findings.invalid(format!(
+                "both {pod_field} and spec.power.{} power the machine {}: keep one of them \
+                 (remove {pod_field} to use the typed driver)",
+                kind.field(),
+                action.as_str()
+            )),
+            (true, Some(DriverChoice::Ambiguous(kinds))) => findings.invalid(format!(
+                "both {pod_field} and {} could power the machine {}: keep one of them",
+                able(&kinds),
+                action.as_str()
+            )),
+            (true, _) => {}
+            (false, None | Some(DriverChoice::None)) => findings.invalid(format!(
+                "nothing powers the machine {}: set {} or {pod_field}",
+                action.as_str(),
+                match action {
+                    PowerAction::On => "spec.power.wakeOnLan, .redfish, .ipmi or .http.on",
+                    PowerAction::Off => "spec.power.ssh, .redfish, .ipmi or .http.off",
+                }
+            )),
+            (false, Some(DriverChoice::Chosen(_))) => {}
+            (false, Some(_)) => {
+                if let Some(spec) = &slot.spec.power
+                    && let Err(error) = power::driver_for(spec, action)
+                {
+                    findings.invalid(error.to_string());
+                }
+            }
+        }
+    }
+    if let Some(spec) = &slot.spec.power {
+        check_settings(spec, findings);
+    }
+}
+
+/// What the schema cannot say about a driver's fields.
+fn check_settings(spec: &PowerSpec, findings: &mut Findings) {
+    if spec.configured().is_empty() {
+        findings.invalid(
+            "spec.power configures no driver: set wakeOnLan, redfish, ipmi, http or ssh"
+                .to_string(),
+        );
+    }
+    if let Some(wol) = &spec.wake_on_lan {
+        if let Err(error) = power::wol::parse_mac(&wol.mac) {
+            findings.invalid(format!("spec.power.wakeOnLan.mac: {error}"));
+        }
+        if let Some(address) = &wol.broadcast_address
+            && address.parse::<std::net::Ipv4Addr>().is_err()
+        {
+            findings.invalid(format!(
+                "spec.power.wakeOnLan.broadcastAddress: {address:?} is not an IPv4 address such \
+                 as 192.168.1.255 (the LAN's broadcast address)"
+            ));
+        }
+    }
+    if let Some(ssh) = &spec.ssh
+        && let Err(error) = power::ssh::parse_host_key(&ssh.known_host_key)
+    {
+        findings.invalid(error.to_string());
+    }
+    if let Some(http) = &spec.http {
+        if http.on.is_none() && http.off.is_none() {
+            findings.invalid("spec.power.http: set on, off or both".to_string());
+        }
+        for (direction, request) in [("on", &http.on), ("off", &http.off)] {
+            for (i, header) in request.iter().flat_map(|r| r.headers.iter()).enumerate() {
+                if header.value.is_some() == header.value_from.is_some() {
+                    findings.invalid(format!(
+                        "spec.power.http.{direction}.headers[{i}] ({}): set exactly one of value \
+                         and valueFrom",
+                        header.name
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CredentialsRef, Ipmi, SecretKeyRef, SshShutdown, WakeOnLan};
+    use crate::fixtures::{pod_spec, slot};
+
+    const HOST_KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+
+    fn wol() -> WakeOnLan {
+        WakeOnLan { mac: "aa:bb:cc:dd:ee:ff".into(), broadcast_address: None, port: None }
+    }
+    fn ssh() -> SshShutdown {
+        SshShutdown {
+            host: "10.0.0.5".into(),
+            port: None,
+            user: "homelab".into(),
+            private_key: SecretKeyRef { name: "ssh".into(), key: "ssh-privatekey".into() },
+            known_host_key: HOST_KEY.into(),
+            command: None,
+        }
+    }
+    fn ipmi() -> Ipmi {
+        Ipmi {
+            host: "10.0.0.6".into(),
+            port: None,
+            credentials: CredentialsRef { secret_name: "bmc".into() },
+            cipher_suite: None,
+            privilege_level: None,
+            off_method: None,
+        }
+    }
+
+    fn findings_of(edit: impl FnOnce(&mut Node)) -> Vec<String> {
+        let mut s = slot("m1", "pool");
+        s.spec.startup_pod_spec = None;
+        s.spec.shutdown_pod_spec = None;
+        edit(&mut s);
+        let mut findings = Findings::default();
+        check(&s, &mut findings);
+        findings.messages()
+    }
+
+    #[test]
+    fn table_of_power_rules() {
+        type Edit = fn(&mut Node);
+        let table: &[(&str, Edit, Option<&str>)] = &[
+            (
+                "wake by WoL, shut down by SSH",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(wol()),
+                        ssh: Some(ssh()),
+                        ..Default::default()
+                    })
+                },
+                None,
+            ),
+            (
+                "a BMC does both",
+                |s| s.spec.power = Some(PowerSpec { ipmi: Some(ipmi()), ..Default::default() }),
+                None,
+            ),
+            (
+                "WoL with a shutdown pod",
+                |s| {
+                    s.spec.power =
+                        Some(PowerSpec { wake_on_lan: Some(wol()), ..Default::default() });
+                    s.spec.shutdown_pod_spec = Some(pod_spec());
+                },
+                None,
+            ),
+            ("neither", |_| {}, Some("nothing powers the machine on: set spec.power.wakeOnLan")),
+            (
+                "WoL alone cannot power off",
+                |s| {
+                    s.spec.power =
+                        Some(PowerSpec { wake_on_lan: Some(wol()), ..Default::default() })
+                },
+                Some("nothing powers the machine off: set spec.power.ssh"),
+            ),
+            (
+                "both for startup",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(wol()),
+                        ssh: Some(ssh()),
+                        ..Default::default()
+                    });
+                    s.spec.startup_pod_spec = Some(pod_spec());
+                },
+                Some("both spec.startupPodSpec and spec.power.wakeOnLan power the machine on"),
+            ),
+            (
+                "a BMC and SSH without a choice",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        ipmi: Some(ipmi()),
+                        ssh: Some(ssh()),
+                        ..Default::default()
+                    })
+                },
+                Some("ipmi, ssh drivers could power the machine off: set spec.power.off"),
+            ),
+            (
+                "a BMC and SSH, SSH chosen",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        ipmi: Some(ipmi()),
+                        ssh: Some(ssh()),
+                        off: Some(PowerDriverKind::Ssh),
+                        ..Default::default()
+                    })
+                },
+                None,
+            ),
+            (
+                "on names a driver that cannot",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        ipmi: Some(ipmi()),
+                        on: Some(PowerDriverKind::Ssh),
+                        ..Default::default()
+                    })
+                },
+                Some("on is ssh, but ssh is not configured or cannot power a machine on"),
+            ),
+            (
+                "a bad host key",
+                |s| {
+                    let mut bad = ssh();
+                    bad.known_host_key = "not a key".into();
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(wol()),
+                        ssh: Some(bad),
+                        ..Default::default()
+                    })
+                },
+                Some("ssh.knownHostKey \"not a key\" is not a host key"),
+            ),
+            (
+                "a bad broadcast address",
+                |s| {
+                    let mut bad = wol();
+                    bad.broadcast_address = Some("lan".into());
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(bad),
+                        ssh: Some(ssh()),
+                        ..Default::default()
+                    })
+                },
+                Some("broadcastAddress: \"lan\" is not an IPv4 address"),
+            ),
+        ];
+        for (name, edit, want) in table {
+            let messages = findings_of(edit);
+            match want {
+                None => assert!(messages.is_empty(), "{name}: {messages:?}"),
+                Some(needle) => assert!(
+                    messages.iter().any(|m| m.contains(needle)),
+                    "{name}: {needle:?} not in {messages:?}"
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the real protocol peers the power-driver tests talk to (tests/power_*.rs):
+#   - ipmi_sim and ipmitool (Debian `openipmi`, `ipmitool`): an IPMI BMC over RMCP+;
+#   - sshd (Debian `openssh-server`): the SSH shutdown;
+#   - sushy-emulator (PyPI `sushy-tools`, in a virtualenv under the cache): a Redfish BMC.
+# Idempotent and quick when everything is there. Nothing lands in the repository.
+set -euo pipefail
+
+CACHE="${HOMELAB_TEST_CACHE:-$HOME/.cache/homelab-autoscaler}"
+PEERS="$CACHE/peers"
+SUSHY_VERSION="2.2.0"
+
+missing=()
+command -v ipmi_sim >/dev/null 2>&1 || missing+=(openipmi)
+command -v ipmitool >/dev/null 2>&1 || missing+=(ipmitool)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-power-peers: installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! "$PEERS/venv/bin/sushy-emulator" --help >/dev/null 2>&1 \
+  || ! "$PEERS/venv/bin/pip" show sushy-tools 2>/dev/null | grep -q "^Version: $SUSHY_VERSION$"; then
+  echo "install-power-peers: installing sushy-tools $SUSHY_VERSION into $PEERS/venv"
+  mkdir -p "$PEERS"
+  python3 -m venv "$PEERS/venv"
+  "$PEERS/venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_VERSION"
+fi
+echo "install-power-peers: ready (ipmi_sim, ipmitool, sshd, $PEERS/venv/bin/sushy-emulator)"
