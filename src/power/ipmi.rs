@@ -1,6 +1,7 @@
 //! IPMI over LAN: an RMCP+ session (cipher suite 3: RAKP-HMAC-SHA1, HMAC-SHA1-96 integrity,
 //! AES-CBC-128 confidentiality) from the `ipmi-rs` crate, and the two chassis commands it does
-//! not ship, written here: Get Chassis Status and Chassis Control (IPMI 2.0 §28.2, §28.3).
+//! not ship, written here: Set Session Privilege Level (§22.18), Get Chassis Status and Chassis
+//! Control (§28.2, §28.3).
 //! `ipmi-rs` is blocking, so each call runs on tokio's blocking pool with a fresh session.
 
 use std::time::Duration;
@@ -58,6 +59,14 @@ impl Bmc {
             rmcp.activate(true, Some(&user), Some(password.as_bytes()))
                 .map_err(|e| activation_error(&peer, &secret, e))?;
             let mut ipmi = ipmi_rs::Ipmi::new(rmcp);
+            // A new RMCP+ session runs at User privilege whatever it asked for; chassis control
+            // needs the level raised, as ipmitool does.
+            ipmi.send_recv(SetSessionPrivilegeLevel(ADMINISTRATOR)).map_err(|e| {
+                PowerError::protocol(
+                    &peer,
+                    format!("raising the session to Administrator privilege: {e:?} (is the BMC user an administrator?)"),
+                )
+            })?;
             ipmi.send_recv(command).map_err(|e| PowerError::protocol(&peer, format!("{e:?}")))
         })
         .await;
@@ -88,6 +97,27 @@ fn activation_error(peer: &str, secret: &str, error: ActivationError) -> PowerEr
             format!("no answer to the RMCP ping ({e}): is IPMI over LAN enabled on the BMC?"),
         ),
         other => PowerError::protocol(peer, format!("opening an RMCP+ session: {other:?}")),
+    }
+}
+
+/// The Administrator privilege level (IPMI 2.0 §22.18).
+const ADMINISTRATOR: u8 = 0x04;
+
+/// Set Session Privilege Level (NetFn App, 0x3B).
+struct SetSessionPrivilegeLevel(u8);
+
+impl From<SetSessionPrivilegeLevel> for Message {
+    fn from(level: SetSessionPrivilegeLevel) -> Self {
+        Message::new_request(NetFn::App, 0x3B, vec![level.0])
+    }
+}
+
+impl IpmiCommand for SetSessionPrivilegeLevel {
+    type Output = ();
+    type Error = NotEnoughData;
+
+    fn parse_success_response(_: &[u8]) -> Result<Self::Output, Self::Error> {
+        Ok(())
     }
 }
 

@@ -29,6 +29,7 @@ mod kwok;
 pub mod lab;
 mod pki;
 mod plane;
+pub mod power_peers;
 mod process;
 mod resources;
 mod test_namespace;

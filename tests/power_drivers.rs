@@ -1,0 +1,369 @@
+//! The power drivers against real protocol peers on 127.0.0.1: sushy-emulator (Redfish),
+//! ipmi_sim (IPMI over RMCP+), sshd, a UDP listener (Wake-on-LAN) and an in-test HTTP endpoint
+//! (smart-plug presets). The peers come from tests/harness/install-power-peers.sh.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use homelab_autoscaler::api::{
+    CredentialsRef, HttpHeader, HttpPower, HttpRequest, Ipmi, IpmiOffMethod, PowerAction,
+    PowerSpec, Redfish, SecretKeyRef, SshShutdown, WakeOnLan,
+};
+use homelab_autoscaler::power::{self, PowerError, PowerState, Secrets};
+use homelab_harness::power_peers::{IpmiPeer, RedfishPeer, SshPeer};
+
+/// Writes Secrets the way a power Job's pod sees them: `<dir>/<secret>/<key>`.
+fn secrets(dir: &Path, entries: &[(&str, &str, &str)]) -> Secrets {
+    for (secret, key, value) in entries {
+        let at = dir.join(secret);
+        std::fs::create_dir_all(&at).expect("secret dir");
+        std::fs::write(at.join(key), value).expect("secret file");
+    }
+    Secrets::mounted(dir)
+}
+
+fn login(secret: &str, user: &str, password: &str) -> Vec<(String, String, String)> {
+    vec![
+        (secret.into(), "username".into(), user.into()),
+        (secret.into(), "password".into(), format!("{password}\n")),
+    ]
+}
+
+fn secrets_owned(dir: &Path, entries: &[(String, String, String)]) -> Secrets {
+    let borrowed: Vec<(&str, &str, &str)> =
+        entries.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+    secrets(dir, &borrowed)
+}
+
+#[tokio::test]
+async fn wake_on_lan_sends_exactly_the_magic_packet() {
+    let listener = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let spec = PowerSpec {
+        wake_on_lan: Some(WakeOnLan {
+            mac: "52:54:00:ab:cd:ef".into(),
+            broadcast_address: Some("127.0.0.1".into()),
+            port: Some(port),
+        }),
+        ..PowerSpec::default()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let done = power::power(&spec, PowerAction::On, &Secrets::mounted(dir.path()))
+        .await
+        .expect("wake");
+    assert!(done.summary.contains("52:54:00:ab:cd:ef"), "{}", done.summary);
+    let mut buf = [0u8; 512];
+    let (len, _) = tokio::time::timeout(Duration::from_secs(5), listener.recv_from(&mut buf))
+        .await
+        .expect("a packet within 5s")
+        .expect("recv");
+    assert_eq!(len, 102);
+    let mac = [0x52, 0x54, 0x00, 0xab, 0xcd, 0xef];
+    assert_eq!(&buf[..6], &[0xFF; 6]);
+    for i in 0..16 {
+        assert_eq!(&buf[6 + 6 * i..12 + 6 * i], &mac, "repetition {i}");
+    }
+}
+
+/// One request as the in-test endpoint saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    uri: String,
+    headers: http::HeaderMap,
+    body: String,
+}
+
+/// An HTTP endpoint that records every request and answers `status`.
+async fn recording_endpoint(status: u16) -> (u16, Arc<Mutex<Vec<Seen>>>) {
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let record = record.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+            record.lock().expect("lock").push(Seen {
+                method: parts.method.to_string(),
+                uri: parts.uri.to_string(),
+                headers: parts.headers,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            });
+            http::StatusCode::from_u16(status).expect("status")
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, seen)
+}
+
+fn request(method: &str, url: String, body: Option<&str>) -> HttpRequest {
+    HttpRequest {
+        method: Some(method.into()),
+        url,
+        headers: vec![],
+        body: body.map(str::to_owned),
+        basic_auth: None,
+    }
+}
+
+#[tokio::test]
+async fn http_presets_send_what_each_device_expects() {
+    let (port, seen) = recording_endpoint(200).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets(dir.path(), &[("ha-token", "token", "abc123\n")]);
+    // Shelly Gen2 RPC, Tasmota, Home Assistant (as in docs/power.md).
+    let shelly = HttpPower {
+        on: Some(request("POST", format!("{base}/rpc/Switch.Set"), Some(r#"{"id":0,"on":true}"#))),
+        off: Some(request("POST", format!("{base}/rpc/Switch.Set"), Some(r#"{"id":0,"on":false}"#))),
+        insecure_skip_verify: false,
+    };
+    let tasmota = HttpPower {
+        on: Some(request("GET", format!("{base}/cm?cmnd=Power%20On"), None)),
+        off: Some(request("GET", format!("{base}/cm?cmnd=Power%20Off"), None)),
+        insecure_skip_verify: false,
+    };
+    let home_assistant = |service: &str| HttpRequest {
+        headers: vec![
+            HttpHeader {
+                name: "Authorization".into(),
+                value: None,
+                value_from: Some(SecretKeyRef { name: "ha-token".into(), key: "token".into() }),
+                value_prefix: Some("Bearer ".into()),
+            },
+            HttpHeader {
+                name: "Content-Type".into(),
+                value: Some("application/json".into()),
+                value_from: None,
+                value_prefix: None,
+            },
+        ],
+        ..request(
+            "POST",
+            format!("{base}/api/services/switch/{service}"),
+            Some(r#"{"entity_id":"switch.rack_1"}"#),
+        )
+    };
+    let ha = HttpPower {
+        on: Some(home_assistant("turn_on")),
+        off: Some(home_assistant("turn_off")),
+        insecure_skip_verify: false,
+    };
+    for http in [shelly, tasmota, ha] {
+        let spec = PowerSpec { http: Some(http), ..PowerSpec::default() };
+        power::power(&spec, PowerAction::On, &secrets).await.expect("on");
+        power::power(&spec, PowerAction::Off, &secrets).await.expect("off");
+    }
+    let seen = seen.lock().expect("lock").clone();
+    let summary: Vec<(String, String, String)> =
+        seen.iter().map(|s| (s.method.clone(), s.uri.clone(), s.body.clone())).collect();
+    let want = [
+        ("POST", "/rpc/Switch.Set", r#"{"id":0,"on":true}"#),
+        ("POST", "/rpc/Switch.Set", r#"{"id":0,"on":false}"#),
+        ("GET", "/cm?cmnd=Power%20On", ""),
+        ("GET", "/cm?cmnd=Power%20Off", ""),
+        ("POST", "/api/services/switch/turn_on", r#"{"entity_id":"switch.rack_1"}"#),
+        ("POST", "/api/services/switch/turn_off", r#"{"entity_id":"switch.rack_1"}"#),
+    ];
+    let want: Vec<(String, String, String)> =
+        want.iter().map(|(m, u, b)| (m.to_string(), u.to_string(), b.to_string())).collect();
+    assert_eq!(summary, want);
+    for ha in &seen[4..] {
+        assert_eq!(ha.headers["authorization"], "Bearer abc123", "the token from the Secret");
+        assert_eq!(ha.headers["content-type"], "application/json");
+    }
+}
+
+#[tokio::test]
+async fn http_refusal_names_the_secret() {
+    let (port, _) = recording_endpoint(401).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("plug-login", "admin", "wrong"));
+    let mut on = request("POST", format!("http://127.0.0.1:{port}/relay/0?turn=on"), None);
+    on.basic_auth = Some(CredentialsRef { secret_name: "plug-login".into() });
+    let spec = PowerSpec {
+        http: Some(HttpPower { on: Some(on), off: None, insecure_skip_verify: false }),
+        ..PowerSpec::default()
+    };
+    let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(matches!(error, PowerError::Unauthorized { .. }), "{message}");
+    assert!(message.contains("answered 401") && message.contains("check Secret plug-login"), "{message}");
+}
+
+fn redfish_spec(peer: &RedfishPeer, secret: &str) -> PowerSpec {
+    PowerSpec {
+        redfish: Some(Redfish {
+            endpoint: peer.endpoint(),
+            system_id: None,
+            credentials: CredentialsRef { secret_name: secret.into() },
+            tls: None,
+            on_reset_type: None,
+            off_reset_type: Some("ForceOff".into()),
+        }),
+        confirm_timeout_seconds: Some(30),
+        ..PowerSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn redfish_powers_on_and_off_and_confirms_the_power_state() {
+    let peer = RedfishPeer::start().await.expect("sushy-emulator");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("bmc-login", &peer.user, &peer.password));
+    let spec = redfish_spec(&peer, "bmc-login");
+    assert_eq!(power::status(&spec, &secrets).await.expect("status"), Some(PowerState::Off));
+    let on = power::power(&spec, PowerAction::On, &secrets).await.expect("power on");
+    assert!(on.summary.contains("reports On"), "{}", on.summary);
+    assert_eq!(power::status(&spec, &secrets).await.expect("status"), Some(PowerState::On));
+    // Asking again is a no-op that says so.
+    let again = power::power(&spec, PowerAction::On, &secrets).await.expect("power on again");
+    assert!(again.summary.contains("already reports On"), "{}", again.summary);
+    let off = power::power(&spec, PowerAction::Off, &secrets).await.expect("power off");
+    assert!(off.summary.contains("reports Off"), "{}", off.summary);
+    assert_eq!(power::status(&spec, &secrets).await.expect("status"), Some(PowerState::Off));
+
+    // The default reset types (On, GracefulShutdown).
+    let mut defaults = spec.clone();
+    if let Some(redfish) = defaults.redfish.as_mut() {
+        redfish.off_reset_type = None;
+        redfish.system_id = Some(peer.system_uuid.clone());
+    }
+    power::power(&defaults, PowerAction::On, &secrets).await.expect("power on");
+    let off = power::power(&defaults, PowerAction::Off, &secrets).await.expect("graceful off");
+    assert!(off.summary.contains("reports Off"), "{}", off.summary);
+}
+
+#[tokio::test]
+async fn redfish_wrong_password_is_a_clear_refusal_also_in_the_pod() {
+    let peer = RedfishPeer::start().await.expect("sushy-emulator");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("bmc-login", &peer.user, "not-the-password"));
+    let spec = redfish_spec(&peer, "bmc-login");
+    let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(
+        message.starts_with("BMC at 127.0.0.1 refused the login (answered 401"),
+        "{message}"
+    );
+    assert!(message.ends_with("check Secret bmc-login"), "{message}");
+
+    // The pod's contract: settings in HOMELAB_POWER_SPEC, Secrets mounted, the failure in the
+    // termination message.
+    let log = dir.path().join("termination-log");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_homelab-autoscaler"))
+        .args(["power", "on"])
+        .env("HOMELAB_POWER_SPEC", serde_json::to_string(&spec).expect("json"))
+        .env("HOMELAB_POWER_SECRETS_DIR", dir.path())
+        .env("HOMELAB_POWER_TERMINATION_LOG", &log)
+        .output()
+        .expect("run the binary");
+    assert!(!out.status.success(), "a refusal fails the pod");
+    let termination = std::fs::read_to_string(&log).expect("termination message");
+    assert_eq!(termination, message);
+}
+
+fn ipmi_spec(peer: &IpmiPeer, secret: &str, off: IpmiOffMethod) -> PowerSpec {
+    PowerSpec {
+        ipmi: Some(Ipmi {
+            host: "127.0.0.1".into(),
+            port: Some(peer.port),
+            credentials: CredentialsRef { secret_name: secret.into() },
+            cipher_suite: Some(3),
+            privilege_level: None,
+            off_method: Some(off),
+        }),
+        confirm_timeout_seconds: Some(20),
+        ..PowerSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn ipmi_powers_the_chassis_on_and_off_as_ipmitool_sees_it() {
+    let peer = IpmiPeer::start().await.expect("ipmi_sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("ipmi-creds", &peer.user, &peer.password));
+    let spec = ipmi_spec(&peer, "ipmi-creds", IpmiOffMethod::Hard);
+    assert_eq!(power::status(&spec, &secrets).await.expect("status"), Some(PowerState::Off));
+    let on = power::power(&spec, PowerAction::On, &secrets).await.expect("power on");
+    assert!(on.summary.contains("reports On"), "{}", on.summary);
+    assert_eq!(peer.power_file().expect("power file"), "1");
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is on");
+    let off = power::power(&spec, PowerAction::Off, &secrets).await.expect("power off");
+    assert!(off.summary.contains("reports Off"), "{}", off.summary);
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is off");
+
+    // The default off is an ACPI soft shutdown. The simulated chassis has no OS to act on it,
+    // like a machine whose OS ignores the power button: the BMC accepts, the machine stays on,
+    // and the driver says so when its confirmation deadline passes.
+    let mut soft = ipmi_spec(&peer, "ipmi-creds", IpmiOffMethod::Soft);
+    soft.confirm_timeout_seconds = Some(3);
+    power::power(&soft, PowerAction::On, &secrets).await.expect("power on");
+    let error = power::power(&soft, PowerAction::Off, &secrets).await.expect_err("not confirmed");
+    assert!(matches!(error, PowerError::NotConfirmed { .. }), "{error}");
+    assert_eq!(
+        error.to_string(),
+        format!("BMC at 127.0.0.1:{} did not report Off within 3s (last reported On)", peer.port)
+    );
+}
+
+#[tokio::test]
+async fn ipmi_wrong_password_is_a_clear_refusal() {
+    let peer = IpmiPeer::start().await.expect("ipmi_sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("ipmi-creds", &peer.user, "wrong"));
+    let spec = ipmi_spec(&peer, "ipmi-creds", IpmiOffMethod::Hard);
+    let started = std::time::Instant::now();
+    let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(matches!(error, PowerError::Unauthorized { .. }), "{message}");
+    assert!(message.contains(&format!("BMC at 127.0.0.1:{} refused the login", peer.port)), "{message}");
+    assert!(message.ends_with("check Secret ipmi-creds"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10), "a refusal is quick: {:?}", started.elapsed());
+    assert_eq!(peer.power_file().expect("power file"), "0", "nothing changed");
+}
+
+fn ssh_spec(peer: &SshPeer, command: String, host_key: String) -> PowerSpec {
+    PowerSpec {
+        ssh: Some(SshShutdown {
+            host: "127.0.0.1".into(),
+            port: Some(peer.port),
+            user: peer.user.clone(),
+            private_key: SecretKeyRef { name: "ssh-key".into(), key: "ssh-privatekey".into() },
+            known_host_key: host_key,
+            command: Some(command),
+        }),
+        ..PowerSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn ssh_runs_the_shutdown_command_and_refuses_a_wrong_host_key() {
+    let peer = SshPeer::start().await.expect("sshd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets(dir.path(), &[("ssh-key", "ssh-privatekey", &peer.client_key)]);
+    let marker = peer.dir.join("powered-off");
+    let command = format!("touch {}", marker.display());
+
+    // A host key that is not the machine's: refused before logging in, nothing runs.
+    let other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+    let spec = ssh_spec(&peer, command.clone(), other.into());
+    let error = power::power(&spec, PowerAction::Off, &secrets).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(message.contains("not the one in ssh.knownHostKey"), "{message}");
+    assert!(message.contains(&peer.host_key), "names the key it was offered: {message}");
+    assert!(!marker.exists(), "no command ran");
+
+    let spec = ssh_spec(&peer, command, peer.host_key.clone());
+    let done = power::power(&spec, PowerAction::Off, &secrets).await.expect("shutdown");
+    assert!(done.summary.contains("ran \"touch"), "{}", done.summary);
+    assert!(marker.exists(), "the command ran on the machine");
+
+    // A command that fails says how.
+    let spec = ssh_spec(&peer, "echo no sudo here >&2; exit 3".into(), peer.host_key.clone());
+    let error = power::power(&spec, PowerAction::Off, &secrets).await.expect_err("exit 3");
+    assert!(error.to_string().contains("exited 3: no sudo here"), "{error}");
+}
