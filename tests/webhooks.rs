@@ -741,6 +741,35 @@ async fn slot_rules_are_enforced() {
         "{message}"
     );
 
+    // spec.power: each direction powered by exactly one of a driver and a pod spec.
+    let mut wol_only = slot("machine-2", Some("pool"));
+    wol_only.spec.shutdown_pod_spec = None;
+    wol_only.spec.startup_pod_spec = None;
+    wol_only.spec.power = Some(
+        serde_json::from_value(json!({ "wakeOnLan": { "mac": "52:54:00:ab:cd:ef" } }))
+            .expect("power"),
+    );
+    let (code, message) = refused(w.slots.create(&post, &wol_only).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("nothing powers the machine off: set spec.power.ssh, .redfish, .ipmi or .http.off or spec.shutdownPodSpec"),
+        "{message}"
+    );
+    let mut both = wol_only.clone();
+    both.spec.startup_pod_spec = slot("x", None).spec.startup_pod_spec;
+    both.spec.shutdown_pod_spec = slot("x", None).spec.shutdown_pod_spec;
+    let (code, message) = refused(w.slots.create(&post, &both).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("both spec.startupPodSpec and spec.power.wakeOnLan power the machine on: keep one of them"),
+        "{message}"
+    );
+    let mut wol_and_pod = wol_only.clone();
+    wol_and_pod.spec.shutdown_pod_spec = slot("x", None).spec.shutdown_pod_spec;
+    let created = w.slots.create(&post, &wol_and_pod).await.expect("wake by WoL, a pod shuts down");
+    w.slots.delete("machine-2", &DeleteParams::default()).await.expect("delete");
+    assert!(created.spec.power.is_some(), "spec.power is kept by the schema");
+
     let (code, message) = refused(w.slots.create(&post, &slot("machine-2", Some("nowhere"))).await);
     assert_eq!(code, 422, "{message}");
     assert!(message.contains("there is no group \"nowhere\""), "{message}");
