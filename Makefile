@@ -7,9 +7,11 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 
 .PHONY: test demo manifests lint
 
-## test: unit, table and integration tests against a real control plane built from Go modules.
+## test: unit, table and integration tests against a real control plane built from Go modules,
+## and the power drivers against real protocol peers (installed by install-power-peers.sh).
 test:
 	tests/harness/build-binaries.sh e2e
+	tests/harness/install-power-peers.sh
 	cargo test --workspace --all-targets --locked
 
 ## demo: a local pool of simulated machines scaling up and down, under the real

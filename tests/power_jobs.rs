@@ -183,3 +183,94 @@ async fn each_driver_becomes_jobs_the_apiserver_accepts() {
     let selector = placed.spec.and_then(|s| s.template.spec).and_then(|p| p.node_selector);
     assert_eq!(selector.unwrap_or_default()["kubernetes.io/hostname"], "gateway");
 }
+
+/// Runs the operator binary as a person would, with the control plane's kubeconfig.
+fn power_cli(plane: &ControlPlane, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_homelab-autoscaler"))
+        .arg("power")
+        .args(args)
+        .env("KUBECONFIG", plane.kubeconfig_path())
+        .env_remove("HOMELAB_POWER_SPEC")
+        .output()
+        .expect("run the binary");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_checks_a_slots_wiring_with_power_status_on_and_off() {
+    let peer = homelab_harness::power_peers::RedfishPeer::start().await.expect("sushy-emulator");
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    plane.install_crds().await.expect("CRDs");
+    let client = plane.client().expect("client");
+    let ns = plane.fresh_namespace("power-cli").await.expect("namespace");
+    let post = PostParams::default();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    let login = |password: &str| -> k8s_openapi::api::core::v1::Secret {
+        serde_json::from_value(json!({
+            "metadata": { "name": "bmc-login" },
+            "type": "kubernetes.io/basic-auth",
+            "stringData": { "username": peer.user, "password": password },
+        }))
+        .expect("secret")
+    };
+    secrets.create(&post, &login("wrong")).await.expect("secret");
+    let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
+    let machine = slot(
+        "rack-1",
+        json!({
+            "redfish": {
+                "endpoint": peer.endpoint(),
+                "credentials": { "secretName": "bmc-login" },
+                "offResetType": "ForceOff",
+            },
+            "confirmTimeoutSeconds": 30,
+        }),
+    );
+    slots.create(&post, &machine).await.expect("slot");
+    let target = ["--slot", "rack-1", "--namespace", ns.as_str()];
+
+    // A wrong password in the Secret: the person is told which Secret to check.
+    let (ok, _, stderr) = power_cli(plane, &[&["status"][..], &target].concat());
+    assert!(!ok, "a refused login fails");
+    assert!(stderr.contains("BMC at 127.0.0.1 refused the login (answered 401"), "{stderr}");
+    assert!(stderr.contains("check Secret bmc-login"), "{stderr}");
+
+    secrets
+        .replace("bmc-login", &post, &login(&peer.password))
+        .await
+        .expect("fix the secret");
+    let (ok, stdout, stderr) = power_cli(plane, &[&["status"][..], &target].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, "on: redfish\noff: redfish\npower state: Off\n");
+    let (ok, stdout, stderr) = power_cli(plane, &[&["on"][..], &target].concat());
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("on (redfish): BMC at 127.0.0.1 reports On after"), "{stdout}");
+    let (ok, stdout, _) = power_cli(plane, &[&["status"][..], &target].concat());
+    assert!(ok && stdout.ends_with("power state: On\n"), "{stdout}");
+    let (ok, stdout, stderr) = power_cli(plane, &[&["off"][..], &target].concat());
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("off (redfish): BMC at 127.0.0.1 reports Off after"), "{stdout}");
+
+    // A slot powered by pod specs has nothing to run here, and says so.
+    let pods: Node = serde_json::from_value(json!({
+        "apiVersion": "infra.homecluster.dev/v2alpha1",
+        "kind": "Node",
+        "metadata": { "name": "by-pods", "labels": { "group": "pool" } },
+        "spec": {
+            "kubernetesNodeName": "by-pods",
+            "startupPodSpec": { "image": "busybox" },
+            "shutdownPodSpec": { "image": "busybox" },
+        },
+    }))
+    .expect("slot");
+    slots.create(&post, &pods).await.expect("slot");
+    let (ok, _, stderr) =
+        power_cli(plane, &["status", "--slot", "by-pods", "--namespace", ns.as_str()]);
+    assert!(!ok);
+    assert!(stderr.contains("slot by-pods has no spec.power"), "{stderr}");
+}

@@ -24,11 +24,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if ! "$PEERS/venv/bin/sushy-emulator" --help >/dev/null 2>&1 \
-  || ! "$PEERS/venv/bin/pip" show sushy-tools 2>/dev/null | grep -q "^Version: $SUSHY_VERSION$"; then
+installed() {
+  [ -x "$PEERS/venv/bin/sushy-emulator" ] && [ -x "$PEERS/venv/bin/python" ] \
+    && compgen -G "$PEERS/venv/lib/python3*/site-packages/sushy_tools-$SUSHY_VERSION.dist-info" >/dev/null \
+    && "$PEERS/venv/bin/python" -c 'import bcrypt' 2>/dev/null
+}
+if ! installed; then
   echo "install-power-peers: installing sushy-tools $SUSHY_VERSION into $PEERS/venv"
   mkdir -p "$PEERS"
+  rm -rf "$PEERS/venv"
   python3 -m venv "$PEERS/venv"
-  "$PEERS/venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_VERSION"
+  # bcrypt: the tests hash the emulator's htpasswd with it (sushy-tools needs it too).
+  "$PEERS/venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_VERSION" bcrypt
 fi
 echo "install-power-peers: ready (ipmi_sim, ipmitool, sshd, $PEERS/venv/bin/sushy-emulator)"
