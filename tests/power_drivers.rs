@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use homelab_autoscaler::api::{
     CredentialsRef, HttpHeader, HttpPower, HttpRequest, Ipmi, IpmiOffMethod, PowerAction,
-    PowerSpec, Redfish, SecretKeyRef, SshShutdown, WakeOnLan,
+    PowerSpec, Redfish, RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
 };
 use homelab_autoscaler::power::{self, PowerError, PowerState, Secrets};
 use homelab_harness::power_peers::{IpmiPeer, RedfishPeer, SshPeer};
@@ -49,9 +49,8 @@ async fn wake_on_lan_sends_exactly_the_magic_packet() {
         ..PowerSpec::default()
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let done = power::power(&spec, PowerAction::On, &Secrets::mounted(dir.path()))
-        .await
-        .expect("wake");
+    let done =
+        power::power(&spec, PowerAction::On, &Secrets::mounted(dir.path())).await.expect("wake");
     assert!(done.summary.contains("52:54:00:ab:cd:ef"), "{}", done.summary);
     let mut buf = [0u8; 512];
     let (len, _) = tokio::time::timeout(Duration::from_secs(5), listener.recv_from(&mut buf))
@@ -118,7 +117,11 @@ async fn http_presets_send_what_each_device_expects() {
     // Shelly Gen2 RPC, Tasmota, Home Assistant (as in docs/power.md).
     let shelly = HttpPower {
         on: Some(request("POST", format!("{base}/rpc/Switch.Set"), Some(r#"{"id":0,"on":true}"#))),
-        off: Some(request("POST", format!("{base}/rpc/Switch.Set"), Some(r#"{"id":0,"on":false}"#))),
+        off: Some(request(
+            "POST",
+            format!("{base}/rpc/Switch.Set"),
+            Some(r#"{"id":0,"on":false}"#),
+        )),
         insecure_skip_verify: false,
     };
     let tasmota = HttpPower {
@@ -191,7 +194,10 @@ async fn http_refusal_names_the_secret() {
     let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
     let message = error.to_string();
     assert!(matches!(error, PowerError::Unauthorized { .. }), "{message}");
-    assert!(message.contains("answered 401") && message.contains("check Secret plug-login"), "{message}");
+    assert!(
+        message.contains("answered 401") && message.contains("check Secret plug-login"),
+        "{message}"
+    );
 }
 
 fn redfish_spec(peer: &RedfishPeer, secret: &str) -> PowerSpec {
@@ -245,10 +251,7 @@ async fn redfish_wrong_password_is_a_clear_refusal_also_in_the_pod() {
     let spec = redfish_spec(&peer, "bmc-login");
     let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
     let message = error.to_string();
-    assert!(
-        message.starts_with("BMC at 127.0.0.1 refused the login (answered 401"),
-        "{message}"
-    );
+    assert!(message.starts_with("BMC at 127.0.0.1 refused the login (answered 401"), "{message}");
     assert!(message.ends_with("check Secret bmc-login"), "{message}");
 
     // The pod's contract: settings in HOMELAB_POWER_SPEC, Secrets mounted, the failure in the
@@ -320,9 +323,16 @@ async fn ipmi_wrong_password_is_a_clear_refusal() {
     let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
     let message = error.to_string();
     assert!(matches!(error, PowerError::Unauthorized { .. }), "{message}");
-    assert!(message.contains(&format!("BMC at 127.0.0.1:{} refused the login", peer.port)), "{message}");
+    assert!(
+        message.contains(&format!("BMC at 127.0.0.1:{} refused the login", peer.port)),
+        "{message}"
+    );
     assert!(message.ends_with("check Secret ipmi-creds"), "{message}");
-    assert!(started.elapsed() < Duration::from_secs(10), "a refusal is quick: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a refusal is quick: {:?}",
+        started.elapsed()
+    );
     assert_eq!(peer.power_file().expect("power file"), "0", "nothing changed");
 }
 
@@ -366,4 +376,40 @@ async fn ssh_runs_the_shutdown_command_and_refuses_a_wrong_host_key() {
     let spec = ssh_spec(&peer, "echo no sudo here >&2; exit 3".into(), peer.host_key.clone());
     let error = power::power(&spec, PowerAction::Off, &secrets).await.expect_err("exit 3");
     assert!(error.to_string().contains("exited 3: no sudo here"), "{error}");
+}
+
+#[tokio::test]
+async fn redfish_over_tls_trusts_the_ca_bundle_from_its_secret() {
+    homelab_autoscaler::tls::install_crypto_provider();
+    let tls = tempfile::tempdir().expect("tempdir");
+    homelab_autoscaler::tls::issue_self_signed(
+        &["localhost".into()],
+        &["127.0.0.1".parse().expect("ip")],
+    )
+    .expect("certificate")
+    .write_secret_layout(tls.path())
+    .expect("write");
+    let peer = RedfishPeer::start_tls(tls.path()).await.expect("sushy-emulator over TLS");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut entries = login("bmc-login", &peer.user, &peer.password);
+    let ca = std::fs::read_to_string(tls.path().join("ca.crt")).expect("ca");
+    entries.push(("bmc-ca".into(), "ca.crt".into(), ca));
+    let secrets = secrets_owned(dir.path(), &entries);
+    let mut spec = redfish_spec(&peer, "bmc-login");
+    assert!(peer.endpoint().starts_with("https://"));
+
+    // Public roots only: the BMC's certificate is not trusted, and the error says TLS.
+    let error = power::status(&spec, &secrets).await.expect_err("untrusted");
+    assert!(error.to_string().contains("invalid peer certificate: UnknownIssuer"), "{error}");
+
+    let redfish = spec.redfish.as_mut().expect("redfish");
+    redfish.tls = Some(RedfishTls {
+        ca_bundle: Some(SecretKeyRef { name: "bmc-ca".into(), key: "ca.crt".into() }),
+        insecure_skip_verify: false,
+    });
+    assert_eq!(power::status(&spec, &secrets).await.expect("trusted"), Some(PowerState::Off));
+
+    let redfish = spec.redfish.as_mut().expect("redfish");
+    redfish.tls = Some(RedfishTls { ca_bundle: None, insecure_skip_verify: true });
+    assert_eq!(power::status(&spec, &secrets).await.expect("unverified"), Some(PowerState::Off));
 }

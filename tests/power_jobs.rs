@@ -240,10 +240,7 @@ async fn a_person_checks_a_slots_wiring_with_power_status_on_and_off() {
     assert!(stderr.contains("BMC at 127.0.0.1 refused the login (answered 401"), "{stderr}");
     assert!(stderr.contains("check Secret bmc-login"), "{stderr}");
 
-    secrets
-        .replace("bmc-login", &post, &login(&peer.password))
-        .await
-        .expect("fix the secret");
+    secrets.replace("bmc-login", &post, &login(&peer.password)).await.expect("fix the secret");
     let (ok, stdout, stderr) = power_cli(plane, &[&["status"][..], &target].concat());
     assert!(ok, "{stderr}");
     assert_eq!(stdout, "on: redfish\noff: redfish\npower state: Off\n");

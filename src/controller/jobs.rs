@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, EnvVar, PodSecurityContext, PodSpec,
+    Capabilities, ConfigMapVolumeSource, Container, EnvVar, Pod, PodSecurityContext, PodSpec,
     PodTemplateSpec, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -367,6 +367,27 @@ fn power_pod(
 /// Where the power pod writes why it failed, for Kubernetes to report.
 const TERMINATION_LOG: &str = "/dev/termination-log";
 
+/// The longest pod termination message carried into a claim's failure message.
+const MAX_FAILURE_DETAIL: usize = 400;
+
+/// Why a Job's pod failed, in its own words: the termination message of the newest pod that
+/// wrote one (a power pod writes its error there). Pure; the caller lists the Job's pods.
+pub fn failure_detail(pods: &[Pod]) -> Option<String> {
+    let mut newest_first: Vec<&Pod> = pods.iter().collect();
+    newest_first.sort_by_key(|p| std::cmp::Reverse(p.metadata.creation_timestamp.clone()));
+    newest_first.into_iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+        statuses.iter().find_map(|status| {
+            let message = status.state.as_ref()?.terminated.as_ref()?.message.as_deref()?;
+            let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+            (!line.is_empty()).then(|| line.chars().take(MAX_FAILURE_DETAIL).collect())
+        })
+    })
+}
+
+/// The label the job controller puts on a Job's pods.
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+
 fn env_var(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
 }
@@ -375,6 +396,46 @@ fn env_var(name: &str, value: &str) -> EnvVar {
 mod tests {
     use super::*;
     use crate::fixtures::{claim, slot};
+
+    fn pod(created: &str, message: Option<&str>) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "creationTimestamp": created },
+            "status": { "containerStatuses": [{
+                "name": "startup", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": { "terminated": { "exitCode": 1, "message": message } },
+            }]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn failure_detail_is_the_newest_pods_termination_message() {
+        let refused = "BMC at 10.0.0.5 refused the login (answered 401): check Secret bmc";
+        let table: &[(&str, Vec<Pod>, Option<&str>)] = &[
+            ("no pods", vec![], None),
+            ("no message", vec![pod("2026-03-04T09:00:00Z", None)], None),
+            ("blank message", vec![pod("2026-03-04T09:00:00Z", Some(" \n"))], None),
+            (
+                "the newest pod wins",
+                vec![
+                    pod("2026-03-04T09:00:00Z", Some("older")),
+                    pod("2026-03-04T09:01:00Z", Some(refused)),
+                ],
+                Some(refused),
+            ),
+            (
+                "one line",
+                vec![pod("2026-03-04T09:00:00Z", Some("first\n  second\n"))],
+                Some("first second"),
+            ),
+        ];
+        for (name, pods, want) in table {
+            assert_eq!(failure_detail(pods).as_deref(), *want, "{name}");
+        }
+        let long = "x".repeat(1000);
+        let detail = failure_detail(&[pod("2026-03-04T09:00:00Z", Some(&long))]).unwrap();
+        assert_eq!(detail.len(), MAX_FAILURE_DETAIL);
+    }
 
     #[test]
     fn long_names_are_bounded_stable_and_distinct() {

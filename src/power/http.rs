@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{PowerError, Secrets};
+use super::{PowerError, Secrets, with_causes};
 use crate::api::{HttpPower, HttpRequest, PowerAction};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -24,9 +24,10 @@ pub async fn send(
         .timeout(TIMEOUT)
         .danger_accept_invalid_certs(settings.insecure_skip_verify)
         .build()
-        .map_err(|e| PowerError::protocol(&request.url, e))?;
+        .map_err(|e| PowerError::protocol(&request.url, with_causes(&e)))?;
     let built = build(&client, request, secrets)?;
-    let response = built.send().await.map_err(|e| PowerError::protocol(&request.url, e))?;
+    let response =
+        built.send().await.map_err(|e| PowerError::protocol(&request.url, with_causes(&e)))?;
     let status = response.status();
     if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
         let secret = credential_secrets(request);

@@ -72,6 +72,22 @@ impl PowerError {
     }
 }
 
+/// An error and its causes on one line: reqwest's own message ("error sending request") hides
+/// the reason (a refused connection, an untrusted certificate) in its sources.
+pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// What a finished action did, for the log and the person at the terminal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Done {

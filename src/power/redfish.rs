@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{PowerError, PowerState, Reads, Secrets};
+use super::{PowerError, PowerState, Reads, Secrets, with_causes};
 use crate::api::{PowerAction, Redfish};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -134,7 +134,7 @@ impl Bmc {
             .basic_auth(&self.user, Some(&self.password))
             .send()
             .await
-            .map_err(|e| PowerError::protocol(self.peer(), e))?;
+            .map_err(|e| PowerError::protocol(self.peer(), with_causes(&e)))?;
         self.check(response)
             .await?
             .json()
@@ -176,7 +176,7 @@ impl Reads for Bmc {
             .json(&json!({ "ResetType": reset_type }))
             .send()
             .await
-            .map_err(|e| PowerError::protocol(self.peer(), e))?;
+            .map_err(|e| PowerError::protocol(self.peer(), with_causes(&e)))?;
         self.check(response).await.map_err(|error| match error {
             PowerError::Protocol { peer, detail } => {
                 PowerError::Protocol { peer, detail: format!("ResetType {reset_type}: {detail}") }

@@ -9,7 +9,7 @@ use russh::ChannelMsg;
 use russh::client;
 use russh::keys::{PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
 
-use super::{PowerError, Secrets};
+use super::{PowerError, Secrets, with_causes};
 use crate::api::{DEFAULT_SSH_COMMAND, SshShutdown};
 
 const DEFAULT_PORT: u16 = 22;
@@ -93,7 +93,7 @@ pub async fn shutdown(settings: &SshShutdown, secrets: &Secrets) -> Result<Strin
                          in (if the machine was reinstalled, pin its new key)"
                     ),
                 ),
-                None => PowerError::protocol(&peer, error),
+                None => PowerError::protocol(&peer, with_causes(&error)),
             });
         }
     };

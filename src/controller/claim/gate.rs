@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
@@ -25,6 +26,20 @@ use crate::phase::Writer;
 fn plus(t: Timestamp, d: std::time::Duration) -> Timestamp {
     t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
         .unwrap_or(Timestamp::MAX)
+}
+
+/// What the startup Job's pod said when it failed (a power pod's error), if it said anything.
+/// Best effort: a failed read leaves the message as it was.
+async fn startup_failure_detail(ctx: &Context, job_name: &str) -> Option<String> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let selector = format!("{}={job_name}", jobs::JOB_NAME_LABEL);
+    match pods.list(&kube::api::ListParams::default().labels(&selector)).await {
+        Ok(list) => jobs::failure_detail(&list.items),
+        Err(error) => {
+            tracing::debug!(%error, job = job_name, "reading the failed Job's pods");
+            None
+        }
+    }
 }
 
 pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {
@@ -53,8 +68,14 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
             return Ok(deadline.map_or_else(Action::await_change, |d| requeue_at(ctx, d)));
         }
         JobOutcome::Failed => {
-            let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::Lifecycle)
-                .because("StartupJobFailed", format!("startup Job {job_name} failed or timed out"));
+            let detail = match startup_failure_detail(ctx, &job_name).await {
+                Some(detail) => format!(": {detail}"),
+                None => String::new(),
+            };
+            let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::Lifecycle).because(
+                "StartupJobFailed",
+                format!("startup Job {job_name} failed or timed out{detail}"),
+            );
             chokepoint::move_phase(ctx, claim, fail).await?;
             return Ok(Action::await_change());
         }

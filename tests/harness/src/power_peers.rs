@@ -73,12 +73,23 @@ pub struct RedfishPeer {
     pub user: String,
     pub password: String,
     pub system_uuid: String,
+    tls: bool,
     pub process: Process,
     _dir: tempfile::TempDir,
 }
 
 impl RedfishPeer {
+    /// Plain HTTP.
     pub async fn start() -> Result<Self> {
+        Self::start_with(None).await
+    }
+
+    /// HTTPS with the certificate and key in `tls_dir` (`tls.crt`, `tls.key`).
+    pub async fn start_tls(tls_dir: &Path) -> Result<Self> {
+        Self::start_with(Some(tls_dir)).await
+    }
+
+    async fn start_with(tls_dir: Option<&Path>) -> Result<Self> {
         let venv = peers_dir().join("venv/bin");
         let sushy = require(&venv.join("sushy-emulator").display().to_string())?;
         let python = venv.join("python");
@@ -86,7 +97,10 @@ impl RedfishPeer {
         let (user, password) = ("admin".to_string(), "secret".to_string());
         let hash = run(
             &python,
-            &["-c", "import bcrypt,sys; print(bcrypt.hashpw(b'secret', bcrypt.gensalt()).decode())"],
+            &[
+                "-c",
+                "import bcrypt,sys; print(bcrypt.hashpw(b'secret', bcrypt.gensalt()).decode())",
+            ],
         )?;
         let htpasswd = dir.path().join("htpasswd");
         std::fs::write(&htpasswd, format!("{user}:{}\n", hash.trim()))?;
@@ -100,11 +114,16 @@ impl RedfishPeer {
                  SUSHY_EMULATOR_LISTEN_PORT = {port}\n\
                  SUSHY_EMULATOR_FAKE_DRIVER = True\n\
                  SUSHY_EMULATOR_STATE_DIR = '{state}'\n\
-                 SUSHY_EMULATOR_AUTH_FILE = '{auth}'\n\
+                 SUSHY_EMULATOR_AUTH_FILE = '{auth}'\n{tls}\
                  SUSHY_EMULATOR_FAKE_SYSTEMS = [{{'uuid': '{system_uuid}', 'name': 'machine-1', \
                  'power_state': 'Off', 'nics': [{{'mac': '00:5c:52:31:3a:9c', 'ip': '172.22.0.100'}}]}}]\n",
                 state = dir.path().join("state").display(),
                 auth = htpasswd.display(),
+                tls = tls_dir.map_or_else(String::new, |d| format!(
+                    "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
+                    d.join("tls.crt").display(),
+                    d.join("tls.key").display()
+                )),
             ),
         )?;
         let process = Process::spawn(
@@ -115,28 +134,40 @@ impl RedfishPeer {
             dir.path(),
         )?;
         let url = format!("http://127.0.0.1:{port}/redfish/v1");
-        until("sushy-emulator to answer", start_timeout(), || process.ensure_running(), || {
-            let url = url.clone();
-            async move {
-                let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                stream
-                    .write_all(b"GET /redfish/v1 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-                    .await?;
-                let mut head = [0u8; 12];
-                stream.read_exact(&mut head).await?;
-                if !head.ends_with(b"200") {
-                    bail!("{url} answered {}", String::from_utf8_lossy(&head));
+        let tls = tls_dir.is_some();
+        until(
+            "sushy-emulator to answer",
+            start_timeout(),
+            || process.ensure_running(),
+            || {
+                let url = url.clone();
+                async move {
+                    if tls {
+                        // Listening is enough: the tests speak TLS to it themselves.
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                        return Ok(());
+                    }
+                    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    stream
+                        .write_all(b"GET /redfish/v1 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                        .await?;
+                    let mut head = [0u8; 12];
+                    stream.read_exact(&mut head).await?;
+                    if !head.ends_with(b"200") {
+                        bail!("{url} answered {}", String::from_utf8_lossy(&head));
+                    }
+                    Ok(())
                 }
-                Ok(())
-            }
-        })
+            },
+        )
         .await?;
-        Ok(Self { port, user, password, system_uuid, process, _dir: dir })
+        Ok(Self { port, user, password, system_uuid, tls, process, _dir: dir })
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 }
 
@@ -220,11 +251,16 @@ impl IpmiPeer {
             dir.path(),
         )?;
         let peer = Self { port, user, password, power_file, process, _dir: dir };
-        until("ipmi_sim to answer ipmitool", start_timeout(), || peer.process.ensure_running(), || {
-            let ipmitool = ipmitool.clone();
-            let peer = &peer;
-            async move { peer.ipmitool(&ipmitool, &["chassis", "power", "status"]).map(|_| ()) }
-        })
+        until(
+            "ipmi_sim to answer ipmitool",
+            start_timeout(),
+            || peer.process.ensure_running(),
+            || {
+                let ipmitool = ipmitool.clone();
+                let peer = &peer;
+                async move { peer.ipmitool(&ipmitool, &["chassis", "power", "status"]).map(|_| ()) }
+            },
+        )
         .await?;
         Ok(peer)
     }
@@ -232,8 +268,22 @@ impl IpmiPeer {
     fn ipmitool(&self, ipmitool: &Path, args: &[&str]) -> Result<String> {
         let port = self.port.to_string();
         let mut all = vec![
-            "-I", "lanplus", "-H", "127.0.0.1", "-p", &port, "-U", &self.user, "-P", &self.password,
-            "-C", "3", "-N", "1", "-R", "1",
+            "-I",
+            "lanplus",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            &self.user,
+            "-P",
+            &self.password,
+            "-C",
+            "3",
+            "-N",
+            "1",
+            "-R",
+            "1",
         ];
         all.extend_from_slice(args);
         run(ipmitool, &all)
@@ -241,7 +291,10 @@ impl IpmiPeer {
 
     /// What `ipmitool chassis power status` says: an independent reading of the chassis.
     pub fn reference_status(&self) -> Result<String> {
-        Ok(self.ipmitool(&require("ipmitool")?, &["chassis", "power", "status"])?.trim().to_string())
+        Ok(self
+            .ipmitool(&require("ipmitool")?, &["chassis", "power", "status"])?
+            .trim()
+            .to_string())
     }
 
     /// The chassis power as the simulated machine holds it (`0` or `1`).
@@ -300,10 +353,15 @@ impl SshPeer {
             &path.join("home"),
             &path,
         )?;
-        until("sshd to listen", start_timeout(), || process.ensure_running(), || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-            Ok(())
-        })
+        until(
+            "sshd to listen",
+            start_timeout(),
+            || process.ensure_running(),
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                Ok(())
+            },
+        )
         .await?;
         let host_pub = std::fs::read_to_string(path.join("host.pub"))?;
         let host_key = host_pub.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
