@@ -178,7 +178,7 @@ async fn each_driver_becomes_jobs_the_apiserver_accepts() {
             assert!(!settings.secrets_of(kind).iter().any(|s| !want.contains(s)), "{what}");
         }
     }
-    // The pod spec that mentions the node selector keeps it.
+    // spec.power.nodeSelector places the pods (on a node of the machines' LAN).
     let placed = job_api.get("wol-ssh-startup").await.expect("job");
     let selector = placed.spec.and_then(|s| s.template.spec).and_then(|p| p.node_selector);
     assert_eq!(selector.unwrap_or_default()["kubernetes.io/hostname"], "gateway");
