@@ -1,4 +1,5 @@
-//! The group controller: counts a pool's slots and live claims into its status.
+//! The group controller: counts a pool's slots and live claims into its status, says when a pool
+//! has no slot, and keeps the pool's savings report (see [`crate::savings`]).
 
 use std::sync::Arc;
 
@@ -9,12 +10,17 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::error::{KubeContext, Result};
 use super::params;
 use super::{Context, GroupInputs};
-use crate::api::{GROUP_LABEL, Group, GroupClaimCounts, NodeClaim, NodeClaimPhase};
-use crate::phase;
+use crate::api::{
+    GROUP_LABEL, Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
+};
+use crate::savings::{self, SlotSample};
+use crate::{phase, telemetry};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
     let ns_slots = ctx.namespace.clone();
@@ -31,6 +37,7 @@ pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: Cancel
             Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    let reconcile = |group, ctx| telemetry::reconcile("group", reconcile(group, ctx));
     super::drive("group", controller.run(reconcile, super::error_policy, ctx)).await;
 }
 
@@ -48,29 +55,151 @@ pub fn count<'a>(claims: impl IntoIterator<Item = &'a NodeClaim>) -> GroupClaimC
     counts
 }
 
+/// How often a pool's savings report is brought up to date while its power does not change.
+pub const SAVINGS_STEP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The condition that says whether a pool has slots at all.
+pub const CONDITION_HAS_SLOTS: &str = "HasSlots";
+
+/// What the slot contributes to its pool's savings report.
+fn savings_sample(slot: &Node, group: &Group) -> SlotSample {
+    let status = slot.status.as_ref();
+    let powered = status.and_then(|s| s.power_state) == Some(ObservedPower::On)
+        || matches!(
+            status.and_then(|s| s.phase),
+            Some(SlotPhase::Booting | SlotPhase::Ready | SlotPhase::Draining)
+        );
+    let pricing = slot.spec.pricing.as_ref().or(group.spec.pricing.as_ref());
+    SlotSample {
+        name: slot.metadata.name.clone().unwrap_or_default(),
+        powered,
+        hourly_rate: pricing.map_or(0.0, |p| p.hourly_rate),
+    }
+}
+
+/// Slots by reported phase, every phase named (an absent report reads as off).
+fn slot_phases(slots: &[&Node]) -> [(&'static str, i64); 5] {
+    let mut counts = [("off", 0), ("pending", 0), ("booting", 0), ("ready", 0), ("draining", 0)];
+    for slot in slots {
+        let index = match slot.status.as_ref().and_then(|s| s.phase) {
+            None | Some(SlotPhase::Off) => 0,
+            Some(SlotPhase::Pending) => 1,
+            Some(SlotPhase::Booting) => 2,
+            Some(SlotPhase::Ready) => 3,
+            Some(SlotPhase::Draining) => 4,
+        };
+        counts[index].1 += 1;
+    }
+    counts
+}
+
+/// The HasSlots condition for a pool of `slots` slots, keeping the transition time of
+/// `previous` when the status is unchanged.
+pub fn has_slots_condition(
+    group: &str,
+    slots: usize,
+    generation: Option<i64>,
+    previous: Option<&Condition>,
+    now: Time,
+) -> Condition {
+    let (status, reason, message) = if slots == 0 {
+        (
+            "False",
+            "NoSlots",
+            format!(
+                "No slot carries the label group={group}, so this pool cannot power any machine; \
+                 label a slot (nodes.infra.homecluster.dev) with group: {group}."
+            ),
+        )
+    } else {
+        let noun = if slots == 1 { "slot carries" } else { "slots carry" };
+        ("True", "SlotsFound", format!("{slots} {noun} the label group={group}."))
+    };
+    let last_transition_time =
+        previous.filter(|c| c.status == status).map_or(now, |c| c.last_transition_time.clone());
+    Condition {
+        type_: CONDITION_HAS_SLOTS.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
 async fn reconcile(group: Arc<Group>, ctx: Arc<Context>) -> Result<Action> {
     let name = group.metadata.name.clone().unwrap_or_default();
-    let slots = ctx
-        .stores
-        .slots
-        .state()
+    let span = tracing::info_span!("reconcile_group", group = %name);
+    reconcile_group(group, ctx, name).instrument(span).await
+}
+
+async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> Result<Action> {
+    let all_slots = ctx.stores.slots.state();
+    let slots: Vec<&Node> = all_slots
         .iter()
-        .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name))
-        .count();
+        .map(AsRef::as_ref)
+        .filter(|s: &&Node| {
+            s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name)
+        })
+        .collect();
     let claims = ctx.stores.claims.state();
     let counts = count(claims.iter().map(AsRef::as_ref).filter(|c| c.spec.request.group == name));
     let status = group.status.clone().unwrap_or_default();
-    let slots = i32::try_from(slots).unwrap_or(i32::MAX);
+    let now = ctx.now();
+
+    let samples: Vec<SlotSample> = slots.iter().map(|s| savings_sample(s, &group)).collect();
+    let savings_due = savings::due(status.savings.as_ref(), &samples, now, SAVINGS_STEP);
+    let report = if savings_due {
+        savings::accrue(status.savings.as_ref(), &samples, now)
+    } else {
+        status.savings.clone().unwrap_or_else(|| savings::accrue(None, &samples, now))
+    };
+    telemetry::group_observed(
+        &name,
+        [
+            ("pending", i64::from(counts.pending)),
+            ("booting", i64::from(counts.booting)),
+            ("ready", i64::from(counts.ready)),
+        ],
+        slot_phases(&slots),
+    );
+    telemetry::savings_reported(
+        &name,
+        &telemetry::SavingsSample {
+            seconds_on: report.machine_hours_on * 3600.0,
+            seconds_off: report.machine_hours_off * 3600.0,
+            cost: report.cost,
+            always_on_cost: report.always_on_cost,
+            saved: report.saved,
+        },
+    );
+
+    let previous = status.conditions.iter().find(|c| c.type_ == CONDITION_HAS_SLOTS);
+    let condition =
+        has_slots_condition(&name, slots.len(), group.metadata.generation, previous, Time(now));
+    let slots = i32::try_from(slots.len()).unwrap_or(i32::MAX);
+    let requeue = Action::requeue(SAVINGS_STEP);
     if status.slots == slots
         && status.claims == counts
         && status.observed_generation == group.metadata.generation
+        && previous == Some(&condition)
+        && !savings_due
     {
-        return Ok(Action::await_change());
+        return Ok(requeue);
     }
-    let patch = json!({ "status": { "slots": slots, "claims": counts, "observedGeneration": group.metadata.generation } });
+    let mut conditions: Vec<Condition> =
+        status.conditions.into_iter().filter(|c| c.type_ != CONDITION_HAS_SLOTS).collect();
+    conditions.push(condition);
+    let patch = json!({ "status": {
+        "slots": slots,
+        "claims": counts,
+        "observedGeneration": group.metadata.generation,
+        "savings": report,
+        "conditions": conditions,
+    } });
     Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace)
         .patch_status(&name, &params(), &Patch::Merge(&patch))
         .await
         .during(|| format!("writing the status of group {name}"))?;
-    Ok(Action::await_change())
+    Ok(requeue)
 }
