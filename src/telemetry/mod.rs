@@ -66,6 +66,16 @@ pub fn claim_ready(group: &str, since_request: Option<Duration>, since_boot: Opt
     }
 }
 
+/// A boot passed its readiness gate: its startup Job ran `job` (when its start is known) and
+/// its node took `gate` from appearing to passing the gate.
+pub fn boot_stages(group: &str, job: Option<Duration>, gate: Duration) {
+    let g = [label("group", group)];
+    if let Some(job) = job {
+        m().startup_job.get_or_create(&g).observe(job.as_secs_f64());
+    }
+    m().readiness_gate.get_or_create(&g).observe(gate.as_secs_f64());
+}
+
 /// An admission request was answered; `denied` is the denial's reason, if it was denied.
 pub fn webhook_answered(webhook: &'static str, took: Duration, denied: Option<&str>) {
     let allowed = if denied.is_some() { "false" } else { "true" };
@@ -127,6 +137,15 @@ pub fn group_observed<'a>(
     claims: impl IntoIterator<Item = (&'a str, i64)>,
     slots: impl IntoIterator<Item = (&'a str, i64)>,
 ) {
+    // The group's claim series exist from its first sight, at zero: a histogram or counter
+    // that first appears already counting shows no increase to rate() (its first scrape is its
+    // baseline), so a burst of boots would be lost to the dashboard.
+    let g = [label("group", group)];
+    drop(m().request_to_ready.get_or_create(&g));
+    drop(m().boot_to_ready.get_or_create(&g));
+    drop(m().startup_job.get_or_create(&g));
+    drop(m().readiness_gate.get_or_create(&g));
+    drop(m().deadline_failures.get_or_create(&g));
     for (phase, n) in claims {
         m().claims.get_or_create(&[label("group", group), label("phase", phase)]).set(n);
     }

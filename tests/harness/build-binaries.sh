@@ -157,8 +157,9 @@ if [[ $want == e2e || $want == all ]]; then
 fi
 # Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the
 # exposition format. `remove_all_sd` leaves out the cloud service-discovery plugins (the tests
-# use static_configs) and without `builtinassets` the web UI is not embedded, which halves the
-# build. Cold build on the 2-core dev machine: see docs/testing.md.
+# use static_configs; their SDKs are most of Prometheus's dependencies), and without the
+# `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
+# on the 2-core dev machine: docs/testing.md.
 if [[ $want == e2e || $want == all ]]; then
   build prometheus "" "remove_all_sd" \
     prometheus=github.com/prometheus/prometheus/cmd/prometheus \

@@ -173,7 +173,9 @@ pub async fn move_phase(ctx: &Context, claim: &NodeClaim, change: PhaseMove) -> 
         reason: change.reason,
         message: change.message.as_deref(),
     });
-    telemetry::claim_moved(group, &format!("{from:?}"), &format!("{:?}", change.to), change.reason);
+    // A new claim's first write is counted as from `New`, not as a move from pending to pending.
+    let from_label = if first_write { "New".to_string() } else { format!("{from:?}") };
+    telemetry::claim_moved(group, &from_label, &format!("{:?}", change.to), change.reason);
     match change.to {
         NodeClaimPhase::Booting => telemetry::boot_committed(group, attempt),
         NodeClaimPhase::Ready => {
