@@ -284,3 +284,46 @@ async fn ready_waits_for_the_caches() {
         serde_json::from_str::<serde_json::Value>(line).with_context(|| line.to_string()).unwrap();
     }
 }
+
+/// The chart ships the dashboard as a ConfigMap the Grafana sidecar finds by its label, holding
+/// exactly the JSON the Prometheus test above ran; disabled (the default), it renders nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_ships_the_dashboard_for_the_grafana_sidecar() {
+    let helm = homelab_harness::binaries::binaries(homelab_harness::binaries::Profile::E2e)
+        .await
+        .expect("helm")
+        .path("helm");
+    let chart = homelab_harness::repo_path("charts/homelab-autoscaler");
+    let home = tempfile::tempdir().unwrap();
+    let render = |extra: &[&str]| {
+        let mut args =
+            vec!["template", "hla", chart.to_str().unwrap(), "--set", "webhook.certManager=false"];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(&helm)
+            .args(&args)
+            .env("HOME", home.path())
+            .output()
+            .expect("run helm");
+        assert!(out.status.success(), "helm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(!render(&[]).contains("grafana_dashboard"), "the dashboard is off by default");
+    let rendered = render(&[
+        "--set",
+        "dashboard.enabled=true",
+        "--set",
+        "dashboard.annotations.grafana_folder=homelab",
+        "--show-only",
+        "templates/dashboard.yaml",
+    ]);
+    let map: k8s_openapi::api::core::v1::ConfigMap =
+        serde_yaml::from_str(&rendered).expect("a ConfigMap");
+    let labels = map.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("grafana_dashboard").map(String::as_str), Some("1"), "{rendered}");
+    let annotations = map.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("grafana_folder").map(String::as_str), Some("homelab"));
+    let shipped = map.data.unwrap_or_default().remove("homelab-autoscaler.json").expect("the JSON");
+    let file = std::fs::read_to_string(chart.join("dashboards/homelab-autoscaler.json")).unwrap();
+    let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text).expect("JSON");
+    assert_eq!(parse(&shipped), parse(&file));
+}
