@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -20,7 +20,6 @@ use crate::api::{
 };
 use crate::savings::{self, SlotSample};
 use crate::{phase, telemetry};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
     let ns_slots = ctx.namespace.clone();
@@ -202,4 +201,69 @@ async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> 
         .await
         .during(|| format!("writing the status of group {name}"))?;
     Ok(requeue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap())
+    }
+
+    #[test]
+    fn the_has_slots_condition_says_what_the_pool_lacks() {
+        let empty = has_slots_condition("idle", 0, Some(1), None, at(0));
+        assert_eq!((empty.status.as_str(), empty.reason.as_str()), ("False", "NoSlots"));
+        assert!(empty.message.contains("label a slot"), "{}", empty.message);
+        // Unchanged status keeps its transition time; a change moves it.
+        let still = has_slots_condition("idle", 0, Some(2), Some(&empty), at(60));
+        assert_eq!(still.last_transition_time, at(0));
+        let found = has_slots_condition("idle", 1, Some(2), Some(&still), at(120));
+        assert_eq!((found.status.as_str(), found.reason.as_str()), ("True", "SlotsFound"));
+        assert_eq!(found.message, "1 slot carries the label group=idle.");
+        assert_eq!(found.last_transition_time, at(120));
+        let more = has_slots_condition("idle", 3, Some(2), Some(&found), at(180));
+        assert_eq!(more.message, "3 slots carry the label group=idle.");
+        assert_eq!(more.last_transition_time, at(120));
+    }
+
+    #[test]
+    fn a_slot_is_priced_by_its_own_pricing_else_its_pools() {
+        use crate::api::{NodeStatus, ObservedPower, Pricing};
+        let mut group = crate::fixtures::group("pool");
+        group.spec.pricing = Some(Pricing { hourly_rate: 0.05, pod_rate: 0.0 });
+        let mut own = crate::fixtures::slot("own", "pool");
+        own.spec.pricing = Some(Pricing { hourly_rate: 0.3, pod_rate: 0.0 });
+        own.status = Some(NodeStatus { phase: Some(SlotPhase::Draining), ..Default::default() });
+        let mut inherits = crate::fixtures::slot("inherits", "pool");
+        inherits.spec.pricing = None;
+        inherits.status =
+            Some(NodeStatus { power_state: Some(ObservedPower::On), ..Default::default() });
+        let mut off = crate::fixtures::slot("off", "pool");
+        off.spec.pricing = None;
+        off.status = Some(NodeStatus { phase: Some(SlotPhase::Pending), ..Default::default() });
+        let table = [(&own, true, 0.3), (&inherits, true, 0.05), (&off, false, 0.05)];
+        for (slot, powered, rate) in table {
+            let sample = savings_sample(slot, &group);
+            assert_eq!((sample.powered, sample.hourly_rate), (powered, rate), "{}", sample.name);
+        }
+        group.spec.pricing = None;
+        assert_eq!(savings_sample(&off, &group).hourly_rate, 0.0);
+    }
+
+    #[test]
+    fn slots_count_by_reported_phase() {
+        let slot = |phase: Option<SlotPhase>| {
+            let mut node = crate::fixtures::slot("s", "pool");
+            node.status = Some(crate::api::NodeStatus { phase, ..Default::default() });
+            node
+        };
+        let nodes = [slot(None), slot(Some(SlotPhase::Off)), slot(Some(SlotPhase::Ready))];
+        let refs: Vec<&Node> = nodes.iter().collect();
+        let counts = slot_phases(&refs);
+        assert_eq!(counts[0], ("off", 2));
+        assert_eq!(counts[3], ("ready", 1));
+        assert_eq!(counts.iter().map(|c| c.1).sum::<i64>(), 3);
+    }
 }
