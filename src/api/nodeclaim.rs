@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
         priority = 1
     ),
     printcolumn(name = "Job", type_ = "string", json_path = ".status.startupJob", priority = 1),
-    printcolumn(name = "Ready-For", type_ = "date", json_path = ".status.readyAt", priority = 1),
+    printcolumn(name = "Ready", type_ = "date", json_path = ".status.readyAt", priority = 1),
     printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
