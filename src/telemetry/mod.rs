@@ -113,9 +113,20 @@ pub async fn reconcile<T, E>(
     result
 }
 
-/// Whether this replica leads (holds the Lease and runs the controllers).
+/// Whether this replica leads (holds the Lease and runs the controllers). A replica that stops
+/// leading drops the gauges only the leader keeps (claims, slots, savings, the scaler's), so a
+/// dashboard summing over replicas does not count a former leader's last values.
 pub fn set_leader(leading: bool) {
     m().leader.set(i64::from(leading));
+    if !leading {
+        m().claims.clear();
+        m().slots.clear();
+        m().machine_seconds.clear();
+        m().cost.clear();
+        m().savings.clear();
+        m().scaler_demand.clear();
+        m().scaler_target.clear();
+    }
 }
 
 /// Whether the caches this replica serves from have synced.
@@ -179,6 +190,20 @@ pub fn savings_reported(group: &str, report: &SavingsSample) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_that_stops_leading_drops_the_leaders_gauges() {
+        group_observed("ex-leader", [("ready", 2)], [("ready", 2)]);
+        assert!(
+            render(None)
+                .1
+                .contains("homelab_autoscaler_claims{group=\"ex-leader\",phase=\"ready\"} 2")
+        );
+        set_leader(false);
+        let (_, text) = render(None);
+        assert!(!text.contains("group=\"ex-leader\",phase="), "{text}");
+        assert!(text.contains("homelab_autoscaler_leader 0"), "{text}");
+    }
 
     #[test]
     fn recorded_values_show_in_the_exposition() {
