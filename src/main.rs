@@ -10,6 +10,19 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written: `text` for people, `json` for a log pipeline.
+    #[arg(long, global = true, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// What is logged: a level (`info`, `debug`) or tracing directives
+    /// (`info,homelab_autoscaler::controller=debug`).
+    #[arg(long, global = true, env = "RUST_LOG", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -55,25 +68,28 @@ enum ManifestsAction {
     },
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat, level: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(level).with_context(|| {
+        format!("--log-level {level:?} is not a level or a tracing directive list")
+    })?;
     // Colours only for a person at a terminal: a log file or a container's log stays plain.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(ansi);
-    if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().init();
-    } else {
-        builder.init();
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
     }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(cli.log_format, &cli.log_level)?;
     match cli.command {
         Command::Run(args) => {
             let runtime = tokio::runtime::Runtime::new()?;

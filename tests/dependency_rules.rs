@@ -169,3 +169,21 @@ fn the_scan_finds_imports_and_cycles() {
     let tree = graph(&[("pricing", "template"), ("template", "choice"), ("pricing", "choice")]);
     assert_eq!(find_cycle(&tree), None);
 }
+
+#[test]
+fn the_pure_model_records_no_telemetry() {
+    // Metrics are recorded by the parts that act (controllers, webhooks, the gRPC server, the
+    // scaler's loop); the model they consult stays free of them.
+    for dir in ["api", "phase", "claim"] {
+        let files = files_naming(dir, "telemetry");
+        assert!(files.is_empty(), "src/{dir} is pure and must not record metrics: {files:?}");
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for file in ["savings.rs", "scaler/decide.rs", "scaler/demand.rs", "scaler/target.rs"] {
+        let source = source_of(&root, file);
+        assert!(
+            !source.contains("crate::telemetry"),
+            "src/{file} is pure and must not record metrics"
+        );
+    }
+}

@@ -855,6 +855,11 @@ async fn group_rules_are_enforced() {
     let (ok, _, stderr) = w.kubectl(&["apply", "-f", &file, "-n", &w.ns]).await;
     assert!(ok, "kubectl apply failed: {stderr}");
     assert!(!stderr.contains("spec.minSize"), "an unexpected warning:\n{stderr}");
+    // A pool without slots is accepted, with a word about it.
+    assert!(
+        stderr.contains("Warning: group small has no slots"),
+        "no empty-group warning in kubectl's output:\n{stderr}"
+    );
     assert!(!stderr.contains("MaxNodeStartupTime"), "an unexpected warning:\n{stderr}");
 
     // Overriding a cluster-autoscaler option is allowed, with a warning that it costs the pool

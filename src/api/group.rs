@@ -30,6 +30,14 @@ use super::common::{Pricing, TaintSelector};
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.claims.ready"),
     printcolumn(name = "Booting", type_ = "integer", json_path = ".status.claims.booting"),
     printcolumn(name = "Pending", type_ = "integer", json_path = ".status.claims.pending"),
+    printcolumn(name = "Cost", type_ = "number", json_path = ".status.savings.cost"),
+    printcolumn(name = "Saved", type_ = "number", json_path = ".status.savings.saved"),
+    printcolumn(
+        name = "Hours-On",
+        type_ = "number",
+        json_path = ".status.savings.machineHoursOn",
+        priority = 1
+    ),
     printcolumn(
         name = "Provision",
         type_ = "string",
@@ -209,10 +217,39 @@ pub struct GroupStatus {
     /// The built-in scaler's last decision, when `driver` is `builtin`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision: Option<ScalerDecision>,
+    /// What powering machines on demand cost, and saved against keeping every slot on
+    /// (docs/operations.md explains the arithmetic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savings: Option<GroupSavings>,
     /// Conditions of the pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The savings report of a pool: machine-hours on and off since `since`, priced with each
+/// slot's `pricing.hourlyRate` (else the pool's), against the cost of every slot always on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupSavings {
+    /// When the accounting started (the first time the operator saw the pool).
+    pub since: Time,
+    /// When the report was last brought up to date.
+    pub observed_at: Time,
+    /// The slots drawing power at `observedAt`: the time until the next update is charged to
+    /// them as on, to every other slot as off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub powered: Vec<String>,
+    /// Machine-hours spent powered (booting, ready or draining).
+    pub machine_hours_on: f64,
+    /// Machine-hours spent off.
+    pub machine_hours_off: f64,
+    /// What the powered hours cost, in the pricing's currency.
+    pub cost: f64,
+    /// What the same hours would have cost with every slot always on.
+    pub always_on_cost: f64,
+    /// `alwaysOnCost - cost`.
+    pub saved: f64,
 }
 
 /// Live claims of a pool by phase; an empty phase counts as pending.

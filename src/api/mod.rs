@@ -9,7 +9,7 @@ mod slot;
 
 pub use common::{Pricing, TaintSelector};
 pub use group::{
-    BuiltinScaler, Group, GroupClaimCounts, GroupSpec, GroupStatus, ScaleDownOptions,
+    BuiltinScaler, Group, GroupClaimCounts, GroupSavings, GroupSpec, GroupStatus, ScaleDownOptions,
     ScalerDecision, ScalingDriver, default_readiness_taints,
 };
 pub use nodeclaim::{

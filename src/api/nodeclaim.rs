@@ -40,6 +40,9 @@ use serde::{Deserialize, Serialize};
         json_path = ".spec.requestedBy",
         priority = 1
     ),
+    printcolumn(name = "Job", type_ = "string", json_path = ".status.startupJob", priority = 1),
+    printcolumn(name = "Ready", type_ = "date", json_path = ".status.readyAt", priority = 1),
+    printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

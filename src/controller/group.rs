@@ -1,20 +1,25 @@
-//! The group controller: counts a pool's slots and live claims into its status.
+//! The group controller: counts a pool's slots and live claims into its status, says when a pool
+//! has no slot, and keeps the pool's savings report (see [`crate::savings`]).
 
 use std::sync::Arc;
 
 use futures::StreamExt;
-
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::error::{KubeContext, Result};
 use super::params;
 use super::{Context, GroupInputs};
-use crate::api::{GROUP_LABEL, Group, GroupClaimCounts, NodeClaim, NodeClaimPhase};
-use crate::phase;
+use crate::api::{
+    GROUP_LABEL, Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
+};
+use crate::savings::{self, SlotSample};
+use crate::{phase, telemetry};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
     let ns_slots = ctx.namespace.clone();
@@ -31,6 +36,7 @@ pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: Cancel
             Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    let reconcile = |group, ctx| telemetry::reconcile("group", reconcile(group, ctx));
     super::drive("group", controller.run(reconcile, super::error_policy, ctx)).await;
 }
 
@@ -48,29 +54,216 @@ pub fn count<'a>(claims: impl IntoIterator<Item = &'a NodeClaim>) -> GroupClaimC
     counts
 }
 
+/// How often a pool's savings report is brought up to date while its power does not change.
+pub const SAVINGS_STEP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The condition that says whether a pool has slots at all.
+pub const CONDITION_HAS_SLOTS: &str = "HasSlots";
+
+/// What the slot contributes to its pool's savings report.
+fn savings_sample(slot: &Node, group: &Group) -> SlotSample {
+    let status = slot.status.as_ref();
+    let powered = status.and_then(|s| s.power_state) == Some(ObservedPower::On)
+        || matches!(
+            status.and_then(|s| s.phase),
+            Some(SlotPhase::Booting | SlotPhase::Ready | SlotPhase::Draining)
+        );
+    let pricing = slot.spec.pricing.as_ref().or(group.spec.pricing.as_ref());
+    SlotSample {
+        name: slot.metadata.name.clone().unwrap_or_default(),
+        powered,
+        hourly_rate: pricing.map_or(0.0, |p| p.hourly_rate),
+    }
+}
+
+/// Slots by reported phase, every phase named (an absent report reads as off).
+fn slot_phases(slots: &[&Node]) -> [(&'static str, i64); 5] {
+    let mut counts = [("off", 0), ("pending", 0), ("booting", 0), ("ready", 0), ("draining", 0)];
+    for slot in slots {
+        let index = match slot.status.as_ref().and_then(|s| s.phase) {
+            None | Some(SlotPhase::Off) => 0,
+            Some(SlotPhase::Pending) => 1,
+            Some(SlotPhase::Booting) => 2,
+            Some(SlotPhase::Ready) => 3,
+            Some(SlotPhase::Draining) => 4,
+        };
+        counts[index].1 += 1;
+    }
+    counts
+}
+
+/// The HasSlots condition for a pool of `slots` slots, keeping the transition time of
+/// `previous` when the status is unchanged.
+pub fn has_slots_condition(
+    group: &str,
+    slots: usize,
+    generation: Option<i64>,
+    previous: Option<&Condition>,
+    now: Time,
+) -> Condition {
+    let (status, reason, message) = if slots == 0 {
+        (
+            "False",
+            "NoSlots",
+            format!(
+                "No slot carries the label group={group}, so this pool cannot power any machine; \
+                 label a slot (nodes.infra.homecluster.dev) with group: {group}."
+            ),
+        )
+    } else {
+        let noun = if slots == 1 { "slot carries" } else { "slots carry" };
+        ("True", "SlotsFound", format!("{slots} {noun} the label group={group}."))
+    };
+    let last_transition_time =
+        previous.filter(|c| c.status == status).map_or(now, |c| c.last_transition_time.clone());
+    Condition {
+        type_: CONDITION_HAS_SLOTS.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
 async fn reconcile(group: Arc<Group>, ctx: Arc<Context>) -> Result<Action> {
     let name = group.metadata.name.clone().unwrap_or_default();
-    let slots = ctx
-        .stores
-        .slots
-        .state()
+    let span = tracing::info_span!("reconcile_group", group = %name);
+    reconcile_group(group, ctx, name).instrument(span).await
+}
+
+async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> Result<Action> {
+    let all_slots = ctx.stores.slots.state();
+    let slots: Vec<&Node> = all_slots
         .iter()
-        .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name))
-        .count();
+        .map(AsRef::as_ref)
+        .filter(|s: &&Node| {
+            s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name)
+        })
+        .collect();
     let claims = ctx.stores.claims.state();
     let counts = count(claims.iter().map(AsRef::as_ref).filter(|c| c.spec.request.group == name));
     let status = group.status.clone().unwrap_or_default();
-    let slots = i32::try_from(slots).unwrap_or(i32::MAX);
+    let now = ctx.now();
+
+    let samples: Vec<SlotSample> = slots.iter().map(|s| savings_sample(s, &group)).collect();
+    let savings_due = savings::due(status.savings.as_ref(), &samples, now, SAVINGS_STEP);
+    let report = if savings_due {
+        savings::accrue(status.savings.as_ref(), &samples, now)
+    } else {
+        status.savings.clone().unwrap_or_else(|| savings::accrue(None, &samples, now))
+    };
+    telemetry::group_observed(
+        &name,
+        [
+            ("pending", i64::from(counts.pending)),
+            ("booting", i64::from(counts.booting)),
+            ("ready", i64::from(counts.ready)),
+        ],
+        slot_phases(&slots),
+    );
+    telemetry::savings_reported(
+        &name,
+        &telemetry::SavingsSample {
+            seconds_on: report.machine_hours_on * 3600.0,
+            seconds_off: report.machine_hours_off * 3600.0,
+            cost: report.cost,
+            always_on_cost: report.always_on_cost,
+            saved: report.saved,
+        },
+    );
+
+    let previous = status.conditions.iter().find(|c| c.type_ == CONDITION_HAS_SLOTS);
+    let condition =
+        has_slots_condition(&name, slots.len(), group.metadata.generation, previous, Time(now));
+    let slots = i32::try_from(slots.len()).unwrap_or(i32::MAX);
+    let requeue = Action::requeue(SAVINGS_STEP);
     if status.slots == slots
         && status.claims == counts
         && status.observed_generation == group.metadata.generation
+        && previous == Some(&condition)
+        && !savings_due
     {
-        return Ok(Action::await_change());
+        return Ok(requeue);
     }
-    let patch = json!({ "status": { "slots": slots, "claims": counts, "observedGeneration": group.metadata.generation } });
+    let mut conditions: Vec<Condition> =
+        status.conditions.into_iter().filter(|c| c.type_ != CONDITION_HAS_SLOTS).collect();
+    conditions.push(condition);
+    let patch = json!({ "status": {
+        "slots": slots,
+        "claims": counts,
+        "observedGeneration": group.metadata.generation,
+        "savings": report,
+        "conditions": conditions,
+    } });
     Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace)
         .patch_status(&name, &params(), &Patch::Merge(&patch))
         .await
         .during(|| format!("writing the status of group {name}"))?;
-    Ok(Action::await_change())
+    Ok(requeue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap())
+    }
+
+    #[test]
+    fn the_has_slots_condition_says_what_the_pool_lacks() {
+        let empty = has_slots_condition("idle", 0, Some(1), None, at(0));
+        assert_eq!((empty.status.as_str(), empty.reason.as_str()), ("False", "NoSlots"));
+        assert!(empty.message.contains("label a slot"), "{}", empty.message);
+        // Unchanged status keeps its transition time; a change moves it.
+        let still = has_slots_condition("idle", 0, Some(2), Some(&empty), at(60));
+        assert_eq!(still.last_transition_time, at(0));
+        let found = has_slots_condition("idle", 1, Some(2), Some(&still), at(120));
+        assert_eq!((found.status.as_str(), found.reason.as_str()), ("True", "SlotsFound"));
+        assert_eq!(found.message, "1 slot carries the label group=idle.");
+        assert_eq!(found.last_transition_time, at(120));
+        let more = has_slots_condition("idle", 3, Some(2), Some(&found), at(180));
+        assert_eq!(more.message, "3 slots carry the label group=idle.");
+        assert_eq!(more.last_transition_time, at(120));
+    }
+
+    #[test]
+    fn a_slot_is_priced_by_its_own_pricing_else_its_pools() {
+        use crate::api::{NodeStatus, ObservedPower, Pricing};
+        let mut group = crate::fixtures::group("pool");
+        group.spec.pricing = Some(Pricing { hourly_rate: 0.05, pod_rate: 0.0 });
+        let mut own = crate::fixtures::slot("own", "pool");
+        own.spec.pricing = Some(Pricing { hourly_rate: 0.3, pod_rate: 0.0 });
+        own.status = Some(NodeStatus { phase: Some(SlotPhase::Draining), ..Default::default() });
+        let mut inherits = crate::fixtures::slot("inherits", "pool");
+        inherits.spec.pricing = None;
+        inherits.status =
+            Some(NodeStatus { power_state: Some(ObservedPower::On), ..Default::default() });
+        let mut off = crate::fixtures::slot("off", "pool");
+        off.spec.pricing = None;
+        off.status = Some(NodeStatus { phase: Some(SlotPhase::Pending), ..Default::default() });
+        let table = [(&own, true, 0.3), (&inherits, true, 0.05), (&off, false, 0.05)];
+        for (slot, powered, rate) in table {
+            let sample = savings_sample(slot, &group);
+            assert_eq!((sample.powered, sample.hourly_rate), (powered, rate), "{}", sample.name);
+        }
+        group.spec.pricing = None;
+        assert_eq!(savings_sample(&off, &group).hourly_rate, 0.0);
+    }
+
+    #[test]
+    fn slots_count_by_reported_phase() {
+        let slot = |phase: Option<SlotPhase>| {
+            let mut node = crate::fixtures::slot("s", "pool");
+            node.status = Some(crate::api::NodeStatus { phase, ..Default::default() });
+            node
+        };
+        let nodes = [slot(None), slot(Some(SlotPhase::Off)), slot(Some(SlotPhase::Ready))];
+        let refs: Vec<&Node> = nodes.iter().collect();
+        let counts = slot_phases(&refs);
+        assert_eq!(counts[0], ("off", 2));
+        assert_eq!(counts[3], ("ready", 1));
+        assert_eq!(counts.iter().map(|c| c.1).sum::<i64>(), 3);
+    }
 }

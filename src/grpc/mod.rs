@@ -4,6 +4,7 @@
 //! [`tls`]). Every decision lives in [`crate::provider`].
 
 pub mod convert;
+mod measure;
 pub mod serve;
 pub mod server;
 pub mod status;

@@ -15,6 +15,7 @@ use tonic::transport::Server;
 use crate::provider::Provider;
 use crate::tls::{CertFiles, ReloadingServerConfig, TlsError};
 
+use super::measure::Measured;
 use super::server::CloudProviderService;
 use super::tls;
 
@@ -88,7 +89,7 @@ pub async fn serve_on(
 ) -> Result<(), GrpcError> {
     let address = listener.local_addr().ok();
     let service = CloudProviderService::new(provider).into_server();
-    let router = Server::builder().add_service(service);
+    let router = Server::builder().layer(tower::layer::layer_fn(Measured)).add_service(service);
     match tls {
         Some(tls) => {
             tracing::info!(?address, "externalgrpc provider listening (mutual TLS)");

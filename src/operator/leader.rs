@@ -38,11 +38,27 @@ async fn run_controllers(
     )
     .await
     .context("starting the caches")?;
+    wait_for_provider(provider, &stop).await;
     ready.set(true);
+    crate::telemetry::set_leader(true);
     tracing::info!("controllers running");
     tokio::join!(controller::run(ctx, inputs, stop), scaler);
+    crate::telemetry::set_leader(false);
     ready.set(false);
     Ok(())
+}
+
+/// Waits until the provider's caches have synced (or shutdown), logging each slow minute.
+async fn wait_for_provider(provider: &Provider, shutdown: &CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            synced = provider.wait_synced(std::time::Duration::from_secs(60)) => match synced {
+                Ok(()) => return,
+                Err(error) => tracing::warn!(%error, "not ready: waiting for the provider's caches"),
+            },
+        }
+    }
 }
 
 pub async fn run_controllers_while_leader(
@@ -66,7 +82,9 @@ pub async fn run_controllers_while_leader(
         .await
         .context("creating the leader-election Lease manager")?;
     let (mut leading, lease_task) = manager.watch().await;
-    // Webhooks and gRPC serve in every replica; readiness does not wait for the Lease.
+    // Webhooks and gRPC serve in every replica: readiness waits for the provider's caches they
+    // answer from, not for the Lease.
+    wait_for_provider(&provider, &shutdown).await;
     ready.set(true);
     loop {
         // Wait to lead.
@@ -92,6 +110,7 @@ pub async fn run_controllers_while_leader(
                 }
             }
         }
+        wait_for_provider(&provider, &shutdown).await;
         ready.set(true);
         if shutdown.is_cancelled() {
             drop(leading);

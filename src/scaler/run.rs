@@ -24,6 +24,7 @@ use super::{act, classify, observe, status};
 use crate::api::ScalingDriver;
 use crate::claim::Timeouts;
 use crate::provider::{GroupSnapshot, Provider, ProviderConfig};
+use crate::telemetry;
 
 /// How often each builtin pool is decided for, unless configured.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
@@ -172,6 +173,12 @@ impl Scaler {
         tracing::debug!(?observation, ?state, "observed");
 
         let acted = act::act(&self.provider, &name, decision).await;
+        telemetry::scaler_decided(
+            &name,
+            decision.demand.into(),
+            decision.target.into(),
+            decision.action.name(),
+        );
         let note = match &acted {
             Ok(done) => {
                 // The state advances only here: a failed act is decided again from the old one.

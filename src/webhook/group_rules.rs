@@ -103,12 +103,17 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
             findings.warn(startup_time_warning(&overrides));
         }
     }
+    let name = group.metadata.name.as_deref().unwrap_or_default();
+    if facts.slots == 0 {
+        findings.warn(format!(
+            "group {name} has no slots: no slot (nodes.infra.homecluster.dev) carries the label \
+             `group: {name}`, so this pool cannot power any machine until one does"
+        ));
+    }
     if spec.min_size as usize > facts.slots {
         findings.warn(format!(
             "spec.minSize is {} but the group has {} slot(s); add slots labelled `group: {}`",
-            spec.min_size,
-            facts.slots,
-            group.metadata.name.as_deref().unwrap_or_default()
+            spec.min_size, facts.slots, name
         ));
     }
     findings.verdict()
@@ -268,6 +273,18 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_group_without_slots_is_a_warning() {
+        match verdict_of(|_| {}, None, 0, 0) {
+            Verdict::Allow { warnings, .. } => {
+                assert_eq!(warnings.len(), 1, "{warnings:?}");
+                assert!(warnings[0].contains("group pool has no slots"), "{}", warnings[0]);
+                assert!(warnings[0].contains("`group: pool`"), "{}", warnings[0]);
+            }
+            other => panic!("expected a warning, got {other:?}"),
         }
     }
 

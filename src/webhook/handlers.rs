@@ -16,7 +16,7 @@ use super::lookup::{Lookup, LookupError};
 use super::slot_rules::{self, SlotFacts};
 use super::verdict::{Denial, Verdict};
 use crate::api::{GROUP_LABEL, Group, Node, NodeClaim};
-use crate::phase;
+use crate::{phase, telemetry};
 
 type Review = Json<AdmissionReview<DynamicObject>>;
 
@@ -30,10 +30,12 @@ where
     F: FnOnce(AdmissionRequest<DynamicObject>) -> Fut,
     Fut: std::future::Future<Output = (AdmissionRequest<DynamicObject>, Verdict)>,
 {
+    let started = std::time::Instant::now();
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
         Err(error) => {
             tracing::warn!(%error, route, "malformed AdmissionReview");
+            telemetry::webhook_answered(route, started.elapsed(), Some("MalformedReview"));
             let response = kube::core::admission::AdmissionResponse::invalid(format!(
                 "malformed AdmissionReview: {error}"
             ));
@@ -53,9 +55,14 @@ where
     async move {
         let (request, verdict) = decide(request).await;
         tracing::Span::current().record("allowed", verdict.is_allowed());
-        if let Verdict::Deny(denial) = &verdict {
-            tracing::info!(code = denial.code, message = %denial.message, "denied");
+        let denied = match &verdict {
+            Verdict::Deny(denial) => Some(denial),
+            _ => None,
+        };
+        if let Some(denial) = denied {
+            tracing::info!(code = denial.code, reason = denial.reason, message = %denial.message, "denied");
         }
+        telemetry::webhook_answered(route, started.elapsed(), denied.map(|d| d.reason));
         Json(verdict.respond(&request).into_review())
     }
     .instrument(span)

@@ -155,4 +155,14 @@ if [[ $want == e2e || $want == all ]]; then
   build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
   build_cluster_autoscaler
 fi
+# Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the
+# exposition format. `remove_all_sd` leaves out the cloud service-discovery plugins (the tests
+# use static_configs; their SDKs are most of Prometheus's dependencies), and without the
+# `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
+# on the 2-core dev machine: docs/testing.md.
+if [[ $want == e2e || $want == all ]]; then
+  build prometheus "" "remove_all_sd" \
+    prometheus=github.com/prometheus/prometheus/cmd/prometheus \
+    promtool=github.com/prometheus/prometheus/cmd/promtool
+fi
 echo "$bin"

@@ -34,8 +34,10 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
             .as_ref()
             .and_then(|s| s.scale_down_requested_by.clone())
             .unwrap_or_default();
-        let cancel = PhaseMove::new(NodeClaimPhase::Completed, Writer::ScaleDown)
-            .because("CancelledByScaleDown", format!("cancelled before its boot started ({by})"));
+        let cancel = PhaseMove::new(NodeClaimPhase::Completed, Writer::ScaleDown).because(
+            "CancelledByScaleDown",
+            format!("the scale-down ({by}) came before the boot started"),
+        );
         chokepoint::move_phase(ctx, claim, cancel).await?;
         return Ok(Action::await_change());
     }

@@ -13,6 +13,7 @@ use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::{Context, params};
 use crate::phase::{self, Move, Writer};
+use crate::telemetry;
 
 /// A requested phase move.
 pub struct PhaseMove {
@@ -52,10 +53,62 @@ fn event_reason(from: NodeClaimPhase, to: NodeClaimPhase, reason: Option<&str>) 
     }
 }
 
-fn since(start: Option<Timestamp>, now: Timestamp) -> String {
-    start.map_or_else(String::new, |s| {
-        format!(", {}s after the request", now.duration_since(s).as_secs())
-    })
+/// What an Event on a claim's move says.
+struct Note<'a> {
+    from: NodeClaimPhase,
+    to: NodeClaimPhase,
+    /// The first write of a new claim (its phase was empty).
+    created: bool,
+    slot: &'a str,
+    group: &'a str,
+    attempt: i64,
+    job: Option<&'a str>,
+    deadline: Option<String>,
+    /// Whole seconds since the request, when known.
+    since_request: Option<u64>,
+    reason: Option<&'a str>,
+    message: Option<&'a str>,
+}
+
+/// The Event's message: one sentence about what happened, for a person reading
+/// `kubectl describe nodeclaim`.
+fn note(n: &Note<'_>) -> String {
+    let after = n.since_request.map_or_else(String::new, |s| format!(" {s}s after the request"));
+    let why = match (n.reason, n.message) {
+        (Some(reason), Some(message)) => format!(" ({reason}): {message}"),
+        (Some(reason), None) => format!(" ({reason})"),
+        _ => String::new(),
+    };
+    let deadline =
+        n.deadline.as_ref().map_or_else(String::new, |d| format!("; it must be ready by {d}"));
+    match n.to {
+        NodeClaimPhase::Pending if n.created => format!(
+            "Requested a machine of group {} on slot {} (attempt {}){deadline}.",
+            n.group, n.slot, n.attempt
+        ),
+        NodeClaimPhase::Pending => format!("Back to pending on slot {}.", n.slot),
+        NodeClaimPhase::Booting => {
+            let job = n.job.map_or_else(String::new, |j| format!(", startup Job {j}"));
+            format!(
+                "Boot committed on slot {} (attempt {}{job}){after}{deadline}.",
+                n.slot, n.attempt
+            )
+        }
+        NodeClaimPhase::Ready => {
+            format!("The machine on slot {} is ready{after} (attempt {}).", n.slot, n.attempt)
+        }
+        NodeClaimPhase::Failed => format!(
+            "Failed while {}{why}; attempt {} on slot {}{}.",
+            format!("{:?}", n.from).to_lowercase(),
+            n.attempt,
+            n.slot,
+            n.since_request.map_or_else(String::new, |s| format!(", {s}s after the request"))
+        ),
+        NodeClaimPhase::Completed if n.from == NodeClaimPhase::Pending => {
+            format!("Cancelled before its boot started{why}.")
+        }
+        NodeClaimPhase::Completed => format!("Released slot {}{why}.", n.slot),
+    }
 }
 
 /// Applies `change` to `claim`. Returns whether the phase changed.
@@ -98,17 +151,39 @@ pub async fn move_phase(ctx: &Context, claim: &NodeClaim, change: PhaseMove) -> 
         .and_then(Value::as_str)
         .map(str::to_string)
         .or_else(|| claim.status.as_ref().and_then(|s| s.startup_job.clone()));
-    let deadline = claim.spec.deadline_at.as_ref().map(|t| t.0.to_string());
-    let mut note = format!("{from:?} -> {:?}: attempt {attempt}", change.to);
-    if let Some(job) = job {
-        note.push_str(&format!(", job {job}"));
-    }
-    if let Some(deadline) = deadline.filter(|_| phase::in_boot_window(Some(from))) {
-        note.push_str(&format!(", deadline {deadline}"));
-    }
-    note.push_str(&since(claim.spec.requested_at.as_ref().map(|t| t.0), now));
-    if let (Some(reason), Some(message)) = (change.reason, &change.message) {
-        note.push_str(&format!("; {reason}: {message}"));
+    let deadline = claim
+        .spec
+        .deadline_at
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .filter(|_| phase::in_boot_window(Some(change.to)));
+    let requested_at = claim.spec.requested_at.as_ref().map(|t| t.0);
+    let since_request = requested_at.map(|s| now.duration_since(s).as_secs().max(0).unsigned_abs());
+    let group = claim.spec.request.group.as_str();
+    let note = note(&Note {
+        from,
+        to: change.to,
+        created: first_write,
+        slot: &claim.spec.slot_ref.name,
+        group,
+        attempt,
+        job: job.as_deref(),
+        deadline,
+        since_request,
+        reason: change.reason,
+        message: change.message.as_deref(),
+    });
+    // A new claim's first write is counted as from `New`, not as a move from pending to pending.
+    let from_label = if first_write { "New".to_string() } else { format!("{from:?}") };
+    telemetry::claim_moved(group, &from_label, &format!("{:?}", change.to), change.reason);
+    match change.to {
+        NodeClaimPhase::Booting => telemetry::boot_committed(group, attempt),
+        NodeClaimPhase::Ready => {
+            let boot = claim.status.as_ref().and_then(|s| s.boot_committed_at.as_ref());
+            let elapsed = |start: Timestamp| now.duration_since(start).unsigned_abs();
+            telemetry::claim_ready(group, requested_at.map(elapsed), boot.map(|t| elapsed(t.0)));
+        }
+        _ => {}
     }
     let type_ =
         if change.to == NodeClaimPhase::Failed { EventType::Warning } else { EventType::Normal };
@@ -132,6 +207,83 @@ pub async fn patch_status(ctx: &Context, claim: &NodeClaim, fields: Value) -> Re
 mod tests {
     use super::*;
     use NodeClaimPhase::*;
+
+    fn base(from: NodeClaimPhase, to: NodeClaimPhase) -> Note<'static> {
+        Note {
+            from,
+            to,
+            created: false,
+            slot: "mini-1",
+            group: "workers",
+            attempt: 1,
+            job: None,
+            deadline: None,
+            since_request: None,
+            reason: None,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn every_event_reads_as_a_sentence() {
+        let table = [
+            (
+                Note {
+                    created: true,
+                    deadline: Some("2026-12-01T01:00:00Z".into()),
+                    ..base(Pending, Pending)
+                },
+                "Requested a machine of group workers on slot mini-1 (attempt 1); it must be ready by 2026-12-01T01:00:00Z.",
+            ),
+            (
+                Note {
+                    job: Some("c-startup"),
+                    since_request: Some(2),
+                    deadline: Some("T".into()),
+                    ..base(Pending, Booting)
+                },
+                "Boot committed on slot mini-1 (attempt 1, startup Job c-startup) 2s after the request; it must be ready by T.",
+            ),
+            (
+                Note { since_request: Some(41), attempt: 2, ..base(Booting, Ready) },
+                "The machine on slot mini-1 is ready 41s after the request (attempt 2).",
+            ),
+            (
+                Note {
+                    reason: Some("DeadlineExceeded"),
+                    message: Some(
+                        "the machine was not ready by the claim's deadline; powering it off",
+                    ),
+                    since_request: Some(900),
+                    ..base(Booting, Failed)
+                },
+                "Failed while booting (DeadlineExceeded): the machine was not ready by the claim's deadline; powering it off; attempt 1 on slot mini-1, 900s after the request.",
+            ),
+            (
+                Note {
+                    reason: Some("CancelledByScaleDown"),
+                    message: Some(
+                        "the scale-down (DecreaseTargetSize) came before the boot started",
+                    ),
+                    ..base(Pending, Completed)
+                },
+                "Cancelled before its boot started (CancelledByScaleDown): the scale-down (DecreaseTargetSize) came before the boot started.",
+            ),
+            (
+                Note {
+                    reason: Some("ScaledDown"),
+                    message: Some("scaled down; the machine is off"),
+                    ..base(Ready, Completed)
+                },
+                "Released slot mini-1 (ScaledDown): scaled down; the machine is off.",
+            ),
+        ];
+        for (facts, want) in table {
+            let got = note(&facts);
+            assert_eq!(got, want);
+            assert!(!got.contains("->"), "{got}");
+        }
+    }
 
     #[test]
     fn one_event_reason_per_transition() {

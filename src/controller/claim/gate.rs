@@ -113,6 +113,13 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         let ready = PhaseMove::new(NodeClaimPhase::Ready, Writer::ReadinessGate)
             .with("readyAt", json!(Time(now)));
         if chokepoint::move_phase(ctx, claim, ready).await? {
+            let job_started = job.status.as_ref().and_then(|s| s.start_time.as_ref());
+            let took = |from: Timestamp, to: Timestamp| to.duration_since(from).unsigned_abs();
+            crate::telemetry::boot_stages(
+                &claim.spec.request.group,
+                job_started.map(|t| took(t.0, completed_at)),
+                took(appeared, now),
+            );
             ctx.publish(
                 slot.as_ref(),
                 EventType::Normal,

@@ -38,6 +38,7 @@ pub async fn controller(ctx: Arc<Context>, inputs: ClaimInputs, shutdown: Cancel
             claims_of(&by_slot, slot.metadata.name.as_deref())
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    let reconcile = |object, ctx| crate::telemetry::reconcile("claim", reconcile(object, ctx));
     super::drive("claim", controller.run(reconcile, super::error_policy, ctx)).await;
 }
 
@@ -64,7 +65,13 @@ fn overdue(ctx: &Context, claim: &NodeClaim) -> bool {
 
 async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let span = tracing::info_span!("reconcile_claim", claim = %name, slot = %claim.spec.slot_ref.name, phase = ?phase::of(&claim));
+    let span = tracing::info_span!(
+        "reconcile_claim",
+        claim = %name,
+        slot = %claim.spec.slot_ref.name,
+        group = %claim.spec.request.group,
+        phase = ?phase::of(&claim)
+    );
     async move {
         let claim = claim.as_ref();
         if claim.metadata.deletion_timestamp.is_none()

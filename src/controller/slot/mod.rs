@@ -41,12 +41,14 @@ pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: Cancell
                 .map(|s| ObjectRef::new(s).within(&ns_jobs))
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    let reconcile = |object, ctx| crate::telemetry::reconcile("slot", reconcile(object, ctx));
     super::drive("slot", controller.run(reconcile, super::error_policy, ctx)).await;
 }
 
 async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     let name = slot.metadata.name.clone().unwrap_or_default();
-    let span = tracing::info_span!("reconcile_slot", slot = %name);
+    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(crate::api::GROUP_LABEL));
+    let span = tracing::info_span!("reconcile_slot", slot = %name, group = group.map_or("", String::as_str));
     async move {
         if slot.metadata.deletion_timestamp.is_some() {
             return Ok(Action::await_change());

@@ -19,7 +19,7 @@ pub enum Profile {
     Integration,
     /// Integration plus kube-controller-manager, kube-scheduler and kwok.
     Cluster,
-    /// Cluster plus helm and cluster-autoscaler (built from its source).
+    /// Cluster plus helm, cluster-autoscaler (built from its source), prometheus and promtool.
     E2e,
 }
 
@@ -39,7 +39,7 @@ impl Profile {
             programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
         if self == Profile::E2e {
-            programs.extend(["helm", "cluster-autoscaler"]);
+            programs.extend(["helm", "cluster-autoscaler", "prometheus", "promtool"]);
         }
         programs
     }

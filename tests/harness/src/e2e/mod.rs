@@ -30,6 +30,7 @@ use crate::{Components, ControlPlane, Plane, WebhookConfiguration, eventually};
 
 pub mod autoscaler;
 mod autoscaler_scenarios;
+pub mod prometheus;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 pub use autoscaler_scenarios::Workload;
 
@@ -101,6 +102,8 @@ pub struct Replica {
     pub pid: u32,
     pub webhook_port: u16,
     pub grpc_port: u16,
+    /// The admin listener: /live, /ready, /metrics.
+    pub admin_port: u16,
 }
 
 impl Replica {
@@ -143,16 +146,30 @@ fn log_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The body of `GET path` from a plain-HTTP endpoint (an operator's or cluster-autoscaler's
-/// admin port), or an error unless it answers 200.
-pub(crate) async fn http_get(addr: &str, path: &str) -> Result<String> {
+/// The status code and body of `GET path` from a plain-HTTP endpoint (an operator's or
+/// cluster-autoscaler's admin port, Prometheus).
+pub async fn http_answer(addr: &str, path: &str) -> Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
     let status = response.lines().next().unwrap_or_default();
-    ensure!(status.split_whitespace().nth(1) == Some("200"), "GET {path}: {status}");
-    Ok(response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("GET {path}: no status in {status:?}"))?;
+    Ok((
+        code,
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default(),
+    ))
+}
+
+/// The body of `GET path` from a plain-HTTP endpoint, or an error unless it answers 200.
+pub(crate) async fn http_get(addr: &str, path: &str) -> Result<String> {
+    let (code, body) = http_answer(addr, path).await?;
+    ensure!(code == 200, "GET {path}: {code} {body}");
+    Ok(body)
 }
 
 async fn http_ok(addr: &str, path: &str) -> Result<()> {
@@ -358,7 +375,7 @@ impl World {
             .with_context(|| {
                 format!("operator log: {}", std::fs::read_to_string(&log).unwrap_or_default())
             })?;
-        self.replicas.push(Replica { child, pid, webhook_port, grpc_port });
+        self.replicas.push(Replica { child, pid, webhook_port, grpc_port, admin_port });
         Ok(index)
     }
 
@@ -393,6 +410,22 @@ impl World {
     /// Keeps `ca` running for as long as the World.
     pub fn keep_alongside(&mut self, ca: Autoscaler) {
         self.kept_autoscaler = Some(ca);
+    }
+
+    /// Where the operator's and simulator's logs are written.
+    pub fn logs_dir(&self) -> &Path {
+        &self.logs
+    }
+
+    /// `host:port` of operator replica `index`'s admin listener.
+    pub fn admin_addr(&self, index: usize) -> Result<String> {
+        let replica = self.replicas.get(index).context("no such operator replica")?;
+        Ok(format!("127.0.0.1:{}", replica.admin_port))
+    }
+
+    /// The body of `GET path` from operator replica `index`'s admin listener (200 only).
+    pub async fn admin_get(&self, index: usize, path: &str) -> Result<String> {
+        http_get(&self.admin_addr(index)?, path).await
     }
 
     /// The last `lines` lines of operator replica `index`'s log.

@@ -1,0 +1,329 @@
+//! Operability end to end: a real Prometheus scrapes the operator binary every second while the
+//! real cluster-autoscaler scales a pool up and down; promtool lints the exposition; the
+//! counters and histograms moved as the scenario says; every query of the Grafana dashboard in
+//! the chart returns data. And `/ready` says no until the caches have synced.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use homelab_autoscaler::api::{Group, GroupStatus};
+use homelab_harness::e2e::prometheus::{Prometheus, promtool_check_metrics};
+use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World, http_answer};
+use homelab_harness::{Components, ControlPlane, eventually};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+/// How long Prometheus may take to show what the operator already counts (1 s scrapes).
+const SCRAPED: Duration = Duration::from_secs(30);
+
+fn bin() -> std::path::PathBuf {
+    e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler"))).expect("operator binary")
+}
+
+/// Waits until `expr` sums to `want` in Prometheus.
+async fn expect_value(prometheus: &Prometheus, expr: &str, want: impl Fn(f64) -> bool, what: &str) {
+    eventually(&format!("{expr}: {what}"), SCRAPED, || async {
+        let value = prometheus.value(expr).await?;
+        ensure!(want(value), "{expr} = {value}, want {what}");
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Every `expr` of the dashboard's panels, with Grafana's variables as Grafana would fill them
+/// for a range that covers the scenario: all groups, a 15-minute rate window, a 1-hour range.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path =
+        homelab_harness::repo_path("charts/homelab-autoscaler/dashboards/homelab-autoscaler.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("an expr").to_string();
+            let filled = expr
+                .replace("$__rate_interval", "15m")
+                .replace("$__range", "1h")
+                .replace("$group", ".*");
+            queries.push((format!("{} / {}", panel["title"], target["refId"]), filled));
+        }
+    }
+    assert!(queries.len() >= 10, "the dashboard lost its panels: {queries:?}");
+    queries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashboard_query_has_data()
+{
+    let mut world = World::start_for_autoscaler(&bin(), false).await.expect("world");
+    let _logs = world.plane.logs_on_failure();
+    let prometheus = Prometheus::start(&[world.admin_addr(0).unwrap()], world.logs_dir())
+        .await
+        .expect("Prometheus");
+
+    // A builtin pool without slots: accepted with a warning, said in its conditions, and decided
+    // for by the built-in scaler (its metrics).
+    let groups: Api<Group> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let idle: Group = serde_json::from_value(json!({
+        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+        "metadata": { "name": "idle" },
+        "spec": { "driver": "builtin" },
+    }))
+    .unwrap();
+    groups.create(&PostParams::default(), &idle).await.expect("create group idle");
+    eventually("group idle to say it has no slots", SCRAPED, || async {
+        let status: GroupStatus = groups.get("idle").await?.status.unwrap_or_default();
+        let condition = status.conditions.iter().find(|c| c.type_ == "HasSlots");
+        ensure!(
+            condition.is_some_and(|c| c.status == "False" && c.reason == "NoSlots"),
+            "conditions: {:?}",
+            status.conditions
+        );
+        Ok(())
+    })
+    .await
+    .expect("the HasSlots condition");
+
+    let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
+    if let Err(error) = world.autoscaler_scale_up_and_down(&ca, 3).await {
+        panic!(
+            "{error:#}\n--- cluster-autoscaler ---\n{}\n--- operator ---\n{}",
+            ca.log_tail(60),
+            world.operator_log_tail(0, 60)
+        );
+    }
+    drop(ca);
+
+    // The exposition passes upstream's linter.
+    let exposition = world.admin_get(0, "/metrics").await.expect("GET /metrics");
+    promtool_check_metrics(&exposition).await.unwrap_or_else(|e| panic!("{e:#}\n{exposition}"));
+
+    // The counters and histograms moved as the scenario says: three machines came up on the
+    // first attempt and were scaled down, on cluster-autoscaler's calls.
+    let p = &prometheus;
+    let exactly = |n: f64| move |v: f64| v == n;
+    let at_least = |n: f64| move |v: f64| v >= n;
+    expect_value(
+        p,
+        r#"sum(homelab_autoscaler_claim_transitions_total{to="Ready"})"#,
+        exactly(3.0),
+        "3 claims ready",
+    )
+    .await;
+    expect_value(
+        p,
+        r#"sum(homelab_autoscaler_claim_transitions_total{from="Ready",to="Completed"})"#,
+        exactly(3.0),
+        "3 claims released",
+    )
+    .await;
+    expect_value(
+        p,
+        r#"sum(homelab_autoscaler_claim_boots_total{group="workers",attempt="1"})"#,
+        exactly(3.0),
+        "3 first-attempt boots",
+    )
+    .await;
+    expect_value(
+        p,
+        r#"sum(homelab_autoscaler_claim_request_to_ready_seconds_count{group="workers"})"#,
+        exactly(3.0),
+        "3 request-to-ready observations",
+    )
+    .await;
+    expect_value(
+        p,
+        r#"sum(homelab_autoscaler_claim_request_to_ready_seconds_sum{group="workers"})"#,
+        |v| v > 0.0,
+        "a positive total",
+    )
+    .await;
+    for rpc in
+        ["NodeGroupIncreaseSize", "NodeGroupDeleteNodes", "Refresh", "NodeGroups", "NodeGroupNodes"]
+    {
+        let expr =
+            format!(r#"sum(homelab_autoscaler_grpc_requests_total{{rpc="{rpc}",code="OK"}})"#);
+        expect_value(p, &expr, at_least(1.0), "at least one call").await;
+    }
+    expect_value(p, r#"sum(homelab_autoscaler_grpc_request_duration_seconds_count{rpc="NodeGroupIncreaseSize"})"#, at_least(1.0), "timed calls").await;
+    expect_value(p, r#"sum(homelab_autoscaler_webhook_requests_total{webhook="mutate-nodeclaim",allowed="true"})"#, at_least(3.0), "the claims admitted").await;
+    for controller in ["claim", "slot", "group"] {
+        let expr = format!(
+            r#"sum(homelab_autoscaler_reconciles_total{{controller="{controller}",result="ok"}})"#
+        );
+        expect_value(p, &expr, at_least(1.0), "reconciles").await;
+    }
+    expect_value(
+        p,
+        r#"sum(homelab_autoscaler_claims{group="workers"})"#,
+        exactly(0.0),
+        "no live claim left",
+    )
+    .await;
+    expect_value(
+        p,
+        r#"homelab_autoscaler_slots{group="workers",phase="off"}"#,
+        exactly(3.0),
+        "3 slots off",
+    )
+    .await;
+    expect_value(
+        p,
+        r#"homelab_autoscaler_slots{group="idle",phase="off"}"#,
+        exactly(0.0),
+        "no slot",
+    )
+    .await;
+    expect_value(p, "homelab_autoscaler_leader", exactly(1.0), "the one replica leads").await;
+    expect_value(p, "homelab_autoscaler_caches_synced", exactly(1.0), "synced").await;
+    expect_value(
+        p,
+        r#"homelab_autoscaler_scaler_target{group="idle"}"#,
+        exactly(0.0),
+        "no machine for an empty pool",
+    )
+    .await;
+
+    // The savings report counted the machine time the scale-up spent, in the status and metrics.
+    let savings = groups.get("workers").await.expect("workers").status.and_then(|s| s.savings);
+    let savings = savings.expect("workers has a savings report");
+    assert!(savings.machine_hours_on > 0.0 && savings.cost > 0.0, "{savings:?}");
+    assert!(savings.always_on_cost >= savings.cost && savings.saved >= 0.0, "{savings:?}");
+    expect_value(
+        p,
+        r#"homelab_autoscaler_group_machine_seconds{group="workers",power="on"}"#,
+        |v| v > 0.0,
+        "machine time on",
+    )
+    .await;
+
+    // Every query of the dashboard returns data.
+    for (panel, expr) in dashboard_queries() {
+        eventually(&format!("dashboard panel {panel}: {expr}"), SCRAPED, || async {
+            let samples = p.query(&expr).await?;
+            ensure!(samples.iter().any(|s| s.value.is_finite()), "no finite value: {samples:?}");
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n--- Prometheus ---\n{}", p.log_tail(20)));
+    }
+}
+
+/// `/ready` answers 503 while the provider's caches cannot sync (here: the CRDs are not
+/// installed yet), `/live` and `/metrics` answer all along, and `/ready` turns 200 once the CRDs
+/// arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_waits_for_the_caches() {
+    let plane = ControlPlane::start(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let dir = tempfile::tempdir().unwrap();
+    homelab_autoscaler::tls::issue_self_signed(
+        &["localhost".into()],
+        &["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap()
+    .write_secret_layout(dir.path())
+    .unwrap();
+    let port =
+        |()| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (admin, webhook) = (port(()), port(()));
+    let admin = format!("127.0.0.1:{admin}");
+    let log = dir.path().join("operator.log");
+    let _operator = tokio::process::Command::new(bin())
+        .args([
+            "run",
+            "--namespace=default",
+            &format!("--admin-addr={admin}"),
+            &format!("--webhook-addr=127.0.0.1:{webhook}"),
+            &format!("--webhook-cert-dir={}", dir.path().display()),
+            "--log-format=json",
+            "--log-level=info",
+        ])
+        .env("KUBECONFIG", plane.kubeconfig_path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the operator");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    eventually("/live to answer", Duration::from_secs(60), || async {
+        let (code, _) = http_answer(&admin, "/live").await?;
+        ensure!(code == 200, "/live: {code}");
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", log_text()));
+    // Not ready, and it stays so: a cache syncs in well under a second when it can.
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        let (code, body) = http_answer(&admin, "/ready").await.unwrap();
+        assert_eq!(code, 503, "/ready before the CRDs exist: {body}\n{}", log_text());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (code, metrics) = http_answer(&admin, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(metrics.contains("homelab_autoscaler_caches_synced 0"), "{metrics}");
+
+    plane.install_crds().await.expect("install the CRDs");
+    eventually("/ready once the caches sync", Duration::from_secs(120), || async {
+        let (code, body) = http_answer(&admin, "/ready").await?;
+        ensure!(code == 200, "/ready: {code} {body}");
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", log_text()));
+    let (_, metrics) = http_answer(&admin, "/metrics").await.unwrap();
+    assert!(metrics.contains("homelab_autoscaler_caches_synced 1"), "{metrics}");
+    // --log-format=json: every line the operator wrote is a JSON object.
+    let text = log_text();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "the operator logged nothing");
+    for line in lines {
+        serde_json::from_str::<serde_json::Value>(line).with_context(|| line.to_string()).unwrap();
+    }
+}
+
+/// The chart ships the dashboard as a ConfigMap the Grafana sidecar finds by its label, holding
+/// exactly the JSON the Prometheus test above ran; disabled (the default), it renders nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_ships_the_dashboard_for_the_grafana_sidecar() {
+    let helm = homelab_harness::binaries::binaries(homelab_harness::binaries::Profile::E2e)
+        .await
+        .expect("helm")
+        .path("helm");
+    let chart = homelab_harness::repo_path("charts/homelab-autoscaler");
+    let home = tempfile::tempdir().unwrap();
+    let render = |extra: &[&str]| {
+        let mut args =
+            vec!["template", "hla", chart.to_str().unwrap(), "--set", "webhook.certManager=false"];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(&helm)
+            .args(&args)
+            .env("HOME", home.path())
+            .output()
+            .expect("run helm");
+        assert!(out.status.success(), "helm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(!render(&[]).contains("grafana_dashboard"), "the dashboard is off by default");
+    let rendered = render(&[
+        "--set",
+        "dashboard.enabled=true",
+        "--set",
+        "dashboard.annotations.grafana_folder=homelab",
+        "--show-only",
+        "templates/dashboard.yaml",
+    ]);
+    let map: k8s_openapi::api::core::v1::ConfigMap =
+        serde_yaml::from_str(&rendered).expect("a ConfigMap");
+    let labels = map.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("grafana_dashboard").map(String::as_str), Some("1"), "{rendered}");
+    let annotations = map.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("grafana_folder").map(String::as_str), Some("homelab"));
+    let shipped = map.data.unwrap_or_default().remove("homelab-autoscaler.json").expect("the JSON");
+    let file = std::fs::read_to_string(chart.join("dashboards/homelab-autoscaler.json")).unwrap();
+    let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text).expect("JSON");
+    assert_eq!(parse(&shipped), parse(&file));
+}
