@@ -19,7 +19,8 @@ pub enum Profile {
     Integration,
     /// Integration plus kube-controller-manager, kube-scheduler and kwok.
     Cluster,
-    /// Cluster plus helm and cluster-autoscaler (built from its source).
+    /// Cluster plus helm, crane, cluster-autoscaler and cert-manager's controller and
+    /// cainjector (the last three built from their source).
     E2e,
 }
 
@@ -39,7 +40,13 @@ impl Profile {
             programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
         if self == Profile::E2e {
-            programs.extend(["helm", "cluster-autoscaler"]);
+            programs.extend([
+                "helm",
+                "crane",
+                "cluster-autoscaler",
+                "cert-manager-controller",
+                "cert-manager-cainjector",
+            ]);
         }
         programs
     }
