@@ -94,8 +94,9 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
         .await
         .unwrap_or_else(|e| panic!("{e:#}\n{}", cert_manager.log_tails(40)));
     let grpc = issued_secret(&client, NS, "homelab-autoscaler-grpc-tls").await.expect("gRPC cert");
-    let grpc_client =
-        issued_secret(&client, NS, "homelab-autoscaler-grpc-client-tls").await.expect("client cert");
+    let grpc_client = issued_secret(&client, NS, "homelab-autoscaler-grpc-client-tls")
+        .await
+        .expect("client cert");
     let data = |s: &Secret| s.data.clone().unwrap_or_default();
     let ca = data(&webhook)["ca.crt"].0.clone();
     assert_eq!(data(&grpc)["ca.crt"].0, ca, "one chart CA signs everything");
@@ -151,9 +152,9 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
 
     let slot = mounts.path().join("slot.yaml");
     std::fs::write(&slot, slot_with_power_state()).expect("write slot");
-    refused_with_our_message(&plane, &slot)
-        .await
-        .unwrap_or_else(|e| panic!("admission through the injected CA: {e}\n{}", operator.log_tail(30)));
+    refused_with_our_message(&plane, &slot).await.unwrap_or_else(|e| {
+        panic!("admission through the injected CA: {e}\n{}", operator.log_tail(30))
+    });
 
     // A renewal: cert-manager re-issues when its Secret goes; the new Secret is mounted, and the
     // operator serves it without a restart while kubectl runs on.
@@ -189,11 +190,15 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
         let renewed_at = Instant::now();
         mount_secret(&webhook_dir, &data(&renewed)).expect("mount the renewal");
         let new_leaf = first_certificate(&data(&renewed)["tls.crt"].0).expect("leaf");
-        eventually("the operator to serve the renewed certificate", Duration::from_secs(30), || async {
-            let served = served_certificate(webhook_port, &ca, "localhost").await?;
-            anyhow::ensure!(served == new_leaf, "still the old certificate");
-            Ok(())
-        })
+        eventually(
+            "the operator to serve the renewed certificate",
+            Duration::from_secs(30),
+            || async {
+                let served = served_certificate(webhook_port, &ca, "localhost").await?;
+                anyhow::ensure!(served == new_leaf, "still the old certificate");
+                Ok(())
+            },
+        )
         .await
         .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(30)));
         // A few more admissions on the new certificate.
@@ -233,11 +238,15 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
     )
     .await
     .expect("cluster-autoscaler");
-    eventually("cluster-autoscaler to list the pool through the provider", Duration::from_secs(90), || async {
-        let status = Autoscaler::status(&client).await?;
-        anyhow::ensure!(status.group("workers").is_some(), "workers not in CA's status yet");
-        Ok(())
-    })
+    eventually(
+        "cluster-autoscaler to list the pool through the provider",
+        Duration::from_secs(90),
+        || async {
+            let status = Autoscaler::status(&client).await?;
+            anyhow::ensure!(status.group("workers").is_some(), "workers not in CA's status yet");
+            Ok(())
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", autoscaler.log_tail(30), operator.log_tail(30)));
 
@@ -261,7 +270,8 @@ async fn without_client_certificate(port: u16, ca: &[u8]) -> Result<Vec<u8>, Str
         rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    let tcp =
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
     let name = ServerName::try_from("localhost").map_err(|e| e.to_string())?;
     let mut tls = connector.connect(name, tcp).await.map_err(|e| format!("handshake: {e}"))?;
     tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")

@@ -21,21 +21,7 @@ impl CertManager {
     /// Installs cert-manager's CRDs on `plane` and starts the controller and cainjector.
     pub async fn start(plane: &ControlPlane) -> Result<CertManager> {
         let bin = binaries(Profile::E2e).await?;
-        let crds = crds_dir(&bin.path("cert-manager-crds"))?;
-        let out = plane.kubectl(["apply", "--server-side", "-f", &crds]).await?;
-        ensure!(
-            out.status.success(),
-            "installing cert-manager's CRDs: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = plane
-            .kubectl(["wait", "--for=condition=Established", "--timeout=120s", "-f", &crds])
-            .await?;
-        ensure!(
-            out.status.success(),
-            "cert-manager's CRDs not Established: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        install_crds(plane).await?;
         let kubeconfig = plane.kubeconfig_path().display().to_string();
         let logs = plane.dir().join("cert-manager");
         let home = plane.dir().join("home");
@@ -86,6 +72,27 @@ impl CertManager {
             self.cainjector.log_tail(lines)
         )
     }
+}
+
+/// Installs cert-manager's CRDs on `plane` and waits until they are served.
+pub async fn install_crds(plane: &ControlPlane) -> Result<()> {
+    let bin = binaries(Profile::E2e).await?;
+    let crds = crds_dir(&bin.path("cert-manager-crds"))?;
+    let out = plane.kubectl(["apply", "--server-side", "-f", &crds]).await?;
+    ensure!(
+        out.status.success(),
+        "installing cert-manager's CRDs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = plane
+        .kubectl(["wait", "--for=condition=Established", "--timeout=120s", "-f", &crds])
+        .await?;
+    ensure!(
+        out.status.success(),
+        "cert-manager's CRDs not Established: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// How long issuance may take on a loaded two-core machine (it takes about a second).

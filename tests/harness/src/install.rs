@@ -38,7 +38,11 @@ pub async fn helm(args: &[&str]) -> Result<String> {
         .await
         .with_context(|| format!("running {}", helm.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(out.status.success(), "helm {args:?}: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "helm {args:?}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(stdout)
 }
 
@@ -101,21 +105,29 @@ pub async fn apply(plane: &ControlPlane, docs: &[serde_yaml::Value]) -> Result<S
     let path = file.path().display().to_string();
     let out = plane.kubectl(["apply", "--server-side", "-f", path.as_str()]).await?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(out.status.success(), "kubectl apply: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "kubectl apply: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(stdout)
 }
 
 /// Waits for Secret `name` in `namespace` to hold `tls.crt`, `tls.key` and `ca.crt`.
 pub async fn issued_secret(client: &Client, namespace: &str, name: &str) -> Result<Secret> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    eventually(&format!("Secret {namespace}/{name} issued"), crate::cert_manager::ISSUE_TIMEOUT, || async {
-        let secret = secrets.get_opt(name).await?.context("not there yet")?;
-        let data = secret.data.clone().unwrap_or_default();
-        for key in ["tls.crt", "tls.key", "ca.crt"] {
-            ensure!(data.get(key).is_some_and(|v| !v.0.is_empty()), "no {key} yet");
-        }
-        Ok(secret)
-    })
+    eventually(
+        &format!("Secret {namespace}/{name} issued"),
+        crate::cert_manager::ISSUE_TIMEOUT,
+        || async {
+            let secret = secrets.get_opt(name).await?.context("not there yet")?;
+            let data = secret.data.clone().unwrap_or_default();
+            for key in ["tls.crt", "tls.key", "ca.crt"] {
+                ensure!(data.get(key).is_some_and(|v| !v.0.is_empty()), "no {key} yet");
+            }
+            Ok(secret)
+        },
+    )
     .await
 }
 
@@ -157,7 +169,8 @@ pub async fn served_certificate(port: u16, ca_pem: &[u8], name: &str) -> Result<
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         roots.add(cert?)?;
     }
-    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let config =
+        rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let tls = tokio::time::timeout(
@@ -186,7 +199,12 @@ pub struct Operator {
 impl Operator {
     /// Starts `bin run <args> --admin-addr=127.0.0.1:<free>` with `kubeconfig`, logging to
     /// `log`, and waits until /ready answers.
-    pub async fn start(bin: &Path, kubeconfig: &Path, args: &[String], log: &Path) -> Result<Operator> {
+    pub async fn start(
+        bin: &Path,
+        kubeconfig: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Operator> {
         let admin_port = free_port()?;
         let out = std::fs::File::create(log)?;
         let child = Command::new(bin)
