@@ -117,19 +117,20 @@ impl SelfManaged {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if let Err(error) = self.refresh().await {
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    "refreshing the self-managed webhook certificate failed; serving the current one"
-                );
-                continue;
-            }
+            // What the last refresh wrote is served one interval later: by then the apiserver
+            // has seen the caBundle that refresh patched (a rotated CA is in it beside the old).
             match tls.reload_if_changed() {
                 Ok(true) => tracing::info!("serving the re-issued webhook certificate"),
                 Ok(false) => {}
                 Err(error) => {
                     tracing::warn!(%error, "the re-issued certificate is unusable; serving the previous one")
                 }
+            }
+            if let Err(error) = self.refresh().await {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "refreshing the self-managed webhook certificate failed; serving the current one"
+                );
             }
         }
     }

@@ -35,11 +35,12 @@ impl Validity {
     }
 
     /// Two thirds of the lifetime have passed (cert-manager's default renewal point): time to
-    /// renew, with a third left for every replica to pick the new one up.
+    /// renew, with a third left for every replica to pick the new one up. The lifetime is
+    /// counted from issuance, not from the backdated start.
     pub fn renewal_due(&self, now: jiff::Timestamp) -> bool {
-        let lifetime = self.not_after.as_second() - self.not_before.as_second();
-        let renew_at = self.not_before.as_second() + lifetime * 2 / 3;
-        now.as_second() >= renew_at
+        let span = self.not_after.as_second() - self.not_before.as_second();
+        let lifetime = (span - BACKDATE.as_secs() as i64).max(0);
+        now.as_second() >= self.not_after.as_second() - lifetime / 3
     }
 
     /// Whether the certificate has expired at `now`.
@@ -133,7 +134,8 @@ mod tests {
     }
 
     #[test]
-    fn renewal_is_due_after_two_thirds_of_the_lifetime() {
+    fn renewal_is_due_after_two_thirds_of_the_lifetime_counted_from_issuance() {
+        // Issued at 00:05, backdated to 00:00: the lifetime is 3 days less 5 minutes.
         let v = Validity {
             not_before: at("2026-01-01T00:00:00Z"),
             not_after: at("2026-01-04T00:00:00Z"),
@@ -141,14 +143,24 @@ mod tests {
         for (now, due) in [
             ("2025-12-31T00:00:00Z", false),
             ("2026-01-01T00:00:00Z", false),
-            ("2026-01-02T23:59:59Z", false),
-            ("2026-01-03T00:00:00Z", true),
+            ("2026-01-03T00:00:00Z", false),
+            ("2026-01-03T00:01:39Z", false),
+            ("2026-01-03T00:01:40Z", true),
             ("2026-01-05T00:00:00Z", true),
         ] {
             assert_eq!(v.renewal_due(at(now)), due, "{now}");
         }
         assert!(!v.expired(at("2026-01-03T23:59:59Z")));
         assert!(v.expired(at("2026-01-04T00:00:00Z")));
+    }
+
+    #[test]
+    fn a_short_lifetime_is_not_due_at_once() {
+        let now = at("2026-01-01T00:00:00Z");
+        let v = Validity::starting(now, Duration::from_secs(45)).expect("validity");
+        assert!(!v.renewal_due(now));
+        assert!(!v.renewal_due(at("2026-01-01T00:00:29Z")));
+        assert!(v.renewal_due(at("2026-01-01T00:00:30Z")));
     }
 
     #[test]

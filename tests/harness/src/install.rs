@@ -244,3 +244,45 @@ impl Operator {
         crate::process::file_tail(&self.log, lines)
     }
 }
+
+/// A stand-in for a Service in front of several replicas: a TCP proxy on a loopback port that
+/// sends each connection to the next backend in turn, and to the one after when a backend
+/// refuses (a killed pod leaves the endpoints). Stops when dropped.
+pub struct ServiceProxy {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceProxy {
+    pub async fn start(backends: Vec<u16>) -> Result<ServiceProxy> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let task = tokio::spawn(async move {
+            let mut next = 0usize;
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let start = next;
+                next = next.wrapping_add(1);
+                let backends = backends.clone();
+                tokio::spawn(async move {
+                    for i in 0..backends.len() {
+                        let backend = backends[(start + i) % backends.len()];
+                        if let Ok(mut outbound) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                        {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(ServiceProxy { port, task })
+    }
+}
+
+impl Drop for ServiceProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
