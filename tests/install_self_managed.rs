@@ -168,3 +168,96 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
     }
     drop(service);
 }
+
+/// The `secrets` mode: the user's own Secret, mounted; the operator patches its `ca.crt` into the
+/// caBundle (no cainjector), and follows the user's rotation to a new CA without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_own_secret_is_served_and_its_ca_patched_and_followed_on_rotation() {
+    use homelab_harness::install::mount_secret;
+    use k8s_openapi::ByteString;
+    use std::collections::BTreeMap;
+
+    const OWN_NS: &str = "homelab-own";
+    let bin = Path::new(env!("CARGO_BIN_EXE_homelab-autoscaler"));
+    let plane = ControlPlane::start(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let client = plane.client().expect("client");
+    let out = plane.kubectl(["create", "namespace", OWN_NS]).await.expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let port = free_port().expect("port");
+    let rendered =
+        render(OWN_NS, &["tls.mode=secrets", "tls.secrets.webhook=own-tls"]).await.expect("render");
+    let mut docs = documents(&rendered).expect("documents");
+    point_webhooks_at(&mut docs, &format!("https://localhost:{port}"));
+    apply(&plane, &docs).await.expect("apply the chart");
+
+    let as_data = |bundle: &homelab_autoscaler::tls::SelfSignedBundle| {
+        BTreeMap::from([
+            ("tls.crt".to_string(), ByteString(bundle.cert_pem.clone().into_bytes())),
+            ("tls.key".to_string(), ByteString(bundle.key_pem.clone().into_bytes())),
+            ("ca.crt".to_string(), ByteString(bundle.ca_pem.clone().into_bytes())),
+        ])
+    };
+    let own = homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("own");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mount = dir.path().join("webhook-tls");
+    mount_secret(&mount, &as_data(&own)).expect("mount");
+    let operator = Operator::start(
+        bin,
+        plane.kubeconfig_path(),
+        &[
+            format!("--namespace={OWN_NS}"),
+            format!("--webhook-addr=127.0.0.1:{port}"),
+            format!("--webhook-cert-dir={}", mount.display()),
+            "--webhook-patch-ca-bundle".into(),
+            "--tls-reload-interval=1s".into(),
+            "--no-leader-election".into(),
+            "--operator-usernames=admin".into(),
+        ],
+        &dir.path().join("operator.log"),
+    )
+    .await
+    .expect("operator");
+
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let bundle_is = |ca: String| {
+        let validating = validating.clone();
+        async move {
+            eventually(
+                "the caBundle to be the Secret's ca.crt",
+                Duration::from_secs(30),
+                || async {
+                    let config = validating.get("homelab-autoscaler").await?;
+                    let ok = config.webhooks.iter().flatten().all(|w| {
+                        w.client_config.ca_bundle.as_ref().is_some_and(|b| b.0 == ca.as_bytes())
+                    });
+                    anyhow::ensure!(ok, "not yet");
+                    Ok(())
+                },
+            )
+            .await
+        }
+    };
+    bundle_is(own.ca_pem.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(20)));
+    let slot = dir.path().join("slot.yaml");
+    std::fs::write(&slot, slot_with_power_state().replace(NS, OWN_NS)).expect("write");
+    refused_with_our_message(&plane, &slot).await.expect("admission through the user's CA");
+
+    // The user rotates to a certificate of a new CA: the bundle follows, then the certificate.
+    let rotated =
+        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("new");
+    mount_secret(&mount, &as_data(&rotated)).expect("mount the rotation");
+    bundle_is(rotated.ca_pem.clone()).await.expect("the new CA patched");
+    eventually("the new certificate served", Duration::from_secs(30), || async {
+        served_certificate(port, rotated.ca_pem.as_bytes(), "localhost").await.map(|_| ())
+    })
+    .await
+    .expect("served");
+    eventually("admission through the new CA", Duration::from_secs(30), || async {
+        refused_with_our_message(&plane, &slot).await.map_err(anyhow::Error::msg)
+    })
+    .await
+    .expect("admission after the rotation");
+}
