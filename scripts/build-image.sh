@@ -63,11 +63,11 @@ revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
   -l org.opencontainers.image.licenses=Apache-2.0 \
   -l "org.opencontainers.image.ref.name=$image:$tag" >/dev/null
 "$crane" pull --format=oci "$ref" "$work/oci"
-# Name the image in the layout's index, as skopeo and podman read it (crane names it by the
-# throwaway registry's reference, if at all).
-index=$(sed 's/"org.opencontainers.image.ref.name":"[^"]*",\{0,1\}//' "$work/oci/index.json")
-printf '%s' "$index" | sed "s|\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\"|&,\"annotations\":{\"org.opencontainers.image.ref.name\":\"$image:$tag\"}|" \
-  > "$work/oci/index.json"
+# The layout's index names the image, as skopeo and podman read it (crane's names nothing).
+digest=$("$crane" digest "$ref")
+size=$("$crane" manifest "$ref" | wc -c)
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","size":%d,"digest":"%s","annotations":{"org.opencontainers.image.ref.name":"%s"}}]}\n' \
+  "$size" "$digest" "$image:$tag" > "$work/oci/index.json"
 mkdir -p "$(dirname "$out")"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/oci" -cf "$out" .
 log "wrote $out ($image:$tag, $(du -h "$out" | cut -f1))"
