@@ -5,7 +5,7 @@ CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
 
-.PHONY: test demo manifests lint
+.PHONY: test demo manifests lint image
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## and the power drivers against real protocol peers (installed by install-power-peers.sh).
@@ -19,6 +19,12 @@ test:
 ## KEEP=1 leaves the last cluster running and prints its KUBECONFIG.
 demo:
 	DRIVER=$(DRIVER) KEEP=$(KEEP) tests/harness/demo.sh
+
+## image: the operator's OCI image without a container engine: a static binary packed with crane
+## into an OCI layout tarball ($(CARGO_TARGET_DIR)/image/homelab-autoscaler.tar, or IMAGE_OUT).
+## IMAGE and TAG name it. The Dockerfile builds the same image with Docker.
+image:
+	scripts/build-image.sh $(IMAGE_OUT)
 
 ## manifests: regenerate crds/ and webhooks/ from the code.
 manifests:

@@ -44,9 +44,43 @@ fn admission(path: &str, namespace: &str, note: &str) -> Result<Generated, Manif
     Ok(Generated { path: path.into(), content })
 }
 
-/// The chart carries the same CRDs (Helm installs `crds/` before the templates) and the admission
-/// configurations with the release namespace templated in.
+/// The chart carries the same CRDs as templates (Helm never upgrades `crds/`, so they would not
+/// move with an upgrade), kept when the release is uninstalled so claims and slots survive, and
+/// the admission configurations with the release namespace templated in and cert-manager's
+/// CA injection only in the cert-manager TLS mode.
 const CHART: &str = "charts/homelab-autoscaler";
+/// Helm leaves an object with this annotation in place on uninstall.
+const KEEP: (&str, &str) = ("helm.sh/resource-policy", "keep");
+/// The chart's admission configurations ask cainjector for the CA in the cert-manager mode only.
+const CHART_INJECT_CA: &str = "\nmetadata:{{- if eq .Values.tls.mode \"certManager\" }}\n  annotations:\n    \
+     cert-manager.io/inject-ca-from: '{{ .Release.Namespace }}/homelab-autoscaler-webhook'\n{{- end }}\n";
+
+/// `crd` as the chart carries it: kept on uninstall.
+fn kept(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    let mut crd = crd.clone();
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(KEEP.0.into(), KEEP.1.into());
+    crd
+}
+
+/// The chart's admission configurations: the release namespace, and the injection annotation
+/// under the TLS mode's condition.
+fn chart_admission(path: &str) -> Result<Generated, ManifestError> {
+    let (mut mutating, mut validating) = configuration::in_cluster("{{ .Release.Namespace }}");
+    mutating.metadata.annotations = None;
+    validating.metadata.annotations = None;
+    let templated = |text: String| text.replacen("\nmetadata:\n", CHART_INJECT_CA, 1);
+    let content = format!(
+        "{HEADER}---\n{}---\n{}",
+        templated(format!("\n{}", yaml(path, &mutating)?)).trim_start(),
+        templated(format!("\n{}", yaml(path, &validating)?)).trim_start()
+    );
+    Ok(Generated { path: path.into(), content })
+}
 
 /// Every generated file.
 pub fn generated() -> Result<Vec<Generated>, ManifestError> {
@@ -58,18 +92,14 @@ pub fn generated() -> Result<Vec<Generated>, ManifestError> {
     let mut files = Vec::new();
     for (name, crd) in &crds {
         files.push(render(&format!("crds/{name}"), crd)?);
-        files.push(render(&format!("{CHART}/crds/{name}"), crd)?);
+        files.push(render(&format!("{CHART}/templates/crds/{name}"), &kept(crd))?);
     }
     files.push(admission(
         "webhooks/admission.yaml",
         DEFAULT_NAMESPACE,
         "# The chart renders these with its own namespace; this copy uses the default one.\n",
     )?);
-    files.push(admission(
-        &format!("{CHART}/templates/admission.yaml"),
-        "{{ .Release.Namespace }}",
-        "",
-    )?);
+    files.push(chart_admission(&format!("{CHART}/templates/admission.yaml"))?);
     Ok(files)
 }
 

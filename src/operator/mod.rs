@@ -30,11 +30,29 @@ pub struct RunArgs {
     /// Where the admission webhooks listen (HTTPS).
     #[arg(long, default_value = "0.0.0.0:9443")]
     pub webhook_addr: SocketAddr,
-    /// A directory with tls.crt and tls.key (a cert-manager Secret mount). Without it the
-    /// operator makes its own CA and patches the webhook configurations' caBundle.
+    /// A directory with tls.crt and tls.key (a cert-manager Secret mount). Without it every
+    /// replica serves a certificate of the one CA in `--webhook-ca-secret` (made by the first
+    /// replica) and patches that CA into the webhook configurations' caBundle.
     #[arg(long)]
     pub webhook_cert_dir: Option<PathBuf>,
-    /// DNS names of the self-made webhook certificate.
+    /// With `--webhook-cert-dir`: patch the directory's ca.crt into the webhook
+    /// configurations' caBundle (a Secret of your own; cert-manager's cainjector does it
+    /// otherwise).
+    #[arg(long, requires = "webhook_cert_dir")]
+    pub webhook_patch_ca_bundle: bool,
+    /// The Secret (in `--namespace`) holding the self-managed CA every replica shares.
+    #[arg(long, default_value = crate::tls::ca_secret::CA_SECRET_NAME)]
+    pub webhook_ca_secret: String,
+    /// How long a self-managed CA is valid; it is rotated after two thirds.
+    #[arg(long, default_value = "43800h")]
+    pub webhook_ca_lifetime: kube::core::Duration,
+    /// How long a self-managed serving certificate is valid; re-issued after two thirds.
+    #[arg(long, default_value = "2160h")]
+    pub webhook_cert_lifetime: kube::core::Duration,
+    /// How often certificate files are re-read (and the self-managed CA re-checked).
+    #[arg(long, default_value = "30s")]
+    pub tls_reload_interval: kube::core::Duration,
+    /// DNS names of the self-managed webhook certificate.
     #[arg(
         long,
         value_delimiter = ',',
@@ -178,10 +196,11 @@ async fn serve_grpc(
     shutdown: CancellationToken,
 ) -> anyhow::Result<impl std::future::Future<Output = ()> + use<>> {
     provider.wait_synced(Duration::from_secs(60)).await.context("syncing the provider's caches")?;
-    let server = match &args.grpc_cert_dir {
+    let mut server = match &args.grpc_cert_dir {
         Some(dir) => GrpcServerConfig::mutual_tls(addr, dir.clone()),
         None => GrpcServerConfig::plaintext(addr),
     };
+    server.reload_interval = args.tls_reload_interval.into();
     Ok(async move {
         if let Err(error) = grpc::serve(provider, server, shutdown).await {
             tracing::error!(%error, "the externalgrpc server stopped");

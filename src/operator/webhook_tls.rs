@@ -1,14 +1,20 @@
-//! The webhook server's certificate: from files (cert-manager), re-read on rotation; or, with
-//! no files, self-made, with its CA patched into the webhook configurations' caBundle.
+//! The webhook server's certificate, in one of three ways:
+//! - from files (a cert-manager Secret, or one the user made), re-read on rotation; with
+//!   `--webhook-patch-ca-bundle`, the files' `ca.crt` is also patched into the webhook
+//!   configurations (no cainjector to do it);
+//! - self-managed: every replica serves a certificate signed by the one CA in the
+//!   `--webhook-ca-secret` Secret ([`crate::tls::ca_secret`]), patches that CA into the
+//!   configurations' caBundle, and re-issues before its certificate or the CA expire.
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, Patch};
 use serde_json::json;
@@ -16,44 +22,186 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
 use crate::controller::params;
-use crate::tls::{CertFiles, ReloadingServerConfig, issue_self_signed};
+use crate::tls::ca::{CaMaterial, IssuedCert, Validity, issue};
+use crate::tls::ca_secret::CaSecret;
+use crate::tls::{CertFiles, ReloadingServerConfig};
 use crate::webhook::configuration::CONFIGURATION_NAME;
 
 const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
-/// How often mounted certificate files are re-read.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
 pub async fn serving_config(
     client: &Client,
     args: &RunArgs,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Arc<ReloadingServerConfig>> {
+    let interval = args.tls_reload_interval.into();
     if let Some(dir) = &args.webhook_cert_dir {
         let tls = ReloadingServerConfig::load(CertFiles::in_dir(dir, false), ALPN)
             .with_context(|| format!("loading the webhook certificate from {}", dir.display()))?;
-        tokio::spawn(tls.clone().watch(RELOAD_INTERVAL, shutdown.clone()));
+        tokio::spawn(tls.clone().watch(interval, shutdown.clone()));
+        if args.webhook_patch_ca_bundle {
+            tokio::spawn(keep_ca_bundle_from(
+                client.clone(),
+                dir.join("ca.crt"),
+                interval,
+                shutdown.clone(),
+            ));
+        }
         return Ok(tls);
     }
-    let bundle = issue_self_signed(&args.webhook_dns_names, &[])
-        .context("issuing a self-signed webhook certificate")?;
-    let dir =
-        std::env::temp_dir().join(format!("homelab-autoscaler-webhook-{}", std::process::id()));
-    bundle.write_secret_layout(&dir).context("writing the self-signed certificate")?;
-    let tls = ReloadingServerConfig::load(CertFiles::in_dir(&dir, false), ALPN)?;
-    patch_ca_bundle(client, bundle.ca_pem.as_bytes()).await?;
+    let mut managed = SelfManaged {
+        client: client.clone(),
+        ca_secret: CaSecret::new(
+            Api::<Secret>::namespaced(client.clone(), &args.namespace),
+            args.webhook_ca_secret.clone(),
+            args.webhook_ca_lifetime.into(),
+        ),
+        dns_names: args.webhook_dns_names.clone(),
+        cert_lifetime: args.webhook_cert_lifetime.into(),
+        dir: std::env::temp_dir()
+            .join(format!("homelab-autoscaler-webhook-{}", std::process::id())),
+        serving: None,
+    };
+    managed.refresh().await.context("issuing the webhook certificate from the shared CA")?;
+    let tls = ReloadingServerConfig::load(CertFiles::in_dir(&managed.dir, false), ALPN)?;
+    tokio::spawn(managed.keep_fresh(tls.clone(), interval, shutdown.clone()));
     Ok(tls)
 }
 
-/// Writes `ca` into every webhook of both configurations (those that exist).
-pub async fn patch_ca_bundle(client: &Client, ca: &[u8]) -> anyhow::Result<()> {
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    patch_one(mutating, ca, |c| c.webhooks.as_ref().map_or(0, Vec::len)).await?;
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    patch_one(validating, ca, |c| c.webhooks.as_ref().map_or(0, Vec::len)).await
+/// One replica's view of the self-managed CA and the certificate it serves.
+struct SelfManaged {
+    client: Client,
+    ca_secret: CaSecret,
+    dns_names: Vec<String>,
+    cert_lifetime: std::time::Duration,
+    dir: PathBuf,
+    /// The CA that signed the certificate served now, and that certificate.
+    serving: Option<(CaMaterial, IssuedCert)>,
 }
 
-/// Adds `ca` as the caBundle of each of the configuration's `webhooks(..)` webhooks.
-async fn patch_one<K>(api: Api<K>, ca: &[u8], webhooks: fn(&K) -> usize) -> anyhow::Result<()>
+impl SelfManaged {
+    /// Reads (or makes, or rotates) the shared CA; re-issues the serving certificate when the
+    /// CA changed or the certificate is due; patches the CA bundle where it differs.
+    async fn refresh(&mut self) -> anyhow::Result<()> {
+        let now = jiff::Timestamp::now();
+        let shared = self.ca_secret.current(now).await?;
+        let due = match &self.serving {
+            None => true,
+            Some((ca, cert)) => *ca != shared.ca || cert.validity.renewal_due(now),
+        };
+        if due {
+            let cert = issue(
+                &shared.ca,
+                &self.dns_names,
+                &[],
+                Validity::starting(now, self.cert_lifetime)?,
+            )?;
+            write_secret_layout(&self.dir, &cert, &shared.bundle_pem)?;
+            tracing::info!(not_after = %cert.validity.not_after, "issued the webhook certificate from the shared CA");
+            self.serving = Some((shared.ca.clone(), cert));
+        }
+        patch_ca_bundle(&self.client, shared.bundle_pem.as_bytes()).await
+    }
+
+    async fn keep_fresh(
+        mut self,
+        tls: Arc<ReloadingServerConfig>,
+        interval: std::time::Duration,
+        shutdown: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            // What the last refresh wrote is served one interval later: by then the apiserver
+            // has seen the caBundle that refresh patched (a rotated CA is in it beside the old).
+            match tls.reload_if_changed() {
+                Ok(true) => tracing::info!("serving the re-issued webhook certificate"),
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "the re-issued certificate is unusable; serving the previous one")
+                }
+            }
+            if let Err(error) = self.refresh().await {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "refreshing the self-managed webhook certificate failed; serving the current one"
+                );
+            }
+        }
+    }
+}
+
+fn write_secret_layout(
+    dir: &std::path::Path,
+    cert: &IssuedCert,
+    bundle: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, content) in
+        [("ca.crt", bundle), ("tls.key", &cert.key_pem), ("tls.crt", &cert.cert_pem)]
+    {
+        let path = dir.join(name);
+        std::fs::write(&path, content).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Patches the `ca.crt` file's content into the configurations whenever it changes.
+async fn keep_ca_bundle_from(
+    client: Client,
+    ca_file: PathBuf,
+    interval: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let result = match std::fs::read(&ca_file) {
+            Ok(ca) => patch_ca_bundle(&client, &ca).await,
+            Err(error) => {
+                Err(anyhow::Error::new(error).context(format!("reading {}", ca_file.display())))
+            }
+        };
+        if let Err(error) = result {
+            tracing::warn!(
+                error = format!("{error:#}"),
+                "keeping the webhook caBundle current failed"
+            );
+        }
+    }
+}
+
+/// Writes `ca` into every webhook of both configurations (those that exist) whose caBundle
+/// differs; a configuration already carrying it is not written.
+pub async fn patch_ca_bundle(client: &Client, ca: &[u8]) -> anyhow::Result<()> {
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    patch_one(mutating, ca, |c| {
+        c.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.as_ref()).collect()
+    })
+    .await?;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    patch_one(validating, ca, |c| {
+        c.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.as_ref()).collect()
+    })
+    .await
+}
+
+/// Sets `ca` as the caBundle of each of the configuration's webhooks (`bundles(..)` lists
+/// their current ones).
+async fn patch_one<K>(
+    api: Api<K>,
+    ca: &[u8],
+    bundles: for<'a> fn(&'a K) -> Vec<Option<&'a ByteString>>,
+) -> anyhow::Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -63,8 +211,12 @@ where
     else {
         return Ok(());
     };
+    let current = bundles(&config);
+    if current.iter().all(|b| b.is_some_and(|b| b.0 == ca)) {
+        return Ok(());
+    }
     let bundle = ByteString(ca.to_vec());
-    let ops: Vec<_> = (0..webhooks(&config))
+    let ops: Vec<_> = (0..current.len())
         .map(|i| {
             json!({ "op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle })
         })
@@ -73,5 +225,6 @@ where
     api.patch(CONFIGURATION_NAME, &params(), &Patch::Json::<()>(patch))
         .await
         .with_context(|| format!("patching the caBundle of the {kind}"))?;
+    tracing::info!(kind, "patched the webhook caBundle");
     Ok(())
 }

@@ -1,7 +1,10 @@
 //! TLS for the operator's servers (admission webhooks, externalgrpc). Certificates come from
 //! files in the cert-manager Secret layout and are re-read on rotation without a restart
-//! ([`reloading`]); with no cert-manager, [`self_signed`] makes a CA and a serving certificate.
+//! ([`reloading`]); with no cert-manager, the replicas share one CA kept in a Secret
+//! ([`ca_secret`], [`ca`]), and [`self_signed`] makes throwaway ones for development.
 
+pub mod ca;
+pub mod ca_secret;
 pub mod reloading;
 pub mod self_signed;
 
@@ -50,6 +53,10 @@ pub enum TlsError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
     #[error("issuing a self-signed certificate: {0}")]
     Issue(#[from] rcgen::Error),
+    #[error("a certificate's validity is out of range: {0}")]
+    Time(jiff::Error),
+    #[error("a certificate's validity is out of range: {0}")]
+    Range(String),
 }
 
 /// Installs the process-wide rustls crypto provider (ring). Idempotent; call it first thing.

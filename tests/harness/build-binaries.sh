@@ -11,6 +11,8 @@
 #   HOMELAB_TEST_CACHE   where built binaries live (default: ~/.cache/homelab-autoscaler).
 #   HOMELAB_CA_SOURCE    cluster-autoscaler's source (a module directory or a .tar.gz of it);
 #                        default: ../shared/upstream/cluster-autoscaler/, else a git clone.
+#   HOMELAB_CERT_MANAGER_SOURCE  cert-manager's cmd source tarball (controller/, cainjector/,
+#                        crds/); default: ../shared/upstream/cert-manager/, else a git clone.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -126,6 +128,50 @@ build_cluster_autoscaler() {
   log "built $name in $(( $(date +%s) - start ))s"
 }
 
+# cert-manager's controller and cainjector: their `cmd/` modules are not served by the Go
+# module proxy (the root module is), so they come from a source tarball: $HOMELAB_CERT_MANAGER_SOURCE,
+# else ../shared/upstream/cert-manager/ beside the repository, else a shallow clone of the tag
+# (whose cmd modules point at the root module by a relative replace, which then holds). The
+# CRDs land in $bin/cert-manager-crds/. Keyed by the source's hash.
+cm_tag=v1.21.1
+cm_shared_dir=$(cd "$here/../.." && pwd)/../shared/upstream/cert-manager
+build_cert_manager() {
+  local names=(cert-manager-controller cert-manager-cainjector) name
+  local source=${HOMELAB_CERT_MANAGER_SOURCE:-} key
+  [[ -n $source ]] || source=$(ls "$cm_shared_dir"/cert-manager-*-cmd-src.tar.gz 2>/dev/null | head -n 1 || true)
+  if [[ -n $source ]]; then key=$(sha256sum "$source" | cut -c1-16); else key=$cm_tag; fi
+  local fresh=1
+  for name in "${names[@]}"; do
+    if [[ -n "${HOMELAB_TEST_ASSETS:-}" && -x "$HOMELAB_TEST_ASSETS/$name" ]]; then
+      ln -sf "$HOMELAB_TEST_ASSETS/$name" "$bin/$name"; echo "$key" > "$bin/.$name.key"
+    fi
+    [[ -x "$bin/$name" && "$(cat "$bin/.$name.key" 2>/dev/null)" == "$key" ]] || fresh=0
+  done
+  if ((fresh)) && [[ -f "$bin/cert-manager-crds/.key" && "$(cat "$bin/cert-manager-crds/.key")" == "$key" ]]; then
+    log "cert-manager: cached"; return 0
+  fi
+  local work start root; work=$(mktemp -d "$cache/build.XXXXXX"); start=$(date +%s)
+  if [[ -n $source ]]; then
+    log "building cert-manager from $source"
+    tar -xzf "$source" -C "$work"; root=$work
+  else
+    log "building cert-manager from a clone of $cm_tag (no source in HOMELAB_CERT_MANAGER_SOURCE or $cm_shared_dir)"
+    git clone -q --depth 1 --branch "$cm_tag" https://github.com/cert-manager/cert-manager "$work/cm"
+    root=$work/cm/cmd; mkdir -p "$root/crds"; cp "$work"/cm/deploy/crds/*.yaml "$root/crds/"
+  fi
+  local v="-X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$cm_tag"
+  for name in "${names[@]}"; do
+    [[ "$(cat "$bin/.$name.key" 2>/dev/null)" == "$key" && -x "$bin/$name" ]] && continue
+    (cd "$root/${name#cert-manager-}" && GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath \
+      -ldflags "-s -w $v" -o "$work/$name" .)
+    mv -f "$work/$name" "$bin/$name"; echo "$key" > "$bin/.$name.key"
+  done
+  rm -rf "$bin/cert-manager-crds"; mkdir -p "$bin/cert-manager-crds"
+  cp "$root"/crds/*.yaml "$bin/cert-manager-crds/"; echo "$key" > "$bin/cert-manager-crds/.key"
+  rm -rf "$work"
+  log "built cert-manager in $(( $(date +%s) - start ))s"
+}
+
 want=${1:-cluster}
 case "$want" in
   integration|cluster|e2e|all) ;;
@@ -153,7 +199,9 @@ if [[ $want != integration ]]; then
 fi
 if [[ $want == e2e || $want == all ]]; then
   build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
+  build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
   build_cluster_autoscaler
+  build_cert_manager
 fi
 # Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the
 # exposition format. `remove_all_sd` leaves out the cloud service-discovery plugins (the tests

@@ -19,7 +19,8 @@ pub enum Profile {
     Integration,
     /// Integration plus kube-controller-manager, kube-scheduler and kwok.
     Cluster,
-    /// Cluster plus helm, cluster-autoscaler (built from its source), prometheus and promtool.
+    /// Cluster plus helm, crane, prometheus, promtool, cluster-autoscaler and cert-manager's
+    /// controller and cainjector (the last three built from their source).
     E2e,
 }
 
@@ -39,7 +40,15 @@ impl Profile {
             programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
         if self == Profile::E2e {
-            programs.extend(["helm", "cluster-autoscaler", "prometheus", "promtool"]);
+            programs.extend([
+                "helm",
+                "crane",
+                "prometheus",
+                "promtool",
+                "cluster-autoscaler",
+                "cert-manager-controller",
+                "cert-manager-cainjector",
+            ]);
         }
         programs
     }

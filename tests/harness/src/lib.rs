@@ -22,9 +22,11 @@
 
 mod base;
 pub mod binaries;
+pub mod cert_manager;
 mod control_plane;
 pub mod e2e;
 mod failure_logs;
+pub mod install;
 mod kwok;
 pub mod lab;
 mod pki;

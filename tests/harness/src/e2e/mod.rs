@@ -74,6 +74,8 @@ pub struct World {
     bin: PathBuf,
     logs: PathBuf,
     tls: WebhookTls,
+    /// The kubeconfig the operator replicas run with (the admin's unless set).
+    operator_kubeconfig: Option<PathBuf>,
 }
 
 impl Drop for World {
@@ -249,6 +251,30 @@ impl World {
         Self::start_from(plane, bin, narrate, tls, false, started).await
     }
 
+    /// [`World::start_on`] with the operator replicas running as whoever `operator_kubeconfig`
+    /// authenticates (for example the chart's ServiceAccount, by a TokenRequest token), while
+    /// the simulator and the test's own client stay admin.
+    pub async fn start_on_as(
+        plane: impl Into<Plane>,
+        bin: &Path,
+        tls: WebhookTls,
+        operator_kubeconfig: &Path,
+    ) -> Result<World> {
+        let started = Instant::now();
+        let plane = plane.into();
+        plane.ensure(Components::CLUSTER).await?;
+        Self::start_with_kubeconfig(
+            plane,
+            bin,
+            false,
+            tls,
+            false,
+            started,
+            Some(operator_kubeconfig.to_path_buf()),
+        )
+        .await
+    }
+
     async fn start_from(
         plane: Plane,
         bin: &Path,
@@ -256,6 +282,18 @@ impl World {
         tls: WebhookTls,
         grpc_mtls: bool,
         started: Instant,
+    ) -> Result<World> {
+        Self::start_with_kubeconfig(plane, bin, narrate, tls, grpc_mtls, started, None).await
+    }
+
+    async fn start_with_kubeconfig(
+        plane: Plane,
+        bin: &Path,
+        narrate: bool,
+        tls: WebhookTls,
+        grpc_mtls: bool,
+        started: Instant,
+        operator_kubeconfig: Option<PathBuf>,
     ) -> Result<World> {
         homelab_autoscaler::tls::install_crypto_provider();
         plane.install_crds().await?;
@@ -326,6 +364,7 @@ impl World {
             bin: bin.to_path_buf(),
             logs: logs.clone(),
             tls,
+            operator_kubeconfig,
         };
         world.steps.push(Step { what: "control plane up, CRDs installed".into(), took: up });
         world.start_replica().await?;
@@ -345,7 +384,9 @@ impl World {
             format!("--webhook-addr=127.0.0.1:{webhook_port}"),
             format!("--admin-addr=127.0.0.1:{admin_port}"),
             format!("--grpc-addr=127.0.0.1:{grpc_port}"),
-            "--operator-usernames=admin".into(),
+            format!(
+                "--operator-usernames=admin,system:serviceaccount:{NAMESPACE}:homelab-autoscaler"
+            ),
             "--startup-job-timeout=30s".into(),
             "--registration-timeout=30s".into(),
             "--readiness-gate-timeout=60s".into(),
@@ -367,7 +408,11 @@ impl World {
         }
         self.point_webhooks_at(webhook_port, &ca_pem).await?;
         let log = self.logs.join(format!("operator-{index}.log"));
-        let child = spawn(&self.bin, &args, self.plane.kubeconfig_path(), &log)?;
+        let kubeconfig = self
+            .operator_kubeconfig
+            .clone()
+            .unwrap_or_else(|| self.plane.kubeconfig_path().to_path_buf());
+        let child = spawn(&self.bin, &args, &kubeconfig, &log)?;
         let pid = child.id().context("the operator exited at once")?;
         let admin = format!("127.0.0.1:{admin_port}");
         eventually("the operator to be ready", ACT, || http_ok(&admin, "/ready"))

@@ -1,0 +1,288 @@
+//! What the install tests share: the chart rendered by the real helm, its documents applied to a
+//! control plane, Secrets written the way the kubelet mounts them, the operator started as a
+//! process with a kubeconfig of the test's choosing, and the certificate a server presents.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
+use kube::api::Api;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::process::{Child, Command};
+
+use crate::binaries::{Profile, binaries};
+use crate::{ControlPlane, eventually};
+
+/// The chart in the repository.
+pub fn chart_dir() -> PathBuf {
+    crate::repo_path("charts/homelab-autoscaler")
+}
+
+/// Runs the pinned helm with a throwaway home; its stdout, or an error with its stderr.
+pub async fn helm(args: &[&str]) -> Result<String> {
+    let helm = binaries(Profile::E2e).await?.path("helm");
+    let home = tempfile::tempdir()?;
+    let out = Command::new(&helm)
+        .args(args)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .await
+        .with_context(|| format!("running {}", helm.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "helm {args:?}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// `helm template homelab-autoscaler <chart> --namespace <ns>` with `--set` for each of `sets`.
+pub async fn render(namespace: &str, sets: &[&str]) -> Result<String> {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec!["template", "homelab-autoscaler", chart.as_str(), "--namespace", namespace];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(&args).await
+}
+
+/// The documents of a multi-document YAML stream (empty ones dropped).
+pub fn documents(yaml: &str) -> Result<Vec<serde_yaml::Value>> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde::Deserialize::deserialize(doc).context("parsing rendered YAML")?;
+        if !matches!(value, serde_yaml::Value::Null) {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// The kind of a document.
+pub fn kind(doc: &serde_yaml::Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+/// Points every webhook of the admission configurations among `docs` at `url_base` (the
+/// operator on loopback, as the e2e World does) in place of the Service, keeping the path and
+/// leaving caBundle to whoever fills it (cainjector, or the operator).
+pub fn point_webhooks_at(docs: &mut [serde_yaml::Value], url_base: &str) {
+    for doc in docs.iter_mut() {
+        if !kind(doc).ends_with("WebhookConfiguration") {
+            continue;
+        }
+        for webhook in doc["webhooks"].as_sequence_mut().into_iter().flatten() {
+            let config = &mut webhook["clientConfig"];
+            let path = config["service"]["path"].as_str().unwrap_or_default().to_string();
+            if let Some(map) = config.as_mapping_mut() {
+                map.remove("service");
+                map.insert("url".into(), format!("{url_base}{path}").into());
+            }
+        }
+    }
+}
+
+/// Applies `docs` with the control plane's kubectl (server-side, so CRDs and the objects after
+/// them go in one call), failing with kubectl's message.
+pub async fn apply(plane: &ControlPlane, docs: &[serde_yaml::Value]) -> Result<String> {
+    let mut yaml = String::new();
+    for doc in docs {
+        yaml.push_str("---\n");
+        yaml.push_str(&serde_yaml::to_string(doc)?);
+    }
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), yaml)?;
+    let path = file.path().display().to_string();
+    let out = plane.kubectl(["apply", "--server-side", "-f", path.as_str()]).await?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "kubectl apply: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// Waits for Secret `name` in `namespace` to hold `tls.crt`, `tls.key` and `ca.crt`.
+pub async fn issued_secret(client: &Client, namespace: &str, name: &str) -> Result<Secret> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    eventually(
+        &format!("Secret {namespace}/{name} issued"),
+        crate::cert_manager::ISSUE_TIMEOUT,
+        || async {
+            let secret = secrets.get_opt(name).await?.context("not there yet")?;
+            let data = secret.data.clone().unwrap_or_default();
+            for key in ["tls.crt", "tls.key", "ca.crt"] {
+                ensure!(data.get(key).is_some_and(|v| !v.0.is_empty()), "no {key} yet");
+            }
+            Ok(secret)
+        },
+    )
+    .await
+}
+
+/// Writes `secret`'s data under `dir` as the kubelet mounts a Secret: the files in a fresh
+/// timestamped directory, `..data` a symlink to it swapped atomically, and each key a symlink
+/// through `..data`. Called again, it swaps the content in one rename.
+pub fn mount_secret(dir: &Path, data: &BTreeMap<String, ByteString>) -> Result<()> {
+    static GENERATION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    std::fs::create_dir_all(dir)?;
+    let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let payload = format!("..{}_{generation}", std::process::id());
+    std::fs::create_dir(dir.join(&payload))?;
+    for (key, value) in data {
+        std::fs::write(dir.join(&payload).join(key), &value.0)?;
+    }
+    let staging = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&staging);
+    std::os::unix::fs::symlink(&payload, &staging)?;
+    std::fs::rename(&staging, dir.join("..data"))?;
+    for key in data.keys() {
+        let link = dir.join(key);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{key}"), &link)?;
+        }
+    }
+    Ok(())
+}
+
+/// A free loopback port.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The leaf certificate (DER) a TLS server on `127.0.0.1:port` presents for `name`, verified
+/// against `ca_pem`.
+pub async fn served_certificate(port: u16, ca_pem: &[u8], name: &str) -> Result<Vec<u8>> {
+    homelab_autoscaler::tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert?)?;
+    }
+    let config =
+        rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let tls = tokio::time::timeout(
+        Duration::from_secs(10),
+        connector.connect(ServerName::try_from(name.to_string())?, tcp),
+    )
+    .await
+    .context("TLS handshake timed out")??;
+    let (_, session) = tls.get_ref();
+    let leaf = session.peer_certificates().and_then(|c| c.first()).context("no certificate")?;
+    Ok(leaf.to_vec())
+}
+
+/// The first certificate of a PEM chain, DER.
+pub fn first_certificate(pem: &[u8]) -> Result<Vec<u8>> {
+    Ok(CertificateDer::pem_slice_iter(pem).next().context("no certificate in PEM")??.to_vec())
+}
+
+/// The operator binary run as a process with its own kubeconfig and arguments.
+pub struct Operator {
+    pub child: Child,
+    pub admin_port: u16,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `bin run <args> --admin-addr=127.0.0.1:<free>` with `kubeconfig`, logging to
+    /// `log`, and waits until /ready answers.
+    pub async fn start(
+        bin: &Path,
+        kubeconfig: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Operator> {
+        let admin_port = free_port()?;
+        let out = std::fs::File::create(log)?;
+        let child = Command::new(bin)
+            .arg("run")
+            .args(args)
+            .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,homelab_autoscaler=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone()?))
+            .stderr(Stdio::from(out))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut operator = Operator { child, admin_port, log: log.to_path_buf() };
+        let admin = format!("127.0.0.1:{admin_port}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = operator.child.try_wait()? {
+                anyhow::bail!("the operator exited ({status}):\n{}", operator.log_tail(40));
+            }
+            if crate::e2e::http_get(&admin, "/ready").await.is_ok() {
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the operator not ready after 120s:\n{}",
+                operator.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(operator)
+    }
+
+    /// The end of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        crate::process::file_tail(&self.log, lines)
+    }
+}
+
+/// A stand-in for a Service in front of several replicas: a TCP proxy on a loopback port that
+/// sends each connection to the next backend in turn, and to the one after when a backend
+/// refuses (a killed pod leaves the endpoints). Stops when dropped.
+pub struct ServiceProxy {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceProxy {
+    pub async fn start(backends: Vec<u16>) -> Result<ServiceProxy> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let task = tokio::spawn(async move {
+            let mut next = 0usize;
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let start = next;
+                next = next.wrapping_add(1);
+                let backends = backends.clone();
+                tokio::spawn(async move {
+                    for i in 0..backends.len() {
+                        let backend = backends[(start + i) % backends.len()];
+                        if let Ok(mut outbound) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                        {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(ServiceProxy { port, task })
+    }
+}
+
+impl Drop for ServiceProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,287 @@
+//! The chart's cert-manager mode against the real cert-manager (controller and cainjector as
+//! processes) on a control plane of its own: the chart rendered by helm and applied, with each
+//! webhook's Service clientConfig pointed at the operator on loopback (as the e2e World does);
+//! cert-manager issues the webhook's, the gRPC server's and cluster-autoscaler's client
+//! certificates from the chart's CA, and cainjector fills both caBundles. The operator runs with
+//! the issued Secrets written the way the kubelet mounts them, and
+//! - admission answers through the injected CA (a slot with `spec.powerState` is refused with our
+//!   message);
+//! - a renewal is served without a restart while kubectl keeps working;
+//! - the real cluster-autoscaler dials the provider with the issued client certificate, and a
+//!   client without one is refused.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use homelab_harness::cert_manager::{CertManager, ISSUE_TIMEOUT};
+use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
+use homelab_harness::install::{
+    Operator, apply, documents, first_certificate, free_port, issued_secret, mount_secret,
+    point_webhooks_at, render, served_certificate,
+};
+use homelab_harness::{Components, ControlPlane, eventually};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NS: &str = "homelab-cm";
+const REFUSAL: &str = "spec.powerState was removed";
+
+fn slot_with_power_state() -> String {
+    format!(
+        "apiVersion: infra.homecluster.dev/v2alpha1
+kind: Node
+metadata: {{ name: mini-9, namespace: {NS}, labels: {{ group: workers }} }}
+spec:
+  kubernetesNodeName: mini-9
+  powerState: on
+  startupPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
+  shutdownPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
+"
+    )
+}
+
+/// `kubectl apply` of the slot with `spec.powerState`: Ok(()) when admission refused it with our
+/// message, Err with what kubectl said otherwise (a TLS failure, a timeout, an acceptance).
+async fn refused_with_our_message(plane: &ControlPlane, file: &Path) -> Result<(), String> {
+    let path = file.display().to_string();
+    let out = plane.kubectl(["apply", "-f", path.as_str()]).await.map_err(|e| e.to_string())?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() && stderr.contains(REFUSAL) {
+        Ok(())
+    } else {
+        Err(format!("{}: {stderr}{}", out.status, String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_with_its_client_certificate()
+ {
+    let started = Instant::now();
+    let bin = Path::new(env!("CARGO_BIN_EXE_homelab-autoscaler"));
+    let plane = ControlPlane::start(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let cert_manager = CertManager::start(&plane).await.expect("cert-manager");
+    let client = plane.client().expect("client");
+    let out = plane.kubectl(["create", "namespace", NS]).await.expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The chart, with the webhooks pointed at the operator's loopback port and `localhost` on
+    // the certificates (the name the apiserver and cluster-autoscaler dial here).
+    let (webhook_port, grpc_port) = (free_port().expect("port"), free_port().expect("port"));
+    let rendered = render(
+        NS,
+        &[
+            "tls.mode=certManager",
+            "tls.certManager.webhookDnsNames={localhost}",
+            "tls.certManager.grpcDnsNames={localhost}",
+        ],
+    )
+    .await
+    .expect("helm template");
+    let mut docs = documents(&rendered).expect("documents");
+    point_webhooks_at(&mut docs, &format!("https://localhost:{webhook_port}"));
+    apply(&plane, &docs).await.expect("apply the chart");
+
+    let webhook = issued_secret(&client, NS, "homelab-autoscaler-webhook-tls")
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", cert_manager.log_tails(40)));
+    let grpc = issued_secret(&client, NS, "homelab-autoscaler-grpc-tls").await.expect("gRPC cert");
+    let grpc_client = issued_secret(&client, NS, "homelab-autoscaler-grpc-client-tls")
+        .await
+        .expect("client cert");
+    let data = |s: &Secret| s.data.clone().unwrap_or_default();
+    let ca = data(&webhook)["ca.crt"].0.clone();
+    assert_eq!(data(&grpc)["ca.crt"].0, ca, "one chart CA signs everything");
+    assert_eq!(data(&grpc_client)["ca.crt"].0, ca, "one chart CA signs everything");
+    let issued = started.elapsed();
+
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    eventually("cainjector to fill both caBundles", ISSUE_TIMEOUT, || async {
+        let m = mutating.get("homelab-autoscaler").await?;
+        let v = validating.get("homelab-autoscaler").await?;
+        let bundles: Vec<_> = m
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.clone())
+            .chain(v.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.clone()))
+            .collect();
+        anyhow::ensure!(bundles.len() == 4, "expected 4 webhooks, found {}", bundles.len());
+        anyhow::ensure!(
+            bundles.iter().all(|b| b.as_ref().is_some_and(|b| b.0 == ca)),
+            "not injected yet"
+        );
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", cert_manager.log_tails(40)));
+
+    // The operator, with the Secrets mounted as the kubelet would.
+    let mounts = tempfile::tempdir().expect("tempdir");
+    let (webhook_dir, grpc_dir, client_dir) =
+        (mounts.path().join("webhook"), mounts.path().join("grpc"), mounts.path().join("client"));
+    mount_secret(&webhook_dir, &data(&webhook)).expect("mount");
+    mount_secret(&grpc_dir, &data(&grpc)).expect("mount");
+    mount_secret(&client_dir, &data(&grpc_client)).expect("mount");
+    let mut operator = Operator::start(
+        bin,
+        plane.kubeconfig_path(),
+        &[
+            format!("--namespace={NS}"),
+            format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+            format!("--webhook-cert-dir={}", webhook_dir.display()),
+            format!("--grpc-addr=127.0.0.1:{grpc_port}"),
+            format!("--grpc-cert-dir={}", grpc_dir.display()),
+            "--tls-reload-interval=1s".into(),
+            "--no-leader-election".into(),
+            "--operator-usernames=admin".into(),
+        ],
+        &mounts.path().join("operator.log"),
+    )
+    .await
+    .expect("operator");
+
+    let slot = mounts.path().join("slot.yaml");
+    std::fs::write(&slot, slot_with_power_state()).expect("write slot");
+    refused_with_our_message(&plane, &slot).await.unwrap_or_else(|e| {
+        panic!("admission through the injected CA: {e}\n{}", operator.log_tail(30))
+    });
+
+    // A renewal: cert-manager re-issues when its Secret goes; the new Secret is mounted, and the
+    // operator serves it without a restart while kubectl runs on.
+    let before = data(&webhook)["tls.crt"].0.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let kubectl_loop = {
+        let stop = stop.clone();
+        let plane = &plane;
+        let slot = slot.clone();
+        async move {
+            let mut outcomes = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                outcomes.push(refused_with_our_message(plane, &slot).await);
+            }
+            outcomes
+        }
+    };
+    let renewal = async {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+        secrets
+            .delete("homelab-autoscaler-webhook-tls", &DeleteParams::default())
+            .await
+            .expect("delete the webhook Secret");
+        let renewed = eventually("cert-manager to re-issue", ISSUE_TIMEOUT, || async {
+            let s = secrets.get_opt("homelab-autoscaler-webhook-tls").await?;
+            let s = s.ok_or_else(|| anyhow::anyhow!("not yet"))?;
+            let crt = data(&s).get("tls.crt").map(|c| c.0.clone()).unwrap_or_default();
+            anyhow::ensure!(!crt.is_empty() && crt != before, "not re-issued yet");
+            Ok(s)
+        })
+        .await
+        .expect("re-issued");
+        let renewed_at = Instant::now();
+        mount_secret(&webhook_dir, &data(&renewed)).expect("mount the renewal");
+        let new_leaf = first_certificate(&data(&renewed)["tls.crt"].0).expect("leaf");
+        eventually(
+            "the operator to serve the renewed certificate",
+            Duration::from_secs(30),
+            || async {
+                let served = served_certificate(webhook_port, &ca, "localhost").await?;
+                anyhow::ensure!(served == new_leaf, "still the old certificate");
+                Ok(())
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(30)));
+        // A few more admissions on the new certificate.
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while refused_with_our_message(&plane, &slot).await.is_err() {}
+        })
+        .await
+        .expect("admission on the new certificate");
+        stop.store(true, Ordering::Relaxed);
+        renewed_at.elapsed()
+    };
+    let (outcomes, reload_took) = tokio::join!(kubectl_loop, renewal);
+    let failures: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    assert!(!outcomes.is_empty(), "kubectl ran during the renewal");
+    assert!(failures.is_empty(), "kubectl failed during the renewal: {failures:#?}");
+    assert!(operator.child.try_wait().expect("wait").is_none(), "the operator was not restarted");
+    eprintln!(
+        "issued in {issued:.1?} from start; renewal served {reload_took:.1?} after the new Secret \
+         was mounted; {} kubectl calls during the renewal, all answered by admission",
+        outcomes.len()
+    );
+
+    // gRPC: cluster-autoscaler dials with the issued client certificate, the provider answers
+    // (the pool shows in CA's status); a client without a certificate is refused.
+    let pool = homelab_harness::repo_path("examples/pool-cluster-autoscaler.yaml");
+    let out = plane
+        .kubectl(["apply", "-n", NS, "-f", &pool.display().to_string()])
+        .await
+        .expect("kubectl");
+    assert!(out.status.success(), "the pool: {}", String::from_utf8_lossy(&out.stderr));
+    let ca_dir = mounts.path().join("cluster-autoscaler");
+    let autoscaler = Autoscaler::start(
+        plane.kubeconfig_path(),
+        &GrpcEndpoint { port: grpc_port, cert_dir: client_dir.clone() },
+        &ca_dir,
+        &AutoscalerSettings::default(),
+    )
+    .await
+    .expect("cluster-autoscaler");
+    eventually(
+        "cluster-autoscaler to list the pool through the provider",
+        Duration::from_secs(90),
+        || async {
+            let status = Autoscaler::status(&client).await?;
+            anyhow::ensure!(status.group("workers").is_some(), "workers not in CA's status yet");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", autoscaler.log_tail(30), operator.log_tail(30)));
+
+    let refused = without_client_certificate(grpc_port, &ca).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| !e.starts_with("no answer")),
+        "a client without a certificate was not refused: {refused:?}"
+    );
+    drop(autoscaler);
+    cert_manager.ensure_running().expect("cert-manager kept running");
+}
+
+/// Speaks HTTP/2's preface to the provider over TLS with no client certificate: Ok with what it
+/// read if the server answered, Err if the handshake or the read was refused.
+async fn without_client_certificate(port: u16, ca: &[u8]) -> Result<Vec<u8>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    }
+    let mut config =
+        rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp =
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut tls = connector.connect(name, tcp).await.map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut buf = vec![0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await {
+        Err(_) => Err("no answer within 10s".into()),
+        Ok(Err(e)) => Err(format!("read: {e}")),
+        Ok(Ok(0)) => Err("closed".into()),
+        Ok(Ok(n)) => Ok(buf[..n].to_vec()),
+    }
+}

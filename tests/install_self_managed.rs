@@ -1,0 +1,263 @@
+//! The chart's self-managed TLS mode with two replicas, the chart's default, on a control plane
+//! of its own: both replicas start at once and race to create the CA; one Secret holds it, each
+//! serves its own certificate signed by it, and the caBundle is that CA. A loopback proxy
+//! stands in for the webhook Service in front of both, so the apiserver reaches either; kubectl
+//! keeps being answered by admission while the CA rotates (short lifetimes) and after one
+//! replica is killed.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use homelab_harness::install::{
+    Operator, ServiceProxy, apply, documents, first_certificate, free_port, point_webhooks_at,
+    render, served_certificate,
+};
+use homelab_harness::{Components, ControlPlane, eventually};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+
+const NS: &str = "homelab-ha";
+const REFUSAL: &str = "spec.powerState was removed";
+
+fn slot_with_power_state() -> String {
+    format!(
+        "apiVersion: infra.homecluster.dev/v2alpha1
+kind: Node
+metadata: {{ name: mini-9, namespace: {NS}, labels: {{ group: workers }} }}
+spec:
+  kubernetesNodeName: mini-9
+  powerState: on
+  startupPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
+  shutdownPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
+"
+    )
+}
+
+async fn refused_with_our_message(plane: &ControlPlane, file: &Path) -> Result<(), String> {
+    let path = file.display().to_string();
+    let out = plane.kubectl(["apply", "-f", path.as_str()]).await.map_err(|e| e.to_string())?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() && stderr.contains(REFUSAL) {
+        Ok(())
+    } else {
+        Err(format!("{}: {stderr}{}", out.status, String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+fn secret_field(secret: &Secret, key: &str) -> Vec<u8> {
+    secret.data.as_ref().and_then(|d| d.get(key)).map(|v| v.0.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_homelab-autoscaler"));
+    let plane = ControlPlane::start(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let client = plane.client().expect("client");
+    let out = plane.kubectl(["create", "namespace", NS]).await.expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let ports = [free_port().expect("port"), free_port().expect("port")];
+    let service = ServiceProxy::start(ports.to_vec()).await.expect("proxy");
+    let rendered = render(NS, &["tls.mode=selfManaged"]).await.expect("helm template");
+    let mut docs = documents(&rendered).expect("documents");
+    point_webhooks_at(&mut docs, &format!("https://localhost:{}", service.port));
+    apply(&plane, &docs).await.expect("apply the chart");
+
+    // Both at once, racing to create the CA. Its lifetime is short so that it rotates during the
+    // test: due after 30 s, certificates re-issued every 10 s.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = plane.kubeconfig_path().to_path_buf();
+    let replica = |i: usize| {
+        let kubeconfig = kubeconfig.clone();
+        let log = dir.path().join(format!("operator-{i}.log"));
+        let args = vec![
+            format!("--namespace={NS}"),
+            format!("--webhook-addr=127.0.0.1:{}", ports[i]),
+            "--webhook-dns-names=localhost".into(),
+            "--webhook-ca-lifetime=45s".into(),
+            "--webhook-cert-lifetime=15s".into(),
+            "--tls-reload-interval=1s".into(),
+            "--operator-usernames=admin".into(),
+        ];
+        async move { Operator::start(bin, &kubeconfig, &args, &log).await }
+    };
+    let (a, b) = tokio::join!(replica(0), replica(1));
+    let (mut a, b) = (a.expect("replica 0"), b.expect("replica 1"));
+
+    let created: usize = (0..2)
+        .map(|i| {
+            let log = std::fs::read_to_string(dir.path().join(format!("operator-{i}.log")));
+            log.unwrap_or_default().matches("created the shared CA").count()
+        })
+        .sum();
+    assert_eq!(created, 1, "exactly one replica created the CA; the other read the winner's");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let ca_secret = secrets.get("homelab-autoscaler-ca").await.expect("the one CA Secret");
+    let first_ca = secret_field(&ca_secret, "tls.crt");
+    let bundle = secret_field(&ca_secret, "ca.crt");
+    let leaves = [
+        served_certificate(ports[0], &first_ca, "localhost").await.expect("replica 0 verifies"),
+        served_certificate(ports[1], &first_ca, "localhost").await.expect("replica 1 verifies"),
+    ];
+    assert_ne!(leaves[0], leaves[1], "each replica serves a certificate of its own");
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    eventually("the caBundle to be the shared CA", Duration::from_secs(30), || async {
+        let config = validating.get("homelab-autoscaler").await?;
+        let ok = config
+            .webhooks
+            .iter()
+            .flatten()
+            .all(|w| w.client_config.ca_bundle.as_ref().is_some_and(|b| b.0 == bundle));
+        anyhow::ensure!(ok, "not patched yet");
+        Ok(())
+    })
+    .await
+    .expect("caBundle");
+
+    // Through the stand-in Service, across the CA's rotation: every call answered by admission.
+    let slot = dir.path().join("slot.yaml");
+    std::fs::write(&slot, slot_with_power_state()).expect("write");
+    let started = Instant::now();
+    let mut calls = 0;
+    let rotated = loop {
+        refused_with_our_message(&plane, &slot).await.unwrap_or_else(|e| {
+            panic!("call {calls} failed: {e}\n{}\n{}", a.log_tail(20), b.log_tail(20))
+        });
+        calls += 1;
+        let now = secrets.get("homelab-autoscaler-ca").await.expect("CA Secret");
+        let ca = secret_field(&now, "tls.crt");
+        if ca != first_ca {
+            let served_new = |port| {
+                let ca = ca.clone();
+                async move { served_certificate(port, &ca, "localhost").await.is_ok() }
+            };
+            // Rotated, and both replicas serve certificates of the new CA.
+            if served_new(ports[0]).await && served_new(ports[1]).await {
+                break now;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no rotation within 120 s:\n{}",
+            a.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let new_bundle = secret_field(&rotated, "ca.crt");
+    assert!(
+        new_bundle.windows(first_ca.len()).any(|w| w == first_ca.as_slice()),
+        "the old CA stays trusted beside the new one until it expires"
+    );
+    assert_ne!(
+        first_certificate(&new_bundle).expect("pem"),
+        first_certificate(&first_ca).expect("pem")
+    );
+    eprintln!(
+        "CA rotated after {:.1?}; {calls} kubectl calls through both replicas, all answered",
+        started.elapsed()
+    );
+
+    // One replica dies; the Service (proxy) routes to the other and nothing changes for kubectl.
+    a.child.kill().await.expect("kill replica 0");
+    for call in 0..6 {
+        refused_with_our_message(&plane, &slot)
+            .await
+            .unwrap_or_else(|e| panic!("call {call} after the kill: {e}\n{}", b.log_tail(20)));
+    }
+    drop(service);
+}
+
+/// The `secrets` mode: the user's own Secret, mounted; the operator patches its `ca.crt` into the
+/// caBundle (no cainjector), and follows the user's rotation to a new CA without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_own_secret_is_served_and_its_ca_patched_and_followed_on_rotation() {
+    use homelab_harness::install::mount_secret;
+    use k8s_openapi::ByteString;
+    use std::collections::BTreeMap;
+
+    const OWN_NS: &str = "homelab-own";
+    let bin = Path::new(env!("CARGO_BIN_EXE_homelab-autoscaler"));
+    let plane = ControlPlane::start(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let client = plane.client().expect("client");
+    let out = plane.kubectl(["create", "namespace", OWN_NS]).await.expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let port = free_port().expect("port");
+    let rendered =
+        render(OWN_NS, &["tls.mode=secrets", "tls.secrets.webhook=own-tls"]).await.expect("render");
+    let mut docs = documents(&rendered).expect("documents");
+    point_webhooks_at(&mut docs, &format!("https://localhost:{port}"));
+    apply(&plane, &docs).await.expect("apply the chart");
+
+    let as_data = |bundle: &homelab_autoscaler::tls::SelfSignedBundle| {
+        BTreeMap::from([
+            ("tls.crt".to_string(), ByteString(bundle.cert_pem.clone().into_bytes())),
+            ("tls.key".to_string(), ByteString(bundle.key_pem.clone().into_bytes())),
+            ("ca.crt".to_string(), ByteString(bundle.ca_pem.clone().into_bytes())),
+        ])
+    };
+    let own = homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("own");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mount = dir.path().join("webhook-tls");
+    mount_secret(&mount, &as_data(&own)).expect("mount");
+    let operator = Operator::start(
+        bin,
+        plane.kubeconfig_path(),
+        &[
+            format!("--namespace={OWN_NS}"),
+            format!("--webhook-addr=127.0.0.1:{port}"),
+            format!("--webhook-cert-dir={}", mount.display()),
+            "--webhook-patch-ca-bundle".into(),
+            "--tls-reload-interval=1s".into(),
+            "--no-leader-election".into(),
+            "--operator-usernames=admin".into(),
+        ],
+        &dir.path().join("operator.log"),
+    )
+    .await
+    .expect("operator");
+
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let bundle_is = |ca: String| {
+        let validating = validating.clone();
+        async move {
+            eventually(
+                "the caBundle to be the Secret's ca.crt",
+                Duration::from_secs(30),
+                || async {
+                    let config = validating.get("homelab-autoscaler").await?;
+                    let ok = config.webhooks.iter().flatten().all(|w| {
+                        w.client_config.ca_bundle.as_ref().is_some_and(|b| b.0 == ca.as_bytes())
+                    });
+                    anyhow::ensure!(ok, "not yet");
+                    Ok(())
+                },
+            )
+            .await
+        }
+    };
+    bundle_is(own.ca_pem.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(20)));
+    let slot = dir.path().join("slot.yaml");
+    std::fs::write(&slot, slot_with_power_state().replace(NS, OWN_NS)).expect("write");
+    refused_with_our_message(&plane, &slot).await.expect("admission through the user's CA");
+
+    // The user rotates to a certificate of a new CA: the bundle follows, then the certificate.
+    let rotated =
+        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("new");
+    mount_secret(&mount, &as_data(&rotated)).expect("mount the rotation");
+    bundle_is(rotated.ca_pem.clone()).await.expect("the new CA patched");
+    eventually("the new certificate served", Duration::from_secs(30), || async {
+        served_certificate(port, rotated.ca_pem.as_bytes(), "localhost").await.map(|_| ())
+    })
+    .await
+    .expect("served");
+    eventually("admission through the new CA", Duration::from_secs(30), || async {
+        refused_with_our_message(&plane, &slot).await.map_err(anyhow::Error::msg)
+    })
+    .await
+    .expect("admission after the rotation");
+}
