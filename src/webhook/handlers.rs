@@ -34,9 +34,11 @@ where
         Ok(request) => request,
         Err(error) => {
             tracing::warn!(%error, route, "malformed AdmissionReview");
-            let response = kube::core::admission::AdmissionResponse::invalid(format!(
+            let mut response = kube::core::admission::AdmissionResponse::invalid(format!(
                 "malformed AdmissionReview: {error}"
             ));
+            // Every denial carries a code (kube-rs leaves this one at 0): a bad request.
+            response.result.code = 400;
             return Json(response.into_review());
         }
     };
