@@ -221,3 +221,16 @@ fn pods_of_pricing_requests_decode_or_are_refused() {
         })
         .expect("pods");
 }
+
+/// Regressions found by this suite.
+#[test]
+fn go_duration_keeps_a_fraction_of_a_second_after_whole_minutes() {
+    // Printed as `1182667h53m` (the millisecond dropped) before the fix.
+    assert_eq!(go_duration(Duration::from_millis(60_500)), "1m0.500s");
+    assert_eq!(go_duration(Duration::from_millis(3_600_001)), "1h0.001s");
+    assert_eq!(go_duration(Duration::from_secs(90)), "1m30s");
+    assert_eq!(go_duration(Duration::ZERO), "0s");
+    for text in ["5124095576030431h", "1h-5m"] {
+        assert!(parse_go_duration(text).is_err(), "{text}");
+    }
+}

@@ -44,8 +44,9 @@ pub struct Lab {
     pub client: Client,
     pub ns: String,
     stop: CancellationToken,
-    /// The controllers' own token, a child of `stop`, so a test can stop and restart them.
-    controllers: std::sync::Mutex<CancellationToken>,
+    /// The controllers' own token, a child of `stop`, and their task, so a test can stop
+    /// (or kill) and restart them.
+    controllers: std::sync::Mutex<(CancellationToken, tokio::task::JoinHandle<()>)>,
     _logs: FailureLogs<'static>,
 }
 
@@ -53,7 +54,7 @@ async fn start_controllers(
     client: &Client,
     ns: &str,
     stop: &CancellationToken,
-) -> CancellationToken {
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = stop.child_token();
     let (ctx, inputs) = Context::start(
         client.clone(),
@@ -65,8 +66,8 @@ async fn start_controllers(
     )
     .await
     .expect("controller context");
-    tokio::spawn(controller::run(ctx, inputs, token.clone()));
-    token
+    let task = tokio::spawn(controller::run(ctx, inputs, token.clone()));
+    (token, task)
 }
 
 impl Drop for Lab {
@@ -109,7 +110,16 @@ impl Lab {
 
     /// Stops the controllers (as a crashed or demoted operator would).
     pub fn stop_controllers(&self) {
-        self.controllers.lock().expect("lock").cancel();
+        self.controllers.lock().expect("lock").0.cancel();
+    }
+
+    /// Kills the controllers where they stand, as a SIGKILL of the operator would: their task
+    /// is aborted at its next await point (a reconcile in flight is dropped half done, with no
+    /// graceful shutdown), then their caches and helpers are stopped.
+    pub fn kill_controllers(&self) {
+        let guard = self.controllers.lock().expect("lock");
+        guard.1.abort();
+        guard.0.cancel();
     }
 
     /// Starts the controllers again, with fresh caches.

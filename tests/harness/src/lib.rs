@@ -25,6 +25,7 @@ pub mod binaries;
 mod control_plane;
 pub mod e2e;
 mod failure_logs;
+pub mod invariants;
 mod kwok;
 pub mod lab;
 mod pki;
