@@ -400,6 +400,12 @@ impl World {
         crate::process::file_tail(&self.logs.join(format!("operator-{index}.log")), lines)
     }
 
+    /// The directory of this World's logs: `operator-<n>.log`, `simulator.log`, and
+    /// cluster-autoscaler's when it ran.
+    pub fn log_dir(&self) -> &Path {
+        &self.logs
+    }
+
     /// Registers the generated admission configurations with `url: https://localhost:<port>`.
     pub async fn point_webhooks_at(&self, port: u16, ca_pem: &str) -> Result<()> {
         let admission = std::fs::read_to_string(crate::repo_path("webhooks/admission.yaml"))?;
