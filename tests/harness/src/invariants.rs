@@ -24,7 +24,7 @@ use homelab_autoscaler::phase;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, ListParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 /// NOTES 13: the taint that makes cluster-autoscaler count a booting machine as not started.
@@ -86,7 +86,8 @@ impl Ledger {
             let seen = seen.clone();
             tokio::spawn(async move {
                 let mut listed = Some(claims_listed);
-                let mut events = watcher(claims, watcher::Config::default()).boxed();
+                let mut events =
+                    watcher(claims, watcher::Config::default()).default_backoff().boxed();
                 while let Some(event) = events.next().await {
                     let Ok(event) = event else { continue };
                     let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -120,7 +121,8 @@ impl Ledger {
             let seen = seen.clone();
             tokio::spawn(async move {
                 let mut listed = Some(jobs_listed);
-                let mut events = watcher(jobs, watcher::Config::default()).boxed();
+                let mut events =
+                    watcher(jobs, watcher::Config::default()).default_backoff().boxed();
                 while let Some(event) = events.next().await {
                     let Ok(event) = event else { continue };
                     match event {

@@ -47,19 +47,22 @@ pub struct Lab {
     /// The controllers' own token, a child of `stop`, and their task, so a test can stop
     /// (or kill) and restart them.
     controllers: std::sync::Mutex<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    /// The timeouts the controllers run with.
+    pub timeouts: Timeouts,
     _logs: FailureLogs<'static>,
 }
 
 async fn start_controllers(
     client: &Client,
     ns: &str,
+    timeouts: Timeouts,
     stop: &CancellationToken,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = stop.child_token();
     let (ctx, inputs) = Context::start(
         client.clone(),
         ns,
-        timeouts(),
+        timeouts,
         Duration::from_secs(5),
         Arc::new(SystemClock),
         &token,
@@ -78,6 +81,11 @@ impl Drop for Lab {
 
 impl Lab {
     pub async fn start(prefix: &str, with: With) -> Lab {
+        Self::start_with_timeouts(prefix, with, timeouts()).await
+    }
+
+    /// [`Lab::start`] with controllers (and scaler) running on `timeouts`.
+    pub async fn start_with_timeouts(prefix: &str, with: With, timeouts: Timeouts) -> Lab {
         homelab_autoscaler::tls::install_crypto_provider();
         let TestNamespace { plane, client, ns, logs } =
             test_namespace(Components::CLUSTER, prefix).await.expect("test namespace");
@@ -90,7 +98,7 @@ impl Lab {
             .await
             .expect("lab node");
         let stop = CancellationToken::new();
-        let controllers = start_controllers(&client, &ns, &stop).await;
+        let controllers = start_controllers(&client, &ns, timeouts, &stop).await;
         let args = SimulateArgs {
             namespace: ns.clone(),
             boot_delay: "1s".parse().expect("duration"),
@@ -100,12 +108,19 @@ impl Lab {
         if with == With::ControllersAndScaler {
             let config = ScalerConfig {
                 interval: Duration::from_secs(1),
-                timeouts: timeouts(),
+                timeouts,
                 ..ScalerConfig::new(ns.clone())
             };
             tokio::spawn(scaler::run(client.clone(), config, stop.clone()));
         }
-        Lab { client, ns, stop, controllers: std::sync::Mutex::new(controllers), _logs: logs }
+        Lab {
+            client,
+            ns,
+            stop,
+            controllers: std::sync::Mutex::new(controllers),
+            timeouts,
+            _logs: logs,
+        }
     }
 
     /// Stops the controllers (as a crashed or demoted operator would).
@@ -124,7 +139,7 @@ impl Lab {
 
     /// Starts the controllers again, with fresh caches.
     pub async fn start_controllers(&self) {
-        let fresh = start_controllers(&self.client, &self.ns, &self.stop).await;
+        let fresh = start_controllers(&self.client, &self.ns, self.timeouts, &self.stop).await;
         *self.controllers.lock().expect("lock") = fresh;
     }
 
