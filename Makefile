@@ -5,7 +5,7 @@ CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
 
-.PHONY: test demo manifests lint
+.PHONY: test demo manifests lint reliability-long
 
 ## test: unit, table and integration tests against a real control plane built from Go modules.
 test:
@@ -26,3 +26,12 @@ manifests:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+## reliability-long: the long runs of the crash-injection and fuzz suites (not in CI; the figures
+## are in docs/reliability.md). RUNS and CASES override the sizes.
+RUNS ?= 500
+CASES ?= 120000
+reliability-long:
+	tests/harness/build-binaries.sh cluster
+	HOMELAB_CRASH_RUNS=$(RUNS) cargo test --locked --test reliability_crash -- --nocapture
+	HOMELAB_FUZZ_CASES=$(CASES) cargo test --locked --test fuzz_parsing --test fuzz_admission

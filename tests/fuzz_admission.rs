@@ -343,10 +343,11 @@ fn admission_reviews_of_any_shape_get_an_answer() {
                     answer["kind"],
                     sent_kind
                 );
-                if let Some(uid) = sent.as_ref().and_then(|v| v["request"]["uid"].as_str()) {
-                    if !uid.is_empty() && answer["response"]["allowed"] == true {
-                        prop_assert_eq!(answer["response"]["uid"].as_str(), Some(uid));
-                    }
+                if let Some(uid) = sent.as_ref().and_then(|v| v["request"]["uid"].as_str())
+                    && !uid.is_empty()
+                    && answer["response"]["allowed"] == true
+                {
+                    prop_assert_eq!(answer["response"]["uid"].as_str(), Some(uid));
                 }
                 if answer["response"]["allowed"] == false {
                     let code = answer["response"]["status"]["code"].as_u64().unwrap_or(0);

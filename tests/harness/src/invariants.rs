@@ -98,10 +98,10 @@ impl Ledger {
                         watcher::Event::Delete(claim) => {
                             let mut gone = claim;
                             // A deleted claim no longer boots anything.
-                            if let Some(status) = gone.status.as_mut() {
-                                if status.phase == Some(NodeClaimPhase::Booting) {
-                                    status.phase = Some(NodeClaimPhase::Failed);
-                                }
+                            if let Some(status) = gone.status.as_mut()
+                                && status.phase == Some(NodeClaimPhase::Booting)
+                            {
+                                status.phase = Some(NodeClaimPhase::Failed);
                             }
                             seen.claims.insert(gone.name_any(), gone);
                         }
@@ -218,25 +218,23 @@ pub async fn settled(client: &Client, ns: &str, bounds: Bounds) -> Result<Vec<St
     for claim in &claims {
         let name = claim.name_any();
         let phase = claim.status.as_ref().and_then(|s| s.phase);
-        if phase::in_boot_window(phase) {
-            if let Some(deadline) = &claim.spec.deadline_at {
-                let late = now.duration_since(deadline.0);
-                if late > jiff::SignedDuration::try_from(bounds.deadline_margin)? {
-                    out.push(format!(
-                        "claim {name} is still {phase:?}, {late:#} past its deadline"
-                    ));
-                }
+        if phase::in_boot_window(phase)
+            && let Some(deadline) = &claim.spec.deadline_at
+        {
+            let late = now.duration_since(deadline.0);
+            if late > jiff::SignedDuration::try_from(bounds.deadline_margin)? {
+                out.push(format!("claim {name} is still {phase:?}, {late:#} past its deadline"));
             }
         }
-        if let Some(deleted) = &claim.metadata.deletion_timestamp {
-            if age(deleted) > bounds.terminating {
-                out.push(format!(
-                    "claim {name} stuck Terminating for {:?} (finalizers {:?}, status {:?})",
-                    age(deleted),
-                    claim.metadata.finalizers,
-                    claim.status
-                ));
-            }
+        if let Some(deleted) = &claim.metadata.deletion_timestamp
+            && age(deleted) > bounds.terminating
+        {
+            out.push(format!(
+                "claim {name} stuck Terminating for {:?} (finalizers {:?}, status {:?})",
+                age(deleted),
+                claim.metadata.finalizers,
+                claim.status
+            ));
         }
     }
     out.extend(double_boots(claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none())));
@@ -257,7 +255,7 @@ pub async fn settled(client: &Client, ns: &str, bounds: Bounds) -> Result<Vec<St
     for slot in &slots {
         let node_name = &slot.spec.kubernetes_node_name;
         let of_slot: Vec<&NodeClaim> =
-            claims.iter().filter(|c| &c.spec.slot_ref.name == &slot.name_any()).collect();
+            claims.iter().filter(|c| c.spec.slot_ref.name == slot.name_any()).collect();
         let wanted = of_slot.iter().any(|c| {
             c.metadata.deletion_timestamp.is_none()
                 && phase::wants_machine(
