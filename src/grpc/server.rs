@@ -31,9 +31,9 @@ impl CloudProviderService {
 }
 
 /// The largest request read. cluster-autoscaler's requests name a group or a few nodes (a
-/// DeleteNodes of a whole pool is a few KiB); a larger one is refused with RESOURCE_EXHAUSTED
-/// before it is decoded.
-pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// DeleteNodes of a whole pool is a few KiB); the largest, a PricingPodPrice, carries one Pod,
+/// which etcd caps at 1.5 MiB. A larger request is refused before it is decoded.
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// The largest answer written: a NodeGroupNodes of a big pool or a template node stays far
 /// below it; past it something is wrong and the call fails rather than flooding the client.
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
