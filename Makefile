@@ -34,4 +34,5 @@ CASES ?= 120000
 reliability-long:
 	tests/harness/build-binaries.sh cluster
 	HOMELAB_CRASH_RUNS=$(RUNS) cargo test --locked --test reliability_crash -- --nocapture
+	HOMELAB_SIGKILL_RUNS=20 cargo test --locked --test reliability_sigkill -- --nocapture
 	HOMELAB_FUZZ_CASES=$(CASES) cargo test --locked --test fuzz_parsing --test fuzz_admission
