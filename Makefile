@@ -5,7 +5,7 @@ CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
 
-.PHONY: test demo manifests lint image
+.PHONY: test demo manifests lint image reliability-long
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## and the power drivers against real protocol peers (installed by install-power-peers.sh).
@@ -34,3 +34,13 @@ manifests:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+## reliability-long: the long runs of the crash-injection and fuzz suites (not in CI; the figures
+## are in docs/reliability.md). RUNS and CASES override the sizes.
+RUNS ?= 500
+CASES ?= 120000
+reliability-long:
+	tests/harness/build-binaries.sh cluster
+	HOMELAB_CRASH_RUNS=$(RUNS) cargo test --locked --test reliability_crash -- --nocapture
+	HOMELAB_SIGKILL_RUNS=20 cargo test --locked --test reliability_sigkill -- --nocapture
+	HOMELAB_FUZZ_CASES=$(CASES) cargo test --locked --test fuzz_parsing --test fuzz_admission

@@ -64,7 +64,11 @@ pub struct GroupSpec {
     /// A claim's deadline is never shorter than this (its boot budget is the floor). Like the
     /// `scaleDown` options, it is handed to cluster-autoscaler through GetOptions, so setting it
     /// overrides cluster-autoscaler's options for the pool. Go duration syntax, for example `15m`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::duration::deserialize_option"
+    )]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub max_node_provision_time: Option<Duration>,
 
@@ -144,11 +148,19 @@ pub struct ScaleDownOptions {
     #[schemars(range(min = 0.0, max = 1.0))]
     pub gpu_utilization_threshold: Option<f64>,
     /// How long a node must be unneeded before it is removed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::duration::deserialize_option"
+    )]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub unneeded_time: Option<Duration>,
     /// How long an unready node must be unneeded before it is removed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::duration::deserialize_option"
+    )]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub unready_time: Option<Duration>,
     /// Scale the pool to zero or to its maximum, never in between.
@@ -164,7 +176,7 @@ pub struct ScaleDownOptions {
 #[serde(rename_all = "camelCase")]
 pub struct BuiltinScaler {
     /// How long demand must be gone (or a machine idle) before machines are released.
-    #[serde(default = "default_hold")]
+    #[serde(default = "default_hold", deserialize_with = "super::duration::deserialize")]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub hold: Duration,
     /// How many pending pods one machine is assumed to absorb.

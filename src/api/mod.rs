@@ -2,6 +2,7 @@
 //! for a machine ([`NodeClaim`]). These types depend on nothing else in the crate.
 
 mod common;
+pub mod duration;
 mod group;
 mod nodeclaim;
 mod power;

@@ -80,7 +80,11 @@ pub struct NodeClaimSpec {
     pub deadline_at: Option<Time>,
 
     /// The pool's maxNodeProvisionTime in force when the claim was made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::duration::deserialize_option"
+    )]
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("spec.maxNodeProvisionTime is immutable"))]
     pub max_node_provision_time: Option<Duration>,
 

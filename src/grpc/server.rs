@@ -22,11 +22,21 @@ impl CloudProviderService {
         Self { provider, caller: Caller::cluster_autoscaler() }
     }
 
-    /// The tonic service to add to a server.
+    /// The tonic service to add to a server, with explicit message size limits.
     pub fn into_server(self) -> CloudProviderServer<Self> {
         CloudProviderServer::new(self)
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES)
     }
 }
+
+/// The largest request read. cluster-autoscaler's requests name a group or a few nodes (a
+/// DeleteNodes of a whole pool is a few KiB); the largest, a PricingPodPrice, carries one Pod,
+/// which etcd caps at 1.5 MiB. A larger request is refused before it is decoded.
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// The largest answer written: a NodeGroupNodes of a big pool or a template node stays far
+/// below it; past it something is wrong and the call fails rather than flooding the client.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 type Answer<T> = Result<Response<T>, Status>;
 

@@ -86,20 +86,20 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     pub operator_usernames: Vec<String>,
     /// The startup Job's timeout (budget member).
-    #[arg(long, default_value = "5m")]
+    #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
     pub startup_job_timeout: kube::core::Duration,
     /// How long a machine has to register its node after its startup Job (budget member).
-    #[arg(long, default_value = "90s")]
+    #[arg(long, default_value = "90s", value_parser = crate::api::duration::parse_go_duration)]
     pub registration_timeout: kube::core::Duration,
     /// How long a registered node has to clear the readiness gate (budget member).
-    #[arg(long, default_value = "4m")]
+    #[arg(long, default_value = "4m", value_parser = crate::api::duration::parse_go_duration)]
     pub readiness_gate_timeout: kube::core::Duration,
     /// How long a drain waits on PodDisruptionBudgets before the machine is powered off anyway.
-    #[arg(long, default_value = "5m")]
+    #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
     pub drain_timeout: kube::core::Duration,
     /// How often the built-in scaler decides for each `builtin` pool (it also wakes on new
     /// pending pods).
-    #[arg(long, default_value = "10s")]
+    #[arg(long, default_value = "10s", value_parser = crate::api::duration::parse_go_duration)]
     pub scaler_interval: kube::core::Duration,
     /// The image the power Jobs run as `homelab-autoscaler power on|off` (for slots with
     /// `spec.power`): the operator's own image. The Helm chart passes its image here.

@@ -44,10 +44,10 @@ pub struct SimulateArgs {
     #[arg(long, env = "HOMELAB_AUTOSCALER_NAMESPACE", default_value = crate::api::DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// How long a machine takes to register its node after its startup Job.
-    #[arg(long, default_value = "3s")]
+    #[arg(long, default_value = "3s", value_parser = crate::api::duration::parse_go_duration)]
     pub boot_delay: kube::core::Duration,
     /// How long the node carries its bootstrap taints.
-    #[arg(long, default_value = "2s")]
+    #[arg(long, default_value = "2s", value_parser = crate::api::duration::parse_go_duration)]
     pub gate_delay: kube::core::Duration,
 }
 
@@ -119,7 +119,7 @@ fn not_ready_for(slot: &Node) -> Option<std::time::Duration> {
         .annotations
         .as_ref()
         .and_then(|a| a.get(NOT_READY_FOR_ANNOTATION))
-        .and_then(|d| d.parse::<kube::core::Duration>().ok())
+        .and_then(|d| crate::api::duration::parse_go_duration(d).ok())
         .filter(|d| !d.is_negative());
     Some(configured.map_or(DEFAULT_NOT_READY_FOR, Into::into))
 }

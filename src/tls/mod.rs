@@ -13,6 +13,12 @@ use std::path::PathBuf;
 pub use reloading::ReloadingServerConfig;
 pub use self_signed::{SelfSignedBundle, issue_self_signed};
 
+/// The TLS versions both servers speak: 1.3 and 1.2. Older versions are refused at the
+/// handshake (rustls implements none older, and the list is spelled out so a dependency update
+/// cannot widen it).
+pub const PROTOCOL_VERSIONS: &[&rustls::SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
+
 /// The files of a serving certificate, as cert-manager writes them into a Secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertFiles {

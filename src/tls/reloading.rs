@@ -102,7 +102,7 @@ fn build(files: &CertFiles, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsError> 
     let chain = certificates(&files.cert)?;
     let key = PrivateKeyDer::from_pem_slice(&read(&files.key)?)
         .map_err(|source| TlsError::Pem { path: files.key.clone(), source })?;
-    let builder = ServerConfig::builder();
+    let builder = ServerConfig::builder_with_protocol_versions(super::PROTOCOL_VERSIONS);
     let mut config = match &files.client_ca {
         Some(ca) => {
             let mut roots = RootCertStore::empty();

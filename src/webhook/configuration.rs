@@ -1,8 +1,11 @@
 //! The admission configurations, generated from the code into `webhooks/` (and rewritten for
-//! tests to a loopback `url` with a `caBundle`). Every webhook: failurePolicy Fail (a rule that
-//! cannot be judged is not waived), sideEffects None, 5 s timeout, AdmissionReview v1, rules on
-//! the main resources only (status subresources are the controllers' and pass untouched), and a
-//! namespace selector that names the operator's namespace alone, so kube-system is never blocked.
+//! tests to a loopback `url` with a `caBundle`). Every webhook: sideEffects None, AdmissionReview
+//! v1, CREATE/UPDATE rules on the main resources only (status subresources are the
+//! controllers' and pass untouched; DELETE is never intercepted, so a claim can always be
+//! deleted to power a machine off), and a namespace selector that names the operator's
+//! namespace alone, so kube-system (or any other namespace) is never blocked, even while the
+//! operator is down. The failure policy and timeout are chosen per webhook: see [`POLICIES`]
+//! and docs/reliability.md.
 
 use std::collections::BTreeMap;
 
@@ -25,6 +28,49 @@ pub const PATH_VALIDATE_GROUP: &str = "/validate/groups";
 pub const CONFIGURATION_NAME: &str = "homelab-autoscaler";
 /// The Service and cert-manager Certificate the chart creates for the webhook server.
 pub const SERVICE_NAME: &str = "homelab-autoscaler-webhook";
+
+/// What kube-apiserver does with one webhook's requests when the operator cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WebhookPolicy {
+    pub webhook: &'static str,
+    /// `Fail`: the write is refused while the webhook is unreachable; `Ignore`: admitted unjudged.
+    pub failure_policy: &'static str,
+    /// How long kube-apiserver waits for an answer before applying the failure policy.
+    pub timeout_seconds: i32,
+}
+
+pub const STAMP_CLAIMS: &str = "stamp.nodeclaims.infra.homecluster.dev";
+pub const VALIDATE_CLAIMS: &str = "nodeclaims.infra.homecluster.dev";
+pub const VALIDATE_SLOTS: &str = "nodes.infra.homecluster.dev";
+pub const VALIDATE_GROUPS: &str = "groups.infra.homecluster.dev";
+
+/// The failure policy and timeout of each webhook, and why.
+///
+/// - Claims (stamp and validation): `Fail`, 5 s. An unstamped claim has no deadline or attempt,
+///   and a second live claim on a slot would boot a machine twice: neither may be admitted
+///   unjudged. Nothing is lost while the operator is down, as nothing would move the claim
+///   anyway; cluster-autoscaler's IncreaseSize is served by the same process, so a claim
+///   creation waits on the webhook only inside a call whose caller retries, hence the short
+///   timeout.
+/// - Slots: `Fail`, 10 s. The rules (no `powerState`, no group change under a live claim, a
+///   well-formed reset) protect a machine's power; slots are edited by people, who can retry,
+///   and the rules read the slot's claims, so the timeout leaves room for a slow apiserver.
+/// - Groups: `Fail`, 10 s. A driver switch under live claims would hand a pool's boots to a
+///   second scaler; edited by people, as slots.
+pub const POLICIES: [WebhookPolicy; 4] = [
+    WebhookPolicy { webhook: STAMP_CLAIMS, failure_policy: "Fail", timeout_seconds: 5 },
+    WebhookPolicy { webhook: VALIDATE_CLAIMS, failure_policy: "Fail", timeout_seconds: 5 },
+    WebhookPolicy { webhook: VALIDATE_SLOTS, failure_policy: "Fail", timeout_seconds: 10 },
+    WebhookPolicy { webhook: VALIDATE_GROUPS, failure_policy: "Fail", timeout_seconds: 10 },
+];
+
+fn policy(webhook: &str) -> WebhookPolicy {
+    POLICIES.iter().copied().find(|p| p.webhook == webhook).unwrap_or(WebhookPolicy {
+        webhook: "",
+        failure_policy: "Fail",
+        timeout_seconds: 5,
+    })
+}
 
 /// Where the API server reaches the webhook server.
 #[derive(Clone, Debug)]
@@ -100,13 +146,13 @@ pub fn mutating(
     MutatingWebhookConfiguration {
         metadata: metadata(cert_manager_ca_from),
         webhooks: Some(vec![MutatingWebhook {
-            name: "stamp.nodeclaims.infra.homecluster.dev".into(),
+            name: STAMP_CLAIMS.into(),
             client_config: client_config(endpoint, PATH_MUTATE_CLAIM, ca_bundle),
             rules: Some(rule("nodeclaims", &["CREATE"])),
             namespace_selector: Some(only_namespace(namespace)),
-            failure_policy: Some("Fail".into()),
+            failure_policy: Some(policy(STAMP_CLAIMS).failure_policy.into()),
             side_effects: "None".into(),
-            timeout_seconds: Some(5),
+            timeout_seconds: Some(policy(STAMP_CLAIMS).timeout_seconds),
             admission_review_versions: vec!["v1".into()],
             match_policy: Some("Equivalent".into()),
             reinvocation_policy: Some("IfNeeded".into()),
@@ -127,9 +173,9 @@ pub fn validating(
         client_config: client_config(endpoint, path, ca_bundle),
         rules: Some(rule(resource, &["CREATE", "UPDATE"])),
         namespace_selector: Some(only_namespace(namespace)),
-        failure_policy: Some("Fail".into()),
+        failure_policy: Some(policy(name).failure_policy.into()),
         side_effects: "None".into(),
-        timeout_seconds: Some(5),
+        timeout_seconds: Some(policy(name).timeout_seconds),
         admission_review_versions: vec!["v1".into()],
         match_policy: Some("Equivalent".into()),
         ..ValidatingWebhook::default()
@@ -137,9 +183,9 @@ pub fn validating(
     ValidatingWebhookConfiguration {
         metadata: metadata(cert_manager_ca_from),
         webhooks: Some(vec![
-            webhook("nodeclaims.infra.homecluster.dev", PATH_VALIDATE_CLAIM, "nodeclaims"),
-            webhook("nodes.infra.homecluster.dev", PATH_VALIDATE_SLOT, "nodes"),
-            webhook("groups.infra.homecluster.dev", PATH_VALIDATE_GROUP, "groups"),
+            webhook(VALIDATE_CLAIMS, PATH_VALIDATE_CLAIM, "nodeclaims"),
+            webhook(VALIDATE_SLOTS, PATH_VALIDATE_SLOT, "nodes"),
+            webhook(VALIDATE_GROUPS, PATH_VALIDATE_GROUP, "groups"),
         ]),
     }
 }
@@ -156,4 +202,68 @@ pub fn in_cluster(
         mutating(&endpoint, namespace, None, Some(&ca_from)),
         validating(&endpoint, namespace, None, Some(&ca_from)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn selectors_and_policies() -> Vec<(String, LabelSelector, String, i32, Vec<RuleWithOperations>)>
+    {
+        let (mutating, validating) = in_cluster("homelab-autoscaler-system");
+        let mut all = Vec::new();
+        for w in mutating.webhooks.unwrap_or_default() {
+            all.push((
+                w.name,
+                w.namespace_selector.unwrap_or_default(),
+                w.failure_policy.unwrap_or_default(),
+                w.timeout_seconds.unwrap_or_default(),
+                w.rules.unwrap_or_default(),
+            ));
+        }
+        for w in validating.webhooks.unwrap_or_default() {
+            all.push((
+                w.name,
+                w.namespace_selector.unwrap_or_default(),
+                w.failure_policy.unwrap_or_default(),
+                w.timeout_seconds.unwrap_or_default(),
+                w.rules.unwrap_or_default(),
+            ));
+        }
+        all
+    }
+
+    #[test]
+    fn every_webhook_has_its_chosen_policy_and_never_reaches_beyond_the_operators_namespace() {
+        let all = selectors_and_policies();
+        assert_eq!(all.len(), POLICIES.len(), "one policy per webhook");
+        for (name, selector, failure, timeout, rules) in all {
+            let chosen = POLICIES.iter().find(|p| p.webhook == name).expect("a chosen policy");
+            assert_eq!(
+                (failure.as_str(), timeout),
+                (chosen.failure_policy, chosen.timeout_seconds)
+            );
+            assert!((1..=30).contains(&timeout), "{name}: the apiserver allows 1..=30 s");
+            // Only the operator's namespace is selected: kube-system never waits on us.
+            let requirements = selector.match_expressions.unwrap_or_default();
+            assert_eq!(requirements.len(), 1, "{name}");
+            let only = &requirements[0];
+            assert_eq!(
+                (only.key.as_str(), only.operator.as_str()),
+                ("kubernetes.io/metadata.name", "In")
+            );
+            assert_eq!(
+                only.values.as_deref(),
+                Some(&["homelab-autoscaler-system".to_string()][..])
+            );
+            // Only our kinds, never DELETE: a claim can always be deleted to power a machine off.
+            for rule in rules {
+                assert_eq!(rule.api_groups.as_deref(), Some(&[GROUP.to_string()][..]), "{name}");
+                let operations = rule.operations.unwrap_or_default();
+                assert!(!operations.iter().any(|o| o == "DELETE" || o == "*"), "{name}");
+                let resources = rule.resources.unwrap_or_default();
+                assert!(resources.iter().all(|r| !r.contains('/') && r != "*"), "{name}");
+            }
+        }
+    }
 }

@@ -31,8 +31,9 @@ pub fn go_duration(d: Duration) -> String {
     if m > 0 {
         out.push_str(&format!("{m}m"));
     }
-    if s > 0 || out.is_empty() {
-        let millis = d.subsec_millis();
+    let millis = d.subsec_millis();
+    // Go prints `1m0.5s`: a fraction of a second is kept when whole seconds are zero.
+    if s > 0 || millis > 0 || out.is_empty() {
         if millis > 0 {
             out.push_str(&format!("{s}.{millis:03}s"))
         } else {

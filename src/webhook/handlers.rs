@@ -36,9 +36,11 @@ where
         Err(error) => {
             tracing::warn!(%error, route, "malformed AdmissionReview");
             telemetry::webhook_answered(route, started.elapsed(), Some("MalformedReview"));
-            let response = kube::core::admission::AdmissionResponse::invalid(format!(
+            let mut response = kube::core::admission::AdmissionResponse::invalid(format!(
                 "malformed AdmissionReview: {error}"
             ));
+            // Every denial carries a code (kube-rs leaves this one at 0): a bad request.
+            response.result.code = 400;
             return Json(response.into_review());
         }
     };

@@ -2,6 +2,7 @@
 //! the cluster and decide; they never write. The rules themselves are pure functions
 //! (`claim_rules`, `slot_rules`, `group_rules`) so they are table-tested without a server.
 
+pub mod body_limit;
 pub mod claim_rules;
 pub mod configuration;
 pub mod group_rules;
@@ -46,6 +47,9 @@ pub fn router(state: Arc<WebhookState>) -> Router {
         .route(configuration::PATH_VALIDATE_SLOT, post(handlers::validate_slot))
         .route(configuration::PATH_VALIDATE_GROUP, post(handlers::validate_group))
         .route("/healthz", get(|| async { "ok" }))
+        // The extractors' own limit (2 MB by default) must not undercut the 413 below.
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit::MAX_REVIEW_BYTES))
+        .layer(axum::middleware::from_fn(body_limit::limit_body))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

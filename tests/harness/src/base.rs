@@ -73,7 +73,7 @@ pub(crate) async fn start_etcd(
 
 /// GET /health on etcd's plain-HTTP client port. A raw HTTP/1.0 request over a std socket (on
 /// a blocking thread) keeps an HTTP client crate out of the test dependencies.
-async fn etcd_health(port: u16) -> Result<()> {
+pub(crate) async fn etcd_health(port: u16) -> Result<()> {
     let response = tokio::task::spawn_blocking(move || -> Result<String> {
         use std::io::{Read, Write};
         let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));

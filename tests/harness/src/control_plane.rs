@@ -67,6 +67,7 @@ pub struct ControlPlane {
     etcd: Process,
     _janitor: Janitor,
     api_port: u16,
+    etcd_port: u16,
     dir: PathBuf,
     pki: Pki,
     kubeconfig: PathBuf,
@@ -108,6 +109,44 @@ impl ControlPlane {
             self.kwok.get_or_try_init(|| self.start_kwok()).await?;
         }
         Ok(())
+    }
+
+    /// Kills kube-apiserver (SIGKILL) and starts it again on the same port, certificates and
+    /// etcd; returns once it is ready. Clients and watches must find their way back.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        let started = Instant::now();
+        self.apiserver.restart()?;
+        wait_apiserver_ready(&self.apiserver, &self.config).await?;
+        progress(&format!("kube-apiserver restarted in place in {:.1?}", started.elapsed()));
+        Ok(())
+    }
+
+    /// Kills etcd (SIGKILL) and starts it again on the same ports and data directory; returns
+    /// once it is healthy and kube-apiserver is ready through it again.
+    pub async fn restart_etcd(&self) -> Result<()> {
+        let started = Instant::now();
+        self.etcd.restart()?;
+        let port = self.etcd_port;
+        crate::wait::until(
+            "etcd /health after a restart",
+            crate::wait::start_timeout(),
+            || self.etcd.ensure_running(),
+            || crate::base::etcd_health(port),
+        )
+        .await?;
+        wait_apiserver_ready(&self.apiserver, &self.config).await?;
+        progress(&format!("etcd restarted in place in {:.1?}", started.elapsed()));
+        Ok(())
+    }
+
+    /// Kills kwok (the fake kubelet of every test machine) and starts it again. kwok 0.8
+    /// does not resume its watches after etcd restarts (a pod bound to its node stayed Pending
+    /// for a minute, measured), where a real kubelet reconnects on its own.
+    pub fn restart_kwok(&self) -> Result<()> {
+        match self.kwok.get() {
+            Some(kwok) => kwok.restart(),
+            None => Ok(()),
+        }
     }
 
     /// A new client for the admin user. Call it in each test: a client belongs to the tokio
@@ -278,6 +317,7 @@ impl ControlPlane {
             etcd,
             _janitor: janitor,
             api_port,
+            etcd_port,
             dir,
             pki,
             kubeconfig,

@@ -44,8 +44,11 @@ pub struct Lab {
     pub client: Client,
     pub ns: String,
     stop: CancellationToken,
-    /// The controllers' own token, a child of `stop`, so a test can stop and restart them.
-    controllers: std::sync::Mutex<CancellationToken>,
+    /// The controllers' own token, a child of `stop`, and their task, so a test can stop
+    /// (or kill) and restart them.
+    controllers: std::sync::Mutex<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    /// The timeouts the controllers run with.
+    pub timeouts: Timeouts,
     _logs: FailureLogs<'static>,
 }
 
@@ -55,13 +58,14 @@ pub const LAB_POWER_IMAGE: &str = "registry.invalid/homelab-autoscaler:lab";
 async fn start_controllers(
     client: &Client,
     ns: &str,
+    timeouts: Timeouts,
     stop: &CancellationToken,
-) -> CancellationToken {
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = stop.child_token();
     let (ctx, inputs) = Context::start(
         client.clone(),
         ns,
-        timeouts(),
+        timeouts,
         Duration::from_secs(5),
         LAB_POWER_IMAGE.into(),
         Arc::new(SystemClock),
@@ -69,8 +73,8 @@ async fn start_controllers(
     )
     .await
     .expect("controller context");
-    tokio::spawn(controller::run(ctx, inputs, token.clone()));
-    token
+    let task = tokio::spawn(controller::run(ctx, inputs, token.clone()));
+    (token, task)
 }
 
 impl Drop for Lab {
@@ -81,6 +85,11 @@ impl Drop for Lab {
 
 impl Lab {
     pub async fn start(prefix: &str, with: With) -> Lab {
+        Self::start_with_timeouts(prefix, with, timeouts()).await
+    }
+
+    /// [`Lab::start`] with controllers (and scaler) running on `timeouts`.
+    pub async fn start_with_timeouts(prefix: &str, with: With, timeouts: Timeouts) -> Lab {
         homelab_autoscaler::tls::install_crypto_provider();
         let TestNamespace { plane, client, ns, logs } =
             test_namespace(Components::CLUSTER, prefix).await.expect("test namespace");
@@ -93,7 +102,7 @@ impl Lab {
             .await
             .expect("lab node");
         let stop = CancellationToken::new();
-        let controllers = start_controllers(&client, &ns, &stop).await;
+        let controllers = start_controllers(&client, &ns, timeouts, &stop).await;
         let args = SimulateArgs {
             namespace: ns.clone(),
             boot_delay: "1s".parse().expect("duration"),
@@ -103,22 +112,38 @@ impl Lab {
         if with == With::ControllersAndScaler {
             let config = ScalerConfig {
                 interval: Duration::from_secs(1),
-                timeouts: timeouts(),
+                timeouts,
                 ..ScalerConfig::new(ns.clone())
             };
             tokio::spawn(scaler::run(client.clone(), config, stop.clone()));
         }
-        Lab { client, ns, stop, controllers: std::sync::Mutex::new(controllers), _logs: logs }
+        Lab {
+            client,
+            ns,
+            stop,
+            controllers: std::sync::Mutex::new(controllers),
+            timeouts,
+            _logs: logs,
+        }
     }
 
     /// Stops the controllers (as a crashed or demoted operator would).
     pub fn stop_controllers(&self) {
-        self.controllers.lock().expect("lock").cancel();
+        self.controllers.lock().expect("lock").0.cancel();
+    }
+
+    /// Kills the controllers where they stand, as a SIGKILL of the operator would: their task
+    /// is aborted at its next await point (a reconcile in flight is dropped half done, with no
+    /// graceful shutdown), then their caches and helpers are stopped.
+    pub fn kill_controllers(&self) {
+        let guard = self.controllers.lock().expect("lock");
+        guard.1.abort();
+        guard.0.cancel();
     }
 
     /// Starts the controllers again, with fresh caches.
     pub async fn start_controllers(&self) {
-        let fresh = start_controllers(&self.client, &self.ns, &self.stop).await;
+        let fresh = start_controllers(&self.client, &self.ns, self.timeouts, &self.stop).await;
         *self.controllers.lock().expect("lock") = fresh;
     }
 

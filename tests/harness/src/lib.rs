@@ -27,6 +27,7 @@ mod control_plane;
 pub mod e2e;
 mod failure_logs;
 pub mod install;
+pub mod invariants;
 mod kwok;
 pub mod lab;
 mod pki;

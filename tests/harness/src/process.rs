@@ -115,6 +115,10 @@ pub struct Process {
     name: String,
     log: PathBuf,
     wrapper: Mutex<Tethered>,
+    /// What it was started with, to start it again in place ([`Process::restart`]).
+    program: PathBuf,
+    args: Vec<String>,
+    home: PathBuf,
 }
 
 impl Process {
@@ -131,6 +135,24 @@ impl Process {
         fs::create_dir_all(home).with_context(|| format!("creating {}", home.display()))?;
         let log = log_dir.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let wrapper = Self::launch(name, program, args, home, out)?;
+        Ok(Self {
+            name: name.to_owned(),
+            log,
+            wrapper: Mutex::new(wrapper),
+            program: program.to_owned(),
+            args: args.to_vec(),
+            home: home.to_owned(),
+        })
+    }
+
+    fn launch(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        home: &Path,
+        out: File,
+    ) -> Result<Tethered> {
         let err = out.try_clone().context("duplicating a log file handle")?;
         let mut command = Command::new("bash");
         command
@@ -144,9 +166,21 @@ impl Process {
             .env("HOME", home)
             .stdout(out)
             .stderr(err);
-        let wrapper = Tethered::spawn(command)
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
-        Ok(Self { name: name.to_owned(), log, wrapper: Mutex::new(wrapper) })
+        Tethered::spawn(command).with_context(|| format!("starting {name} ({})", program.display()))
+    }
+
+    /// SIGKILLs the component, waits until it is reaped, and starts it again with the same
+    /// arguments (so the same ports and data directory), its log continued. The caller waits
+    /// for it to be ready again.
+    pub fn restart(&self) -> Result<()> {
+        let mut wrapper = self.wrapper.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        wrapper.cut();
+        let out = fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("reopening {}", self.log.display()))?;
+        *wrapper = Self::launch(&self.name, &self.program, &self.args, &self.home, out)?;
+        Ok(())
     }
 
     pub fn name(&self) -> &str {

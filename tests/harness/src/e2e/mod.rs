@@ -106,12 +106,16 @@ pub struct Replica {
     pub grpc_port: u16,
     /// The admin listener: /live, /ready, /metrics.
     pub admin_port: u16,
+    /// Its POD_NAME, which is its Lease identity: a restarted replica keeps it, as a pod
+    /// whose container restarts keeps its name.
+    pub name: String,
+    args: Vec<String>,
 }
 
 impl Replica {
-    /// The Lease identity of the replica (no POD_NAME outside a pod).
+    /// The Lease identity of the replica.
     pub fn identity(&self) -> String {
-        format!("homelab-autoscaler-{}", self.pid)
+        self.name.clone()
     }
 }
 
@@ -179,9 +183,23 @@ async fn http_ok(addr: &str, path: &str) -> Result<()> {
 }
 
 fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, log: &Path) -> Result<Child> {
-    let out = std::fs::File::create(log)?;
+    spawn_as(bin, args, kubeconfig, std::fs::File::create(log)?, None)
+}
+
+/// [`spawn`] into an open log, with a POD_NAME when given.
+fn spawn_as(
+    bin: &Path,
+    args: &[String],
+    kubeconfig: &Path,
+    out: std::fs::File,
+    pod_name: Option<&str>,
+) -> Result<Child> {
     let err = out.try_clone()?;
-    Command::new(bin)
+    let mut command = Command::new(bin);
+    if let Some(name) = pod_name {
+        command.env("POD_NAME", name);
+    }
+    command
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,homelab_autoscaler=info")
@@ -408,11 +426,9 @@ impl World {
         }
         self.point_webhooks_at(webhook_port, &ca_pem).await?;
         let log = self.logs.join(format!("operator-{index}.log"));
-        let kubeconfig = self
-            .operator_kubeconfig
-            .clone()
-            .unwrap_or_else(|| self.plane.kubeconfig_path().to_path_buf());
-        let child = spawn(&self.bin, &args, &kubeconfig, &log)?;
+        let name = format!("homelab-autoscaler-replica-{index}");
+        let out = std::fs::File::create(&log)?;
+        let child = spawn_as(&self.bin, &args, &self.operator_kubeconfig(), out, Some(&name))?;
         let pid = child.id().context("the operator exited at once")?;
         let admin = format!("127.0.0.1:{admin_port}");
         eventually("the operator to be ready", ACT, || http_ok(&admin, "/ready"))
@@ -420,8 +436,24 @@ impl World {
             .with_context(|| {
                 format!("operator log: {}", std::fs::read_to_string(&log).unwrap_or_default())
             })?;
-        self.replicas.push(Replica { child, pid, webhook_port, grpc_port, admin_port });
+        self.replicas.push(Replica { child, pid, webhook_port, grpc_port, admin_port, name, args });
         Ok(index)
+    }
+
+    /// SIGKILLs replica `index` and starts it again in place: the same ports, arguments and
+    /// POD_NAME (so the same Lease identity), its log continued. Returns once it is ready.
+    pub async fn restart_replica(&mut self, index: usize) -> Result<()> {
+        let log = self.logs.join(format!("operator-{index}.log"));
+        let kubeconfig = self.operator_kubeconfig();
+        let replica = self.replicas.get_mut(index).context("no such replica")?;
+        replica.child.kill().await.context("SIGKILL of the operator")?;
+        let out = std::fs::OpenOptions::new().append(true).open(&log)?;
+        replica.child = spawn_as(&self.bin, &replica.args, &kubeconfig, out, Some(&replica.name))?;
+        replica.pid = replica.child.id().context("the operator exited at once")?;
+        let admin = format!("127.0.0.1:{}", replica.admin_port);
+        eventually("the restarted operator to be ready", ACT, || http_ok(&admin, "/ready"))
+            .await
+            .with_context(|| format!("operator log: {}", crate::process::file_tail(&log, 40)))
     }
 
     /// Starts the real cluster-autoscaler against this world, dialing the first replica's
@@ -457,9 +489,18 @@ impl World {
         self.kept_autoscaler = Some(ca);
     }
 
-    /// Where the operator's and simulator's logs are written.
+    /// The directory of this World's logs: `operator-<n>.log`, `simulator.log`, and
+    /// cluster-autoscaler's when it ran.
     pub fn logs_dir(&self) -> &Path {
         &self.logs
+    }
+
+    /// The kubeconfig the operator replicas run with: the chart's ServiceAccount's when the
+    /// World was started that way, else the control plane's admin.
+    fn operator_kubeconfig(&self) -> PathBuf {
+        self.operator_kubeconfig
+            .clone()
+            .unwrap_or_else(|| self.plane.kubeconfig_path().to_path_buf())
     }
 
     /// `host:port` of operator replica `index`'s admin listener.
