@@ -5,7 +5,7 @@ CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
 
-.PHONY: test demo manifests lint
+.PHONY: test demo bench manifests lint
 
 ## test: unit, table and integration tests against a real control plane built from Go modules.
 test:
@@ -17,6 +17,14 @@ test:
 ## KEEP=1 leaves the last cluster running and prints its KUBECONFIG.
 demo:
 	DRIVER=$(DRIVER) KEEP=$(KEEP) tests/harness/demo.sh
+
+## bench: the pure model with criterion, then the operator against a real control plane
+## (footprint, provider latency, scale-up overhead, admission); results in docs/performance.md.
+## SECTIONS="pools webhook" runs some of the operator's; BENCH_* knobs are in benches/operator/main.rs.
+bench:
+	tests/harness/build-binaries.sh cluster
+	cargo bench --locked --bench model
+	cargo bench --locked --bench operator -- $(SECTIONS)
 
 ## manifests: regenerate crds/ and webhooks/ from the code.
 manifests:
