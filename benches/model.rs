@@ -52,7 +52,8 @@ fn phase_table(c: &mut Criterion) {
     });
 }
 
-/// Every report input: 6 claim states × marked × 8 observations = 96 derivations.
+/// Every report input: 7 claim states (none, absent phase, each phase) × marked × 8
+/// observations = 112 derivations.
 fn report(c: &mut Criterion) {
     let mut inputs = Vec::new();
     let claims = std::iter::once(None)
