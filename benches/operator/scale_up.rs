@@ -44,10 +44,10 @@ struct Log(Arc<Mutex<Vec<Event>>>);
 
 impl Log {
     fn note(&self, what: String, name: &str) {
-        if let Ok(mut log) = self.0.lock() {
-            if !log.iter().any(|e| e.what == what && e.name == name) {
-                log.push(Event { at: Instant::now(), what, name: name.to_string() });
-            }
+        if let Ok(mut log) = self.0.lock()
+            && !log.iter().any(|e| e.what == what && e.name == name)
+        {
+            log.push(Event { at: Instant::now(), what, name: name.to_string() });
         }
     }
 
