@@ -5,7 +5,7 @@ CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
 
-.PHONY: test demo manifests lint image reliability-long
+.PHONY: test demo bench manifests lint image reliability-long
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## and the power drivers against real protocol peers (installed by install-power-peers.sh).
@@ -25,6 +25,14 @@ demo:
 ## IMAGE and TAG name it. The Dockerfile builds the same image with Docker.
 image:
 	scripts/build-image.sh $(IMAGE_OUT)
+
+## bench: the pure model with criterion, then the operator against a real control plane
+## (footprint, provider latency, scale-up overhead, admission); results in docs/performance.md.
+## SECTIONS="pools webhook" runs some of the operator's; BENCH_* knobs are in benches/operator/main.rs.
+bench:
+	tests/harness/build-binaries.sh cluster
+	cargo bench --locked --bench model
+	cargo bench --locked --bench operator -- $(SECTIONS)
 
 ## manifests: regenerate crds/ and webhooks/ from the code.
 manifests:

@@ -245,10 +245,18 @@ impl Provider {
     /// Every group scaled by `driver`, by name.
     pub fn snapshots(&self, driver: ScalingDriver) -> Result<Vec<GroupSnapshot>, ProviderError> {
         self.ensure_synced()?;
-        let mut groups = self.inner.stores.groups.state();
+        let stores = &self.inner.stores;
+        let mut groups = stores.groups.state();
         groups.retain(|g| g.spec.driver == driver);
         groups.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        Ok(groups.into_iter().map(|g| self.build_snapshot(g)).collect())
+        // One read of the caches for every group (NodeGroups at 50 groups read them 50 times:
+        // 3.3 ms p50 at 1000 slots, see docs/performance.md), and one view for all of them.
+        let (slots, claims, registered) =
+            (stores.slots.state(), stores.claims.state(), stores.registered_nodes());
+        Ok(groups
+            .into_iter()
+            .map(|g| GroupSnapshot::build(g, &slots, &claims, &registered))
+            .collect())
     }
 
     fn build_snapshot(&self, group: Arc<Group>) -> GroupSnapshot {

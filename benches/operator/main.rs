@@ -1,0 +1,335 @@
+//! The operator against a real control plane (homelab-harness): footprint and provider latency
+//! by pool size, the control plane's scale-up overhead, and admission. Results are printed, not
+//! asserted; docs/performance.md holds a run and how to read it.
+//!
+//! ```sh
+//! cargo bench --bench operator                       # everything (about 5 minutes)
+//! cargo bench --bench operator -- pools webhook      # some sections: pools, scale-up, webhook, admission
+//! BENCH_POOLS=10x1,1000x50 BENCH_CALLS=5000 cargo bench --bench operator -- pools
+//! ```
+//!
+//! Without `--bench` (that is, under `cargo test --all-targets`) every section runs once in a
+//! smoke size (a pool of 10, 20 calls, a second per rate, one round) to prove it still works.
+//!
+//! Knobs (environment): `BENCH_POOLS` (`<slots>x<groups>,…`, default `10x1,100x10,1000x50`),
+//! `BENCH_CALLS` (sequential calls per RPC, default 2000), `BENCH_INCREASES` (IncreaseSize
+//! calls per pool, default 10), `BENCH_IDLE_SECONDS` (default 10), `BENCH_RATES` (requests/s,
+//! default `100,500,1000`), `BENCH_RATE_SECONDS` (per rate and rule, default 5),
+//! `BENCH_CREATES` (creates per arm, default 300), `BENCH_ROUNDS` (scale-up rounds, default 10).
+
+mod grpc;
+mod pool;
+mod process;
+mod scale_up;
+mod stats;
+mod webhook;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use homelab_harness::{Components, ControlPlane};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use process::{Operator, OperatorFiles, Usage, mib, ticks_per_second};
+use stats::{ms, ratio};
+
+/// The sizes of one run.
+struct Knobs {
+    pools: Vec<pool::Shape>,
+    calls: usize,
+    increases: usize,
+    idle: Duration,
+    rates: Vec<u32>,
+    rate_seconds: f64,
+    creates: usize,
+    rounds: usize,
+}
+
+fn env<T: std::str::FromStr>(name: &str, full: T, smoke: T, is_full: bool) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(if is_full {
+        full
+    } else {
+        smoke
+    })
+}
+
+impl Knobs {
+    fn read(full: bool) -> Result<Self> {
+        let pools: String = env("BENCH_POOLS", "10x1,100x10,1000x50".into(), "10x1".into(), full);
+        let rates: String = env("BENCH_RATES", "100,500,1000".into(), "100".into(), full);
+        Ok(Knobs {
+            pools: pools.split(',').map(pool::Shape::parse).collect::<Result<_>>()?,
+            calls: env("BENCH_CALLS", 2000, 20, full),
+            increases: env("BENCH_INCREASES", 10, 2, full),
+            idle: Duration::from_secs_f64(env("BENCH_IDLE_SECONDS", 10.0, 1.0, full)),
+            rates: rates.split(',').map(|r| r.trim().parse()).collect::<Result<_, _>>()?,
+            rate_seconds: env("BENCH_RATE_SECONDS", 5.0, 0.5, full),
+            creates: env("BENCH_CREATES", 300, 10, full),
+            rounds: env("BENCH_ROUNDS", 10, 1, full),
+        })
+    }
+}
+
+/// Where this run keeps its certificates and logs.
+struct Run {
+    plane: &'static ControlPlane,
+    client: kube::Client,
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    certs: homelab_autoscaler::tls::SelfSignedBundle,
+    knobs: Knobs,
+    ticks: u64,
+}
+
+impl Run {
+    fn files(&self, name: &str) -> OperatorFiles<'_> {
+        OperatorFiles {
+            bin: &self.bin,
+            kubeconfig: self.plane.kubeconfig_path(),
+            cert_dir: self.dir.path(),
+            log: self.dir.path().join(format!("{name}.log")),
+        }
+    }
+
+    /// A namespace with its default ServiceAccount (the Jobs' pods need it).
+    async fn namespace(&self, name: &str) -> Result<String> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace =
+            serde_json::from_value(json!({ "metadata": { "generateName": format!("{name}-") } }))?;
+        let created = namespaces.create(&PostParams::default(), &ns).await?;
+        let ns = created.metadata.name.context("a generated name")?;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &ns);
+        homelab_harness::eventually(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(60),
+            || async {
+                anyhow::ensure!(sas.get_opt("default").await?.is_some(), "not yet");
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(ns)
+    }
+}
+
+fn section(title: &str) {
+    println!("\n## {title}\n");
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let full = args.iter().any(|a| a == "--bench");
+    let wanted: Vec<&str> =
+        args.iter().filter(|a| !a.starts_with('-')).map(String::as_str).collect();
+    let runs = |name: &str| wanted.is_empty() || wanted.contains(&name);
+    homelab_autoscaler::tls::install_crypto_provider();
+
+    let plane = ControlPlane::shared(Components::CLUSTER).await?;
+    plane.install_crds().await?;
+    let dir = tempfile::tempdir()?;
+    let certs =
+        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &["127.0.0.1".parse()?])?;
+    certs.write_secret_layout(dir.path())?;
+    let run = Run {
+        plane,
+        client: plane.client()?,
+        bin: homelab_harness::e2e::operator_binary(None)?,
+        dir,
+        certs,
+        knobs: Knobs::read(full)?,
+        ticks: ticks_per_second(),
+    };
+    println!(
+        "# operator bench ({} mode), {} cores, {}",
+        if full { "full" } else { "smoke" },
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
+    );
+
+    if runs("pools") {
+        pools(&run).await?;
+    }
+    if runs("scale-up") {
+        scale_up(&run).await?;
+    }
+    if runs("webhook") {
+        webhook_rates(&run).await?;
+    }
+    if runs("admission") {
+        admission(&run).await?;
+    }
+    Ok(())
+}
+
+/// Per pool size: start to ready, idle footprint, then the provider's calls as one burst.
+async fn pools(run: &Run) -> Result<()> {
+    section("Footprint and provider latency by pool size");
+    let k = &run.knobs;
+    for shape in &k.pools {
+        let ns = run.namespace(&format!("pool-{}x{}", shape.slots, shape.groups)).await?;
+        let written = Instant::now();
+        pool::write(&run.client, &ns, *shape).await?;
+        println!(
+            "### {} slots in {} groups, {} claims ({} ready on Ready nodes), written in {:.1}s",
+            shape.slots,
+            shape.groups,
+            pool::CLAIMS,
+            shape.live(),
+            written.elapsed().as_secs_f64()
+        );
+        let operator = Operator::start(&run.files(&ns), &ns, &[]).await?;
+        println!("start to ready (caches synced): {}", ms(operator.start_to_ready));
+        let at_ready = operator.usage()?;
+        // Right after ready the controllers reconcile every object once (and write every slot's
+        // status); idle is measured once that wave is over.
+        let settled = settle(&operator, run.ticks).await?;
+        println!(
+            "pid {}: first reconcile of everything done {:.1} s after ready (cpu {:.1}% of a core meanwhile, peak rss {})",
+            operator.pid,
+            settled.at.duration_since(at_ready.at).as_secs_f64(),
+            settled.cpu_percent_since(&at_ready, run.ticks),
+            mib(settled.peak_kib),
+        );
+        tokio::time::sleep(k.idle).await;
+        let idle = operator.usage()?;
+        println!(
+            "idle ({:.0} s): cpu {:.2}% of a core, rss {}",
+            k.idle.as_secs_f64(),
+            idle.cpu_percent_since(&settled, run.ticks),
+            mib(idle.rss_kib)
+        );
+
+        let mut client = grpc::connect(operator.grpc_port, &run.certs).await?;
+        let group = pool::group_name(0);
+        grpc::warm(&mut client, &group).await;
+        let before = operator.usage()?;
+        let mut lines = Vec::new();
+        for call in grpc::Call::READS {
+            let samples = grpc::time_calls(&mut client, call, &group, k.calls).await;
+            lines.push(samples.line(call.name()));
+        }
+        let free = shape.slots / shape.groups.max(1) - shape.live() / shape.groups.max(1);
+        let increases = grpc::time_increases(&mut client, &group, k.increases.min(free)).await;
+        lines.push(increases.line("NodeGroupIncreaseSize (+1, one after another)"));
+        let after: Usage = operator.usage()?;
+        for line in lines {
+            println!("{line}");
+        }
+        println!(
+            "burst ({} calls in {:.1} s): cpu {:.1}% of a core, rss {}, peak rss {}",
+            k.calls * grpc::Call::READS.len() + increases.len(),
+            after.at.duration_since(before.at).as_secs_f64(),
+            after.cpu_percent_since(&before, run.ticks),
+            mib(after.rss_kib),
+            mib(after.peak_kib),
+        );
+        operator.stop().await?;
+        pool::remove_nodes(&run.client, &ns).await?;
+    }
+    Ok(())
+}
+
+/// Waits (at most 120 s) until the operator spends under 2% of a core over a 2 s window.
+async fn settle(operator: &Operator, ticks: u64) -> Result<Usage> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = operator.usage()?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = operator.usage()?;
+        if now.cpu_percent_since(&last, ticks) < 2.0 || Instant::now() > deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
+async fn scale_up(run: &Run) -> Result<()> {
+    section("Scale-up overhead (a machine that boots in zero time)");
+    let ns = run.namespace("scale-up").await?;
+    let lab = format!("{ns}-lab");
+    run.plane
+        .add_machine(&lab, vec![], [("bench.homecluster.dev/lab".to_string(), lab.clone())].into())
+        .await?;
+    let slot = format!("{ns}-m1");
+    scale_up::write_pool(&run.client, &ns, &slot, &lab).await?;
+    let files = run.files(&format!("{ns}-simulator"));
+    let log = std::fs::File::create(&files.log)?;
+    let _simulator = tokio::process::Command::new(&run.bin)
+        .args(["simulate", &format!("--namespace={ns}"), "--boot-delay=0s", "--gate-delay=0s"])
+        .env("KUBECONFIG", run.plane.kubeconfig_path())
+        .stdout(std::process::Stdio::from(log.try_clone()?))
+        .stderr(std::process::Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()?;
+    let operator = Operator::start(&run.files(&ns), &ns, &[]).await?;
+    let mut client = grpc::connect(operator.grpc_port, &run.certs).await?;
+    let result = scale_up::run(&run.client, &ns, &slot, &mut client, run.knobs.rounds).await;
+    let overheads = result.with_context(|| format!("operator log:\n{}", operator.log_tail()))?;
+    for line in scale_up::lines(&overheads) {
+        println!("{line}");
+    }
+    operator.stop().await?;
+    run.plane.remove_machine(&lab).await?;
+    Ok(())
+}
+
+async fn webhook_rates(run: &Run) -> Result<()> {
+    section("Webhook latency in-process over HTTPS (HTTP/2, one keep-alive connection)");
+    let ns = run.namespace("webhook").await?;
+    webhook::write_pool(&run.client, &ns, 10).await?;
+    let server = webhook::Server::start(run.plane, &ns).await?;
+    let h2 = webhook::H2::connect(server.port, &run.plane.ca_pem()).await?;
+    let k = &run.knobs;
+    for &rate in &k.rates {
+        println!("### {rate} requests/s, {} s each", k.rate_seconds);
+        let mut claim_p50 = Duration::ZERO;
+        let mut claim_p99 = Duration::ZERO;
+        for rule in webhook::Rule::ALL {
+            let samples = webhook::rule_at(&h2, &ns, rule, rate, k.rate_seconds).await;
+            if matches!(rule, webhook::Rule::Claim) {
+                (claim_p50, claim_p99) = (samples.quantile(0.5), samples.quantile(0.99));
+            }
+            println!("{}", samples.line(rule.name()));
+        }
+        let reads = webhook::claim_reads_at(&run.client, &ns, rate, k.rate_seconds).await;
+        println!("{}", reads.line("the claim rule's 3 reads alone, straight to the apiserver"));
+        println!(
+            "claim webhook / its reads alone: p50 {:.2}, p99 {:.2}",
+            ratio(claim_p50, reads.quantile(0.5)),
+            ratio(claim_p99, reads.quantile(0.99))
+        );
+    }
+    drop(server);
+    Ok(())
+}
+
+async fn admission(run: &Run) -> Result<()> {
+    section("kube-apiserver create latency of a NodeClaim, with and without our webhooks");
+    let ns = run.namespace("admission").await?;
+    let n = run.knobs.creates;
+    webhook::write_pool(&run.client, &ns, 3 * n + 1).await?;
+    let server = webhook::Server::start(run.plane, &ns).await?;
+    // Slot 0 stays free; each arm creates claims for slots of its own.
+    let without = webhook::time_creates(&run.client, &ns, 1..n + 1).await;
+    webhook::register(run.plane, &ns, server.port).await?;
+    webhook::wait_webhooks(&run.client, &ns, true).await?;
+    let with = webhook::time_creates(&run.client, &ns, n + 1..2 * n + 1).await;
+    webhook::unregister(&run.client, &ns).await?;
+    webhook::wait_webhooks(&run.client, &ns, false).await?;
+    let without_again = webhook::time_creates(&run.client, &ns, 2 * n + 1..3 * n + 1).await;
+    println!("{}", without.line("create without webhooks"));
+    println!("{}", with.line("create with webhooks (mutate + validate)"));
+    println!("{}", without_again.line("create without webhooks, again"));
+    let mean = |a: Duration, b: Duration| (a + b) / 2;
+    println!(
+        "with / without (mean of both arms): p50 {:.2}, p99 {:.2}",
+        ratio(with.quantile(0.5), mean(without.quantile(0.5), without_again.quantile(0.5))),
+        ratio(with.quantile(0.99), mean(without.quantile(0.99), without_again.quantile(0.99))),
+    );
+    drop(server);
+    Ok(())
+}
