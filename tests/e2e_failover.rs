@@ -6,32 +6,19 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
+use homelab_harness::e2e::{self, World};
 use homelab_harness::eventually;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
-
-async fn holder(world: &World) -> anyhow::Result<String> {
-    let leases: Api<Lease> = Api::namespaced(world.client.clone(), NAMESPACE);
-    let lease = leases.get("homelab-autoscaler").await?;
-    Ok(lease.spec.and_then(|s| s.holder_identity).unwrap_or_default())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_the_lease_when_the_leader_dies_and_claims_keep_moving() {
     homelab_autoscaler::tls::install_crypto_provider();
     let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler"))).expect("binary");
-    let certs = tempfile::tempdir().expect("tempdir");
-    let bundle =
-        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("certs");
-    bundle.write_secret_layout(certs.path()).expect("write certs");
-    let tls = WebhookTls::Files { dir: certs.path().to_path_buf(), ca_pem: bundle.ca_pem.clone() };
-    let mut world = World::start_with(&bin, false, tls).await.expect("start the world");
+    let mut world = World::start_with_shared_certificate(&bin).await.expect("start the world");
     let _logs = world.plane.logs_on_failure();
 
     let first = world.replicas[0].identity();
     eventually("the first replica to hold the Lease", Duration::from_secs(60), || async {
-        let holder = holder(&world).await?;
+        let holder = world.lease_holder().await?;
         ensure!(holder == first, "held by {holder:?}");
         Ok(())
     })
@@ -40,17 +27,16 @@ async fn the_standby_takes_the_lease_when_the_leader_dies_and_claims_keep_moving
     world.start_replica().await.expect("second replica");
     let second = world.replicas[1].identity();
     assert_eq!(
-        holder(&world).await.expect("lease"),
+        world.lease_holder().await.expect("lease"),
         first,
         "the standby does not take a held Lease"
     );
 
     // The leader dies without releasing the Lease; the Service would now route to the standby.
     world.replicas[0].child.kill().await.expect("kill the leader");
-    let port = world.replicas[1].webhook_port;
-    world.point_webhooks_at(port, &bundle.ca_pem).await.expect("route webhooks to the standby");
+    world.route_webhooks_to(1).await.expect("route webhooks to the standby");
     eventually("the standby to take the Lease", Duration::from_secs(90), || async {
-        let holder = holder(&world).await?;
+        let holder = world.lease_holder().await?;
         ensure!(holder == second, "held by {holder:?}");
         Ok(())
     })

@@ -19,7 +19,7 @@ use homelab_harness::cert_manager::{CertManager, ISSUE_TIMEOUT};
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
     Operator, apply, documents, first_certificate, free_port, issued_secret, mount_secret,
-    point_webhooks_at, render, served_certificate,
+    point_webhooks_at, refused_with_our_message, render, served_certificate, slot_with_power_state,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::{
@@ -32,34 +32,6 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "homelab-cm";
-const REFUSAL: &str = "spec.powerState was removed";
-
-fn slot_with_power_state() -> String {
-    format!(
-        "apiVersion: infra.homecluster.dev/v2alpha1
-kind: Node
-metadata: {{ name: mini-9, namespace: {NS}, labels: {{ group: workers }} }}
-spec:
-  kubernetesNodeName: mini-9
-  powerState: on
-  startupPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
-  shutdownPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
-"
-    )
-}
-
-/// `kubectl apply` of the slot with `spec.powerState`: Ok(()) when admission refused it with our
-/// message, Err with what kubectl said otherwise (a TLS failure, a timeout, an acceptance).
-async fn refused_with_our_message(plane: &ControlPlane, file: &Path) -> Result<(), String> {
-    let path = file.display().to_string();
-    let out = plane.kubectl(["apply", "-f", path.as_str()]).await.map_err(|e| e.to_string())?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !out.status.success() && stderr.contains(REFUSAL) {
-        Ok(())
-    } else {
-        Err(format!("{}: {stderr}{}", out.status, String::from_utf8_lossy(&out.stdout)))
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_with_its_client_certificate()
@@ -151,7 +123,7 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
     .expect("operator");
 
     let slot = mounts.path().join("slot.yaml");
-    std::fs::write(&slot, slot_with_power_state()).expect("write slot");
+    std::fs::write(&slot, slot_with_power_state(NS)).expect("write slot");
     refused_with_our_message(&plane, &slot).await.unwrap_or_else(|e| {
         panic!("admission through the injected CA: {e}\n{}", operator.log_tail(30))
     });

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use homelab_harness::install::{
     Operator, ServiceProxy, apply, documents, first_certificate, free_port, point_webhooks_at,
-    render, served_certificate,
+    refused_with_our_message, render, served_certificate, slot_with_power_state,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -18,32 +18,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 const NS: &str = "homelab-ha";
-const REFUSAL: &str = "spec.powerState was removed";
-
-fn slot_with_power_state() -> String {
-    format!(
-        "apiVersion: infra.homecluster.dev/v2alpha1
-kind: Node
-metadata: {{ name: mini-9, namespace: {NS}, labels: {{ group: workers }} }}
-spec:
-  kubernetesNodeName: mini-9
-  powerState: on
-  startupPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
-  shutdownPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
-"
-    )
-}
-
-async fn refused_with_our_message(plane: &ControlPlane, file: &Path) -> Result<(), String> {
-    let path = file.display().to_string();
-    let out = plane.kubectl(["apply", "-f", path.as_str()]).await.map_err(|e| e.to_string())?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !out.status.success() && stderr.contains(REFUSAL) {
-        Ok(())
-    } else {
-        Err(format!("{}: {stderr}{}", out.status, String::from_utf8_lossy(&out.stdout)))
-    }
-}
 
 fn secret_field(secret: &Secret, key: &str) -> Vec<u8> {
     secret.data.as_ref().and_then(|d| d.get(key)).map(|v| v.0.clone()).unwrap_or_default()
@@ -118,7 +92,7 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
 
     // Through the stand-in Service, across the CA's rotation: every call answered by admission.
     let slot = dir.path().join("slot.yaml");
-    std::fs::write(&slot, slot_with_power_state()).expect("write");
+    std::fs::write(&slot, slot_with_power_state(NS)).expect("write");
     let started = Instant::now();
     let mut calls = 0;
     let rotated = loop {
@@ -242,7 +216,7 @@ async fn users_own_secret_is_served_and_its_ca_patched_and_followed_on_rotation(
         .await
         .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(20)));
     let slot = dir.path().join("slot.yaml");
-    std::fs::write(&slot, slot_with_power_state().replace(NS, OWN_NS)).expect("write");
+    std::fs::write(&slot, slot_with_power_state(NS).replace(NS, OWN_NS)).expect("write");
     refused_with_our_message(&plane, &slot).await.expect("admission through the user's CA");
 
     // The user rotates to a certificate of a new CA: the bundle follows, then the certificate.

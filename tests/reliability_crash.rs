@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{NodeClaim, NodeClaimPhase};
 use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
 use homelab_harness::lab::{Lab, With, timeouts};
@@ -50,28 +50,6 @@ fn env_number(name: &str, default: u64) -> u64 {
         Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
         Err(_) => default,
     }
-}
-
-async fn pool(lab: &Lab, slots: usize) -> Result<Vec<String>> {
-    let group: Group = serde_json::from_value(json!({
-        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
-        "metadata": { "name": "pool" },
-        "spec": { "nodeReadinessTaints": [{ "key": "bootstrap.test/not-ready", "effect": "NoSchedule" }] },
-    }))?;
-    lab.groups().create(&PostParams::default(), &group).await?;
-    let mut names = Vec::new();
-    for i in 0..slots {
-        let name = format!("{}-m{i}", lab.ns);
-        let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": lab.ns } });
-        let slot: Node = serde_json::from_value(json!({
-            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
-            "metadata": { "name": name, "labels": { "group": "pool" } },
-            "spec": { "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod },
-        }))?;
-        lab.slots().create(&PostParams::default(), &slot).await?;
-        names.push(name);
-    }
-    Ok(names)
 }
 
 /// A claim as the provider creates it: stamped, owned by its slot.
@@ -163,7 +141,7 @@ async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
     let mut rng = Rng(seed);
     let lab = Lab::start(&format!("crash{index}"), With::Controllers).await;
     let ledger = Ledger::start(&lab.client, &lab.ns).await?;
-    let slots = pool(&lab, 2).await?;
+    let slots = lab.create_pool(2).await?;
     let started = Instant::now();
     let mut log = Vec::new();
 
@@ -272,7 +250,7 @@ async fn the_invariant_checker_reports_what_it_must() {
     let lab = Lab::start("crash-control", With::Controllers).await;
     lab.kill_controllers();
     let ledger = Ledger::start(&lab.client, &lab.ns).await.expect("ledger");
-    let slots = pool(&lab, 1).await.expect("pool");
+    let slots = lab.create_pool(1).await.expect("pool");
     for name in ["twin-a", "twin-b"] {
         claim(&lab, name, &slots[0], false).await.expect("claim");
         let booting = json!({ "status": { "phase": "booting", "attempt": 1 } });

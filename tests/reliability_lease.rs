@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
+use homelab_harness::e2e::{self, NAMESPACE, World};
 use homelab_harness::eventually;
 use homelab_harness::invariants::Ledger;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -19,26 +19,15 @@ use serde_json::json;
 const ACT: Duration = Duration::from_secs(90);
 const LEASE: &str = "homelab-autoscaler";
 
-async fn holder(world: &World) -> anyhow::Result<String> {
-    let leases: Api<Lease> = Api::namespaced(world.client.clone(), NAMESPACE);
-    let lease = leases.get(LEASE).await?;
-    Ok(lease.spec.and_then(|s| s.holder_identity).unwrap_or_default())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_new_leader_finishes_a_drain_without_a_second_shutdown_job() {
     homelab_autoscaler::tls::install_crypto_provider();
     let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler"))).expect("bin");
-    let certs = tempfile::tempdir().expect("tempdir");
-    let bundle =
-        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("certs");
-    bundle.write_secret_layout(certs.path()).expect("write certs");
-    let tls = WebhookTls::Files { dir: certs.path().to_path_buf(), ca_pem: bundle.ca_pem.clone() };
-    let mut world = World::start_with(&bin, false, tls).await.expect("start the world");
+    let mut world = World::start_with_shared_certificate(&bin).await.expect("start the world");
     let _logs = world.plane.logs_on_failure();
     let first = world.replicas[0].identity();
     eventually("the first replica to lead", ACT, || async {
-        ensure!(holder(&world).await? == first, "not yet");
+        ensure!(world.lease_holder().await? == first, "not yet");
         Ok(())
     })
     .await
@@ -48,13 +37,7 @@ async fn the_new_leader_finishes_a_drain_without_a_second_shutdown_job() {
     let ledger = Ledger::start(&world.client, NAMESPACE).await.expect("ledger");
 
     // A machine by hand, ready.
-    let pool = homelab_harness::repo_path("examples/pool.yaml");
-    let out = world
-        .plane
-        .kubectl(["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()])
-        .await
-        .expect("kubectl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    world.apply_example("pool.yaml").await.expect("apply examples/pool.yaml");
     let claim = world.create_manual_claim().await.expect("claim");
     let claims: Api<homelab_autoscaler::api::NodeClaim> =
         Api::namespaced(world.client.clone(), NAMESPACE);
@@ -125,7 +108,7 @@ async fn the_new_leader_finishes_a_drain_without_a_second_shutdown_job() {
     })
     .await
     .expect("the new leader finished the drain");
-    assert_eq!(holder(&world).await.expect("lease"), second, "the standby leads now");
+    assert_eq!(world.lease_holder().await.expect("lease"), second, "the standby leads now");
     // The standby took over while the machine drained (its log says so after the handover).
     let log = world.operator_log_tail(1, 10_000);
     assert!(log.contains("elected leader"), "the standby never led:\n{log}");

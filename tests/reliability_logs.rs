@@ -43,12 +43,7 @@ fn admin_key_pem(kubeconfig: &Path) -> String {
 async fn a_full_run_logs_no_secret_value_key_or_token() {
     homelab_autoscaler::tls::install_crypto_provider();
     let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler"))).expect("bin");
-    let certs = tempfile::tempdir().expect("tempdir");
-    let bundle =
-        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("certs");
-    bundle.write_secret_layout(certs.path()).expect("write certs");
-    let tls = WebhookTls::Files { dir: certs.path().to_path_buf(), ca_pem: bundle.ca_pem.clone() };
-    let mut world = World::start_with(&bin, false, tls).await.expect("start the world");
+    let mut world = World::start_with_shared_certificate(&bin).await.expect("start the world");
     let _logs = world.plane.logs_on_failure();
 
     // A Secret as a homelab keeps its BMC or wake-on-LAN credentials in.
@@ -74,7 +69,11 @@ async fn a_full_run_logs_no_secret_value_key_or_token() {
         ("Bearer ".into(), "a bearer token"),
         ("eyJhbGciOi".into(), "a JWT"),
     ];
-    for line in pem_body_lines(&bundle.key_pem) {
+    let WebhookTls::Files { dir, .. } = world.webhook_tls() else {
+        panic!("the World serves a shared certificate from files");
+    };
+    let webhook_key = std::fs::read_to_string(dir.join("tls.key")).expect("the webhook's key");
+    for line in pem_body_lines(&webhook_key) {
         needles.push((line, "the webhook's private key"));
     }
     for line in pem_body_lines(&admin_key_pem(world.plane.kubeconfig_path())) {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use futures::future::join_all;
-use homelab_autoscaler::api::{Group, Node, NodeClaim};
+use homelab_autoscaler::api::NodeClaim;
 use homelab_autoscaler::grpc::proto::cloud_provider_client::CloudProviderClient;
 use homelab_autoscaler::grpc::{proto, serve_on};
 use homelab_autoscaler::phase;
@@ -54,28 +54,6 @@ async fn replica(lab: &Lab) -> Result<Replica> {
     let stop = CancellationToken::new();
     tokio::spawn(serve_on(listener, provider.clone(), None, Duration::from_secs(30), stop.clone()));
     Ok(Replica { address, stop, _provider: provider })
-}
-
-async fn pool(lab: &Lab) -> Result<Vec<String>> {
-    let group: Group = serde_json::from_value(json!({
-        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
-        "metadata": { "name": "pool" },
-        "spec": { "nodeReadinessTaints": [{ "key": "bootstrap.test/not-ready", "effect": "NoSchedule" }] },
-    }))?;
-    lab.groups().create(&PostParams::default(), &group).await?;
-    let mut names = Vec::new();
-    for i in 0..SLOTS {
-        let name = format!("{}-m{i}", lab.ns);
-        let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": lab.ns } });
-        let slot: Node = serde_json::from_value(json!({
-            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
-            "metadata": { "name": name, "labels": { "group": "pool" } },
-            "spec": { "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod },
-        }))?;
-        lab.slots().create(&PostParams::default(), &slot).await?;
-        names.push(name);
-    }
-    Ok(names)
 }
 
 /// A claim made by hand and sent straight to the apiserver (no admission here).
@@ -173,7 +151,7 @@ async fn until_decided(lab: &Lab) -> Result<()> {
 async fn race(prefix: &str, replicas: usize) {
     let lab = Lab::start(prefix, With::Controllers).await;
     let ledger = Ledger::start(&lab.client, &lab.ns).await.expect("ledger");
-    let slots = pool(&lab).await.expect("pool");
+    let slots = lab.create_pool(SLOTS).await.expect("pool");
     let mut servers = Vec::new();
     for _ in 0..replicas {
         servers.push(replica(&lab).await.expect("replica"));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use homelab_autoscaler::api::{NodeClaim, NodeClaimPhase};
-use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
+use homelab_harness::e2e::{self, NAMESPACE, World};
 use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
 use k8s_openapi::api::core::v1::Node as CoreNode;
@@ -86,21 +86,10 @@ async fn the_invariants_hold_when_the_operator_binary_is_sigkilled() {
     eprintln!("sigkill suite: {runs} runs, HOMELAB_SIGKILL_SEED={base}");
     homelab_autoscaler::tls::install_crypto_provider();
     let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler"))).expect("bin");
-    let certs = tempfile::tempdir().expect("tempdir");
-    let bundle =
-        homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[]).expect("certs");
-    bundle.write_secret_layout(certs.path()).expect("write certs");
-    let tls = WebhookTls::Files { dir: certs.path().to_path_buf(), ca_pem: bundle.ca_pem.clone() };
-    let mut world = World::start_with(&bin, false, tls).await.expect("start the world");
+    let mut world = World::start_with_shared_certificate(&bin).await.expect("start the world");
     let _logs = world.plane.logs_on_failure();
     let ledger = Ledger::start(&world.client, NAMESPACE).await.expect("ledger");
-    let pool = homelab_harness::repo_path("examples/pool.yaml");
-    let out = world
-        .plane
-        .kubectl(["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()])
-        .await
-        .expect("kubectl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    world.apply_example("pool.yaml").await.expect("apply examples/pool.yaml");
 
     let started = Instant::now();
     let mut seed = base;

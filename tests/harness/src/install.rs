@@ -20,6 +20,38 @@ use tokio::process::{Child, Command};
 use crate::binaries::{Profile, binaries};
 use crate::{ControlPlane, eventually};
 
+/// What admission answers a slot that sets `spec.powerState`.
+pub const POWER_STATE_REFUSAL: &str = "spec.powerState was removed";
+
+/// A slot in `namespace` that sets the removed `spec.powerState`: admission must refuse it.
+pub fn slot_with_power_state(namespace: &str) -> String {
+    format!(
+        "apiVersion: infra.homecluster.dev/v2alpha1
+kind: Node
+metadata: {{ name: mini-9, namespace: {namespace}, labels: {{ group: workers }} }}
+spec:
+  kubernetesNodeName: mini-9
+  powerState: on
+  startupPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
+  shutdownPodSpec: {{ image: busybox:1.36, command: [\"true\"] }}
+"
+    )
+}
+
+/// `kubectl apply` of `file` (a [`slot_with_power_state`]): Ok(()) when admission refused it
+/// with our message, Err with what kubectl said otherwise (a TLS failure, a timeout, an
+/// acceptance).
+pub async fn refused_with_our_message(plane: &ControlPlane, file: &Path) -> Result<(), String> {
+    let path = file.display().to_string();
+    let out = plane.kubectl(["apply", "-f", path.as_str()]).await.map_err(|e| e.to_string())?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() && stderr.contains(POWER_STATE_REFUSAL) {
+        Ok(())
+    } else {
+        Err(format!("{}: {stderr}{}", out.status, String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
 /// The chart in the repository.
 pub fn chart_dir() -> PathBuf {
     crate::repo_path("charts/homelab-autoscaler")

@@ -16,7 +16,8 @@ use homelab_autoscaler::simulator::{self, SimulateArgs};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Components, FailureLogs, TestNamespace, test_namespace};
@@ -164,6 +165,31 @@ impl Lab {
     }
     pub fn nodes(&self) -> Api<CoreNode> {
         Api::all(self.client.clone())
+    }
+
+    /// A Group `pool` (with a readiness taint the simulator clears) and `slots` slots in it,
+    /// named `<namespace>-m<i>`, whose lifecycle Jobs run on this Lab's node. Returns the
+    /// slot names.
+    pub async fn create_pool(&self, slots: usize) -> anyhow::Result<Vec<String>> {
+        let group: Group = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+            "metadata": { "name": "pool" },
+            "spec": { "nodeReadinessTaints": [{ "key": "bootstrap.test/not-ready", "effect": "NoSchedule" }] },
+        }))?;
+        self.groups().create(&PostParams::default(), &group).await?;
+        let mut names = Vec::new();
+        for i in 0..slots {
+            let name = format!("{}-m{i}", self.ns);
+            let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": self.ns } });
+            let slot: Node = serde_json::from_value(json!({
+                "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
+                "metadata": { "name": name, "labels": { "group": "pool" } },
+                "spec": { "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod },
+            }))?;
+            self.slots().create(&PostParams::default(), &slot).await?;
+            names.push(name);
+        }
+        Ok(names)
     }
 
     /// The test namespace's lifecycle Jobs of one kind (`startup` or `shutdown`).

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use futures::StreamExt;
 use homelab_autoscaler::api::NodeClaim;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -43,6 +44,8 @@ pub const SIMULATED_BOOT_DELAY: Duration = Duration::from_secs(2);
 /// How long a simulated machine's node carries its bootstrap taints.
 pub const SIMULATED_GATE_DELAY: Duration = Duration::from_secs(2);
 const ACT: Duration = Duration::from_secs(120);
+/// The operator's leader-election Lease (its `--lease-name` default).
+const LEADER_LEASE: &str = "homelab-autoscaler";
 
 /// One timed step of the scenario.
 pub struct Step {
@@ -76,6 +79,9 @@ pub struct World {
     tls: WebhookTls,
     /// The kubeconfig the operator replicas run with (the admin's unless set).
     operator_kubeconfig: Option<PathBuf>,
+    /// The certificate files every replica serves, when the World made them
+    /// ([`World::start_with_shared_certificate`]); removed with the World.
+    _shared_certificate: Option<tempfile::TempDir>,
 }
 
 impl Drop for World {
@@ -244,6 +250,20 @@ impl World {
         Self::start_from(plane.into(), bin, narrate, tls, false, started).await
     }
 
+    /// [`World::start_with`] on the shared control plane, every replica serving one self-signed
+    /// certificate from files (as replicas mounting one Secret do), so a second replica or a
+    /// restarted one is trusted through the same caBundle.
+    pub async fn start_with_shared_certificate(bin: &Path) -> Result<World> {
+        homelab_autoscaler::tls::install_crypto_provider();
+        let certs = tempfile::tempdir()?;
+        let bundle = homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &[])?;
+        bundle.write_secret_layout(certs.path())?;
+        let tls = WebhookTls::Files { dir: certs.path().to_path_buf(), ca_pem: bundle.ca_pem };
+        let mut world = Self::start_with(bin, false, tls).await?;
+        world._shared_certificate = Some(certs);
+        Ok(world)
+    }
+
     /// A World on a control plane of its own, with the externalgrpc provider served over
     /// mutual TLS for the real cluster-autoscaler to dial ([`World::autoscaler`]). It needs a
     /// cluster of its own: cluster-autoscaler acts on every pending pod and node it sees.
@@ -383,6 +403,7 @@ impl World {
             logs: logs.clone(),
             tls,
             operator_kubeconfig,
+            _shared_certificate: None,
         };
         world.steps.push(Step { what: "control plane up, CRDs installed".into(), took: up });
         world.start_replica().await?;
@@ -501,6 +522,28 @@ impl World {
         self.operator_kubeconfig
             .clone()
             .unwrap_or_else(|| self.plane.kubeconfig_path().to_path_buf())
+    }
+
+    /// How the replicas' webhook certificate is made.
+    pub fn webhook_tls(&self) -> &WebhookTls {
+        &self.tls
+    }
+
+    /// Points the admission configurations at replica `index`, as a Service routes to a live
+    /// pod once another died. Needs a certificate every replica shares.
+    pub async fn route_webhooks_to(&self, index: usize) -> Result<()> {
+        let replica = self.replicas.get(index).context("no such operator replica")?;
+        let WebhookTls::Files { ca_pem, .. } = &self.tls else {
+            anyhow::bail!("each self-made replica patches in a CA of its own: nothing to route");
+        };
+        self.point_webhooks_at(replica.webhook_port, ca_pem).await
+    }
+
+    /// The identity holding the operators' leader-election Lease ("" while nobody does).
+    pub async fn lease_holder(&self) -> Result<String> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let lease = leases.get(LEADER_LEASE).await?;
+        Ok(lease.spec.and_then(|s| s.holder_identity).unwrap_or_default())
     }
 
     /// `host:port` of operator replica `index`'s admin listener.
