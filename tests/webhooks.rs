@@ -475,6 +475,14 @@ async fn a_slot_takes_one_live_claim_at_a_time() {
     let (code, message) = refused(w.create_claim("third", "machine-1", "pool").await);
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("live claim \"second\""), "{message}");
+    // Each refusal is counted under the rule it broke (the server runs in this process).
+    let (_, metrics) = homelab_autoscaler::telemetry::render(None);
+    assert!(
+        metrics.lines().any(|l| l.starts_with("homelab_autoscaler_webhook_denials_total{")
+            && l.contains(r#"reason="Forbidden""#)
+            && l.contains(r#"rule="one_live_claim_per_slot""#)),
+        "no denial counted for one_live_claim_per_slot:\n{metrics}"
+    );
     w.finish().await;
 }
 

@@ -31,7 +31,7 @@ pub struct Metrics {
     pub startup_job: Histograms<1>,
     pub readiness_gate: Histograms<1>,
     pub webhook_requests: Counters<2>,
-    pub webhook_denials: Counters<2>,
+    pub webhook_denials: Counters<3>,
     pub webhook_duration: Histograms<1>,
     pub grpc_requests: Counters<2>,
     pub grpc_duration: Histograms<1>,
@@ -127,7 +127,7 @@ impl Metrics {
         );
         r.register(
             "webhook_denials",
-            "Admission denials by webhook and reason",
+            "Admission denials by webhook, reason and the rule broken",
             m.webhook_denials.clone(),
         );
         r.register_with_unit(

@@ -76,16 +76,23 @@ pub fn boot_stages(group: &str, job: Option<Duration>, gate: Duration) {
     m().readiness_gate.get_or_create(&g).observe(gate.as_secs_f64());
 }
 
-/// An admission request was answered; `denied` is the denial's reason, if it was denied.
-pub fn webhook_answered(webhook: &'static str, took: Duration, denied: Option<&str>) {
+/// An admission request was answered; `denied` is the denial's reason and the rules the
+/// object broke (one count per rule), if it was denied.
+pub fn webhook_answered(webhook: &'static str, took: Duration, denied: Option<(&str, &[&str])>) {
     let allowed = if denied.is_some() { "false" } else { "true" };
     m().webhook_requests
         .get_or_create(&[label("webhook", webhook), label("allowed", allowed)])
         .inc();
-    if let Some(reason) = denied {
-        m().webhook_denials
-            .get_or_create(&[label("webhook", webhook), label("reason", reason)])
-            .inc();
+    if let Some((reason, rules)) = denied {
+        for rule in rules {
+            m().webhook_denials
+                .get_or_create(&[
+                    label("webhook", webhook),
+                    label("reason", reason),
+                    label("rule", *rule),
+                ])
+                .inc();
+        }
     }
     m().webhook_duration.get_or_create(&[label("webhook", webhook)]).observe(took.as_secs_f64());
 }

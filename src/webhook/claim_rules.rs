@@ -131,32 +131,44 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
     let group_name = &claim.spec.request.group;
 
     let Some(slot) = facts.slot else {
-        findings.invalid(format!(
-            "spec.slotRef.name: there is no slot {slot_name:?} in namespace {ns:?}; \
+        findings.invalid(
+            "slot_exists",
+            format!(
+                "spec.slotRef.name: there is no slot {slot_name:?} in namespace {ns:?}; \
              list the slots with `kubectl get nodes.infra.homecluster.dev -n {ns}`"
-        ));
+            ),
+        );
         return findings.verdict();
     };
     let slot_group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
     if slot_group != Some(group_name) {
-        findings.invalid(format!(
-            "spec.request.group: slot {slot_name:?} belongs to group {:?}, not {group_name:?}; \
+        findings.invalid(
+            "group_matches_slot",
+            format!(
+                "spec.request.group: slot {slot_name:?} belongs to group {:?}, not {group_name:?}; \
              set spec.request.group to the slot's group",
-            slot_group.map_or("<none>", String::as_str)
-        ));
+                slot_group.map_or("<none>", String::as_str)
+            ),
+        );
     }
     if facts.group.is_none() {
-        findings.invalid(format!(
-            "spec.request.group: there is no group {group_name:?} in namespace {ns:?}"
-        ));
+        findings.invalid(
+            "group_exists",
+            format!("spec.request.group: there is no group {group_name:?} in namespace {ns:?}"),
+        );
     }
     if slot.metadata.deletion_timestamp.is_some() {
-        findings.forbidden(format!("slot {slot_name:?} is being deleted and takes no new claim"));
+        findings.forbidden(
+            "slot_not_deleting",
+            format!("slot {slot_name:?} is being deleted and takes no new claim"),
+        );
     }
     if let Some(requested_at) = claim.spec.requested_at.as_ref().map(|t| t.0) {
         let skew = requested_at.duration_since(facts.now).abs();
         if skew > REQUESTED_AT_SKEW {
-            findings.invalid(format!(
+            findings.invalid(
+                "requested_now",
+                format!(
                 "spec.requestedAt: {requested_at} is {} from the API server's clock; the deadline \
                  runs from it, so it must be the time of the request: leave it unset",
                 format_duration(skew)
@@ -166,12 +178,15 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
     let live_others: Vec<&NodeClaim> =
         facts.other_claims_of_slot.iter().filter(|c| phase::is_live(phase::of(c).into())).collect();
     for other in &live_others {
-        findings.forbidden(format!(
-            "slot {slot_name:?} already has live claim {:?} (phase {}); a slot takes one live \
+        findings.forbidden(
+            "one_live_claim_per_slot",
+            format!(
+                "slot {slot_name:?} already has live claim {:?} (phase {}); a slot takes one live \
              claim at a time: wait for it to end, or delete it to cancel it",
-            other.metadata.name.as_deref().unwrap_or(""),
-            phase_name(other)
-        ));
+                other.metadata.name.as_deref().unwrap_or(""),
+                phase_name(other)
+            ),
+        );
     }
     if !live_others.is_empty() {
         // The live claim decides. Its boot moves the attempt seed, possibly between the
@@ -180,14 +195,18 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
         return findings.verdict();
     }
     match facts.seed() {
-        Some(AttemptSeed::Exhausted { failures, retry_after }) => findings.forbidden(format!(
+        Some(AttemptSeed::Exhausted { failures, retry_after }) => findings.forbidden(
+            "attempts_not_exhausted",
+            format!(
             "slot {slot_name:?} failed {failures} boots in a row and takes no claim until \
              {retry_after}; fix its startup Job, then reset the streak now with \
              `kubectl annotate node.infra.homecluster.dev {slot_name} -n {ns} \
              infra.homecluster.dev/attempts-reset-at=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite`"
         )),
         Some(AttemptSeed::Attempt(n)) if claim.spec.attempt.is_some_and(|a| a != n) => {
-            findings.invalid(format!(
+            findings.invalid(
+                "attempt_matches",
+                format!(
                 "spec.attempt: this claim is attempt {n} for slot {slot_name:?}, not {}; leave it unset",
                 claim.spec.attempt.unwrap_or_default()
             ))
@@ -203,10 +222,12 @@ pub fn validate_update(old: &NodeClaim, new: &NodeClaim, is_operator: bool) -> V
     if old.spec.deadline_at != new.spec.deadline_at {
         if new.spec.deadline_at.is_some() {
             findings.forbidden(
+                "deadline_set_once",
                 "spec.deadlineAt is set once, at admission; it can only be cleared, by the operator, when the machine is ready",
             );
         } else if !is_operator {
             findings.forbidden(
+                "deadline_cleared_by_operator",
                 "spec.deadlineAt is cleared only by the operator, when the machine is ready; to cancel the claim, delete it",
             );
         }

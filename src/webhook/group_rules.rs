@@ -49,13 +49,19 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
     let mut duration = |field: &str, value: Option<kube::core::Duration>, max: Duration| {
         if let Some(value) = value {
             if value.is_negative() {
-                findings.invalid(format!("{field}: {} is negative", go_duration(value.into())));
+                findings.invalid(
+                    "duration_in_range",
+                    format!("{field}: {} is negative", go_duration(value.into())),
+                );
             } else if Duration::from(value) > max {
-                findings.invalid(format!(
-                    "{field}: {} is longer than {}",
-                    go_duration(value.into()),
-                    go_duration(max)
-                ));
+                findings.invalid(
+                    "duration_in_range",
+                    format!(
+                        "{field}: {} is longer than {}",
+                        go_duration(value.into()),
+                        go_duration(max)
+                    ),
+                );
             }
         }
     };
@@ -64,7 +70,9 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
     duration("spec.scaleDown.unreadyTime", spec.scale_down.unready_time, MAX_PROVISION_TIME);
     duration("spec.builtin.hold", Some(spec.builtin.hold), MAX_PROVISION_TIME);
     if spec.builtin.hold < MIN_HOLD {
-        findings.invalid(format!(
+        findings.invalid(
+            "hold_long_enough",
+            format!(
             "spec.builtin.hold: {} is shorter than {}; a shorter hold powers machines off under passing pods",
             go_duration(spec.builtin.hold.into()),
             go_duration(MIN_HOLD)
@@ -75,28 +83,34 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
         ("spec.scaleDown.gpuUtilizationThreshold", spec.scale_down.gpu_utilization_threshold),
     ] {
         if let Some(v) = value.filter(|v| !(0.0..=1.0).contains(v)) {
-            findings.invalid(format!("{field}: {v} is not a fraction between 0 and 1"));
+            findings.invalid(
+                "fraction_in_range",
+                format!("{field}: {v} is not a fraction between 0 and 1"),
+            );
         }
     }
     if let Some(max) = spec.builtin.max_nodes
         && spec.driver == ScalingDriver::Builtin
         && spec.min_size > max
     {
-        findings.invalid(format!(
-            "spec.minSize ({}) is above spec.builtin.maxNodes ({max})",
-            spec.min_size
-        ));
+        findings.invalid(
+            "min_size_within_max",
+            format!("spec.minSize ({}) is above spec.builtin.maxNodes ({max})", spec.min_size),
+        );
     }
     if let Some(old) = old
         && old.spec.driver != spec.driver
         && facts.live_claims > 0
     {
-        findings.forbidden(format!(
-            "spec.driver cannot change while the group has {} live claim(s): the new driver \
+        findings.forbidden(
+            "driver_fixed_while_live",
+            format!(
+                "spec.driver cannot change while the group has {} live claim(s): the new driver \
              would not know the old one's machines. Scale the group to zero (or wait for its \
              claims to end), then switch",
-            facts.live_claims
-        ));
+                facts.live_claims
+            ),
+        );
     }
     if spec.driver == ScalingDriver::ClusterAutoscaler {
         let overrides = spec.autoscaler_option_overrides();

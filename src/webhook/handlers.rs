@@ -35,7 +35,11 @@ where
         Ok(request) => request,
         Err(error) => {
             tracing::warn!(%error, route, "malformed AdmissionReview");
-            telemetry::webhook_answered(route, started.elapsed(), Some("MalformedReview"));
+            telemetry::webhook_answered(
+                route,
+                started.elapsed(),
+                Some(("MalformedReview", &["review_decodes"])),
+            );
             let mut response = kube::core::admission::AdmissionResponse::invalid(format!(
                 "malformed AdmissionReview: {error}"
             ));
@@ -64,7 +68,11 @@ where
         if let Some(denial) = denied {
             tracing::info!(code = denial.code, reason = denial.reason, message = %denial.message, "denied");
         }
-        telemetry::webhook_answered(route, started.elapsed(), denied.map(|d| d.reason));
+        telemetry::webhook_answered(
+            route,
+            started.elapsed(),
+            denied.map(|d| (d.reason, d.rules.as_slice())),
+        );
         Json(verdict.respond(&request).into_review())
     }
     .instrument(span)
@@ -72,12 +80,14 @@ where
 }
 
 fn parse<T: DeserializeOwned>(object: Option<&DynamicObject>, what: &str) -> Result<T, Verdict> {
-    let object = object
-        .ok_or_else(|| Verdict::Deny(Denial::invalid(format!("the request carries no {what}"))))?;
+    let object = object.ok_or_else(|| {
+        Verdict::Deny(Denial::invalid("schema", format!("the request carries no {what}")))
+    })?;
     serde_json::to_value(object).and_then(serde_json::from_value).map_err(|e| {
-        Verdict::Deny(Denial::invalid(format!(
-            "the {what} does not match the v2alpha1 schema: {e}"
-        )))
+        Verdict::Deny(Denial::invalid(
+            "schema",
+            format!("the {what} does not match the v2alpha1 schema: {e}"),
+        ))
     })
 }
 
@@ -87,6 +97,7 @@ fn unavailable(error: LookupError) -> Verdict {
         code: 503,
         reason: "ServiceUnavailable",
         message: format!("the webhook could not read the cluster ({error}); retry"),
+        rules: vec!["cluster_readable"],
     })
 }
 

@@ -16,32 +16,41 @@ pub fn check(slot: &Node, findings: &mut Findings) {
             kinds.iter().map(|k| format!("spec.power.{}", k.field())).collect::<Vec<_>>().join(", ")
         };
         match (pod_set, choice) {
-            (true, Some(DriverChoice::Chosen(kind))) => findings.invalid(format!(
-                "both {pod_field} and spec.power.{} power the machine {}: keep one of them \
+            (true, Some(DriverChoice::Chosen(kind))) => findings.invalid(
+                "one_power_source_per_direction",
+                format!(
+                    "both {pod_field} and spec.power.{} power the machine {}: keep one of them \
                  (remove {pod_field} to use the typed driver)",
-                kind.field(),
-                action.as_str()
-            )),
-            (true, Some(DriverChoice::Ambiguous(kinds))) => findings.invalid(format!(
-                "both {pod_field} and {} could power the machine {}: keep one of them",
-                able(&kinds),
-                action.as_str()
-            )),
+                    kind.field(),
+                    action.as_str()
+                ),
+            ),
+            (true, Some(DriverChoice::Ambiguous(kinds))) => findings.invalid(
+                "one_power_source_per_direction",
+                format!(
+                    "both {pod_field} and {} could power the machine {}: keep one of them",
+                    able(&kinds),
+                    action.as_str()
+                ),
+            ),
             (true, _) => {}
-            (false, None | Some(DriverChoice::None)) => findings.invalid(format!(
-                "nothing powers the machine {}: set {} or {pod_field}",
-                action.as_str(),
-                match action {
-                    PowerAction::On => "spec.power.wakeOnLan, .redfish, .ipmi or .http.on",
-                    PowerAction::Off => "spec.power.ssh, .redfish, .ipmi or .http.off",
-                }
-            )),
+            (false, None | Some(DriverChoice::None)) => findings.invalid(
+                "one_power_source_per_direction",
+                format!(
+                    "nothing powers the machine {}: set {} or {pod_field}",
+                    action.as_str(),
+                    match action {
+                        PowerAction::On => "spec.power.wakeOnLan, .redfish, .ipmi or .http.on",
+                        PowerAction::Off => "spec.power.ssh, .redfish, .ipmi or .http.off",
+                    }
+                ),
+            ),
             (false, Some(DriverChoice::Chosen(_))) => {}
             (false, Some(_)) => {
                 if let Some(spec) = &slot.spec.power
                     && let Err(error) = power::driver_for(spec, action)
                 {
-                    findings.invalid(error.to_string());
+                    findings.invalid("one_power_source_per_direction", error.to_string());
                 }
             }
         }
@@ -55,18 +64,21 @@ pub fn check(slot: &Node, findings: &mut Findings) {
 fn check_settings(spec: &PowerSpec, findings: &mut Findings) {
     if spec.configured().is_empty() {
         findings.invalid(
+            "power_driver_settings",
             "spec.power configures no driver: set wakeOnLan, redfish, ipmi, http or ssh"
                 .to_string(),
         );
     }
     if let Some(wol) = &spec.wake_on_lan {
         if let Err(error) = power::wol::parse_mac(&wol.mac) {
-            findings.invalid(format!("spec.power.wakeOnLan.mac: {error}"));
+            findings.invalid("power_driver_settings", format!("spec.power.wakeOnLan.mac: {error}"));
         }
         if let Some(address) = &wol.broadcast_address
             && address.parse::<std::net::Ipv4Addr>().is_err()
         {
-            findings.invalid(format!(
+            findings.invalid(
+                "power_driver_settings",
+                format!(
                 "spec.power.wakeOnLan.broadcastAddress: {address:?} is not an IPv4 address such \
                  as 192.168.1.255 (the LAN's broadcast address)"
             ));
@@ -75,16 +87,18 @@ fn check_settings(spec: &PowerSpec, findings: &mut Findings) {
     if let Some(ssh) = &spec.ssh
         && let Err(error) = power::ssh::parse_host_key(&ssh.known_host_key)
     {
-        findings.invalid(error.to_string());
+        findings.invalid("power_driver_settings", error.to_string());
     }
     if let Some(http) = &spec.http {
         if http.on.is_none() && http.off.is_none() {
-            findings.invalid("spec.power.http: set on, off or both".to_string());
+            findings.invalid("power_driver_settings", "spec.power.http: set on, off or both");
         }
         for (direction, request) in [("on", &http.on), ("off", &http.off)] {
             for (i, header) in request.iter().flat_map(|r| r.headers.iter()).enumerate() {
                 if header.value.is_some() == header.value_from.is_some() {
-                    findings.invalid(format!(
+                    findings.invalid(
+                        "power_driver_settings",
+                        format!(
                         "spec.power.http.{direction}.headers[{i}] ({}): set exactly one of value \
                          and valueFrom",
                         header.name

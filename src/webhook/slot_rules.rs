@@ -33,17 +33,24 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
     let name = slot.metadata.name.as_deref().unwrap_or_default();
     let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
     if slot.spec.power_state.is_some() {
-        findings.invalid(power_state_removed(name, group.map_or("<its group>", String::as_str)));
+        findings.invalid(
+            "power_state_removed",
+            power_state_removed(name, group.map_or("<its group>", String::as_str)),
+        );
     }
     if !name.is_empty() && name != slot.spec.kubernetes_node_name {
-        findings.invalid(format!(
+        findings.invalid(
+            "named_after_node",
+            format!(
             "spec.kubernetesNodeName is {:?} but the slot is named {name:?}: name the slot after \
              the Kubernetes node its machine registers as",
             slot.spec.kubernetes_node_name
         ));
     }
     match group {
-        None => findings.invalid(format!(
+        None => findings.invalid(
+            "group_label",
+            format!(
             "metadata.labels.{GROUP_LABEL}: a slot joins a pool by this label; add `{GROUP_LABEL}: <group name>`"
         )),
         Some(group) if !facts.group_exists => {
@@ -53,7 +60,9 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
                 .is_some_and(|g| g == group);
             // A slot whose pool was deleted may still be edited (or emptied) in place.
             if !unchanged {
-                findings.invalid(format!(
+                findings.invalid(
+                    "group_exists",
+                    format!(
                     "metadata.labels.{GROUP_LABEL}: there is no group {group:?} in namespace {:?}; \
                      create the Group first",
                     facts.namespace
@@ -73,7 +82,9 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
         slot.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ATTEMPTS_RESET_AT))
         && value.parse::<jiff::Timestamp>().is_err()
     {
-        findings.invalid(format!(
+        findings.invalid(
+            "attempts_reset_time",
+            format!(
             "metadata.annotations.{ANNOTATION_ATTEMPTS_RESET_AT}: {value:?} is not an RFC 3339 time such as 2026-03-04T09:38:15Z"
         ));
     }
@@ -81,39 +92,54 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
         && old.spec.provider_id != slot.spec.provider_id
         && let Some(live) = facts.claims_of_slot.iter().find(|c| phase::is_live(Some(phase::of(c))))
     {
-        findings.forbidden(format!(
-            "spec.providerID cannot change while claim {:?} is live: cluster-autoscaler \
+        findings.forbidden(
+            "provider_id_fixed_while_live",
+            format!(
+                "spec.providerID cannot change while claim {:?} is live: cluster-autoscaler \
              tracks the machine by it. Change it when the slot has no live claim",
-            live.metadata.name.as_deref().unwrap_or_default()
-        ));
+                live.metadata.name.as_deref().unwrap_or_default()
+            ),
+        );
     }
     findings.verdict()
 }
 
 fn check_pod_spec(field: &str, spec: &LifecyclePodSpec, findings: &mut Findings) {
     if spec.image.trim().is_empty() {
-        findings.invalid(format!("{field}.image: set the container image that powers the machine"));
+        findings.invalid(
+            "pod_spec",
+            format!("{field}.image: set the container image that powers the machine"),
+        );
     }
     let mut names = std::collections::BTreeSet::new();
     for (i, volume) in spec.volumes.iter().enumerate() {
         if !names.insert(volume.name.as_str()) {
-            findings.invalid(format!("{field}.volumes[{i}].name: {:?} is used twice", volume.name));
+            findings.invalid(
+                "pod_spec",
+                format!("{field}.volumes[{i}].name: {:?} is used twice", volume.name),
+            );
         }
         if !volume.mount_path.starts_with('/') {
-            findings.invalid(format!(
-                "{field}.volumes[{i}].mountPath: {:?} must be an absolute path",
-                volume.mount_path
-            ));
+            findings.invalid(
+                "pod_spec",
+                format!(
+                    "{field}.volumes[{i}].mountPath: {:?} must be an absolute path",
+                    volume.mount_path
+                ),
+            );
         }
         if volume.secret_name.is_some() == volume.config_map_name.is_some() {
-            findings.invalid(format!(
-                "{field}.volumes[{i}]: set exactly one of secretName and configMapName"
-            ));
+            findings.invalid(
+                "pod_spec",
+                format!("{field}.volumes[{i}]: set exactly one of secretName and configMapName"),
+            );
         }
     }
     for (i, env) in spec.env.iter().enumerate() {
         if env.name.starts_with("HOMELAB_") {
-            findings.invalid(format!(
+            findings.invalid(
+                "pod_spec",
+                format!(
                 "{field}.env[{i}].name: {:?} is reserved; the operator sets HOMELAB_* for the pod",
                 env.name
             ));

@@ -18,16 +18,19 @@ pub struct Denial {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
+    /// The rules the object broke, named for the denials metric (a small fixed set, such as
+    /// `one_live_claim_per_slot`), one per problem in the message.
+    pub rules: Vec<&'static str>,
 }
 
 impl Denial {
     /// The object is malformed: a field is wrong.
-    pub fn invalid(message: impl Into<String>) -> Self {
-        Self { code: 422, reason: "Invalid", message: message.into() }
+    pub fn invalid(rule: &'static str, message: impl Into<String>) -> Self {
+        Self { code: 422, reason: "Invalid", message: message.into(), rules: vec![rule] }
     }
     /// The object is well formed but the model forbids it now.
-    pub fn forbidden(message: impl Into<String>) -> Self {
-        Self { code: 403, reason: "Forbidden", message: message.into() }
+    pub fn forbidden(rule: &'static str, message: impl Into<String>) -> Self {
+        Self { code: 403, reason: "Forbidden", message: message.into(), rules: vec![rule] }
     }
 }
 
@@ -75,37 +78,79 @@ impl Verdict {
     }
 }
 
-/// Collects denials so that one response names every problem at once.
+/// Collects denials so that one response names every problem at once. Each problem is
+/// recorded with the rule it breaks.
 #[derive(Default)]
 pub struct Findings {
-    invalid: Vec<String>,
-    forbidden: Vec<String>,
+    invalid: Vec<(&'static str, String)>,
+    forbidden: Vec<(&'static str, String)>,
     warnings: Vec<String>,
 }
 
 impl Findings {
-    pub fn invalid(&mut self, message: impl Into<String>) {
-        self.invalid.push(message.into());
+    pub fn invalid(&mut self, rule: &'static str, message: impl Into<String>) {
+        self.invalid.push((rule, message.into()));
     }
     /// Every denial message so far (for table tests of one rule).
     #[cfg(test)]
     pub fn messages(&self) -> Vec<String> {
-        self.invalid.iter().chain(&self.forbidden).cloned().collect()
+        self.invalid.iter().chain(&self.forbidden).map(|(_, m)| m.clone()).collect()
     }
-    pub fn forbidden(&mut self, message: impl Into<String>) {
-        self.forbidden.push(message.into());
+    pub fn forbidden(&mut self, rule: &'static str, message: impl Into<String>) {
+        self.forbidden.push((rule, message.into()));
     }
     pub fn warn(&mut self, message: impl Into<String>) {
         self.warnings.push(message.into());
     }
     /// Invalid fields come first (422): they must be fixed whatever the cluster's state.
     pub fn verdict(self) -> Verdict {
+        let deny = |mut denial: Denial, found: Vec<(&'static str, String)>| {
+            let (rules, messages): (Vec<_>, Vec<_>) = found.into_iter().unzip();
+            denial.message = messages.join("; ");
+            denial.rules = rules;
+            Verdict::Deny(denial)
+        };
         if !self.invalid.is_empty() {
-            Verdict::Deny(Denial::invalid(self.invalid.join("; ")))
+            deny(Denial::invalid("", ""), self.invalid)
         } else if !self.forbidden.is_empty() {
-            Verdict::Deny(Denial::forbidden(self.forbidden.join("; ")))
+            deny(Denial::forbidden("", ""), self.forbidden)
         } else {
             Verdict::with_warnings(self.warnings)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(verdict: Verdict) -> Denial {
+        match verdict {
+            Verdict::Deny(denial) => denial,
+            Verdict::Allow { .. } => panic!("expected a denial"),
+        }
+    }
+
+    #[test]
+    fn a_denial_names_every_rule_it_reports() {
+        let mut findings = Findings::default();
+        findings.forbidden("one_live_claim_per_slot", "slot taken");
+        findings.invalid("group_exists", "no group");
+        findings.invalid("requested_now", "clock skew");
+        let denied = denial(findings.verdict());
+        // Invalid fields come first and alone: the forbidden rule is not reported yet.
+        assert_eq!((denied.code, denied.reason), (422, "Invalid"));
+        assert_eq!(denied.message, "no group; clock skew");
+        assert_eq!(denied.rules, ["group_exists", "requested_now"]);
+
+        let mut findings = Findings::default();
+        findings.forbidden("one_live_claim_per_slot", "slot taken");
+        let denied = denial(findings.verdict());
+        assert_eq!((denied.code, denied.reason), (403, "Forbidden"));
+        assert_eq!(denied.rules, ["one_live_claim_per_slot"]);
+
+        let mut findings = Findings::default();
+        findings.warn("empty group");
+        assert!(findings.verdict().is_allowed());
     }
 }
