@@ -64,6 +64,27 @@ pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> Verdict<'a> {
     Verdict::PowerOff { claim: holding }
 }
 
+/// When the last shutdown attempt ended, for the settle wait before another one: the newest of
+/// the claim's last attempt (`lastShutdownAttemptAt`) and every succeeded shutdown Job's end. A
+/// Job whose success is decided but not yet stamped (`SuccessCriteriaMet` before
+/// `completionTime`) ended just now: an older Job's time must not stand in for it, nor may a Job
+/// the cache has not caught up with, or the wait is measured from an earlier claim's shutdown
+/// and a machine on its way down is powered off twice. Pure.
+pub fn last_attempt_ended(
+    outcomes: impl IntoIterator<Item = JobOutcome>,
+    last_at: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    outcomes
+        .into_iter()
+        .filter_map(|o| match o {
+            JobOutcome::Succeeded { at } => Some(at.unwrap_or(now)),
+            JobOutcome::Running | JobOutcome::Failed => None,
+        })
+        .chain(last_at)
+        .max()
+}
+
 pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> Result<Action> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let owned = ctx.claims_of_slot(&slot_name);
@@ -143,15 +164,8 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
     if attempts > 0 && on {
         // A machine takes a while to go down after its script returns: give it as long as a
         // machine is given to come up before the attempt counts as not landed.
-        let finished = shutdown_jobs
-            .iter()
-            .filter_map(|j| match outcome(j) {
-                JobOutcome::Succeeded { at } => at,
-                _ => None,
-            })
-            .max()
-            .or(last_at);
-        if let Some(finished) = finished {
+        let outcomes = shutdown_jobs.iter().map(|j| outcome(j));
+        if let Some(finished) = last_attempt_ended(outcomes, last_at, now) {
             let settle =
                 SignedDuration::try_from(ctx.timeouts.registration).unwrap_or(SignedDuration::MAX);
             let settled = finished.checked_add(settle).unwrap_or(Timestamp::MAX);
@@ -291,5 +305,58 @@ mod tests {
         );
         assert_eq!(decide(&[&failed_shut], false), Verdict::Keep, "forced shutdown already fired");
         assert_eq!(decide(&[&failed_shut, &ready], true), Verdict::Keep, "a newer claim wants it");
+    }
+
+    /// The race behind a claim that got two shutdown Jobs for one power-off: the slot's previous
+    /// claim was shut down 9 s ago (its Job still around with its completion time), this claim's
+    /// Job 1 has just met its success criteria (no completion time yet), and the node cache still
+    /// shows the machine up. The settle wait must run from this attempt, not the older Job.
+    #[test]
+    fn the_settle_wait_runs_from_the_last_attempt() {
+        let ts = |s: &str| at(s).0;
+        let now = ts("2026-03-04T10:00:09Z");
+        let earlier_claims_job = JobOutcome::Succeeded { at: Some(ts("2026-03-04T10:00:00Z")) };
+        let this_attempt = Some(ts("2026-03-04T10:00:07Z"));
+        let table = [
+            (
+                "success decided, not stamped: it ended now",
+                vec![earlier_claims_job, JobOutcome::Succeeded { at: None }],
+                this_attempt,
+                Some(now),
+            ),
+            (
+                "the new Job not in the cache yet: the attempt's start",
+                vec![earlier_claims_job],
+                this_attempt,
+                this_attempt,
+            ),
+            (
+                "stamped success",
+                vec![
+                    earlier_claims_job,
+                    JobOutcome::Succeeded { at: Some(ts("2026-03-04T10:00:08Z")) },
+                ],
+                this_attempt,
+                Some(ts("2026-03-04T10:00:08Z")),
+            ),
+            (
+                "no claim: the slot's own Jobs",
+                vec![earlier_claims_job, JobOutcome::Failed, JobOutcome::Running],
+                None,
+                Some(ts("2026-03-04T10:00:00Z")),
+            ),
+            ("nothing known", vec![JobOutcome::Failed], None, None),
+        ];
+        for (name, outcomes, last_at, want) in table {
+            assert_eq!(last_attempt_ended(outcomes, last_at, now), want, "{name}");
+        }
+        // With the 8 s settle of the test lab, the first case must still be waiting.
+        let settle = SignedDuration::from_secs(8);
+        let ended = last_attempt_ended(
+            [earlier_claims_job, JobOutcome::Succeeded { at: None }],
+            this_attempt,
+            now,
+        );
+        assert!(ended.is_some_and(|t| now < t.checked_add(settle).unwrap()), "settling");
     }
 }
