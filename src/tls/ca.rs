@@ -76,8 +76,9 @@ pub struct IssuedCert {
     pub validity: Validity,
 }
 
-/// Makes a new CA valid for `validity`.
-pub fn new_ca(validity: Validity) -> Result<CaMaterial, TlsError> {
+/// What every CA the operator makes says of itself: its name, and that it signs certificates.
+/// The shared self-managed CA and the development one (`issue_self_signed`) both start here.
+pub(super) fn ca_params() -> Result<CertificateParams, TlsError> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, "homelab-autoscaler CA");
@@ -86,6 +87,12 @@ pub fn new_ca(validity: Validity) -> Result<CaMaterial, TlsError> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
+    Ok(params)
+}
+
+/// Makes a new CA valid for `validity`.
+pub fn new_ca(validity: Validity) -> Result<CaMaterial, TlsError> {
+    let mut params = ca_params()?;
     validity.apply(&mut params)?;
     let key = KeyPair::generate()?;
     let cert = params.self_signed(&key)?;

@@ -4,10 +4,7 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-    SanType,
-};
+use rcgen::{CertificateParams, CertifiedIssuer, DnType, KeyPair, SanType};
 
 use super::TlsError;
 
@@ -25,15 +22,7 @@ pub fn issue_self_signed(
     dns_names: &[String],
     ips: &[IpAddr],
 ) -> Result<SelfSignedBundle, TlsError> {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "homelab-autoscaler CA");
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let ca = CertifiedIssuer::self_signed(super::ca::ca_params()?, KeyPair::generate()?)?;
 
     let mut params = CertificateParams::new(dns_names.to_vec())?;
     params.subject_alt_names.extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
