@@ -21,6 +21,10 @@ const MODES: &[(&str, &[&str])] = &[
     ),
     ("selfManaged", &["tls.mode=selfManaged"]),
     (
+        "selfManaged with cluster-autoscaler",
+        &["tls.mode=selfManaged", "clusterAutoscaler.enabled=true"],
+    ),
+    (
         "secrets",
         &[
             "tls.mode=secrets",
@@ -201,9 +205,30 @@ async fn each_mode_wires_its_certificates() {
     let a = args(&managed);
     assert!(
         has(&a, "--webhook-dns-names=homelab-autoscaler-webhook.hla.svc")
-            && !has(&a, "--webhook-cert-dir="),
-        "{a:?}"
+            && !has(&a, "--webhook-cert-dir=")
+            && has(&a, "--grpc-self-managed-tls")
+            && has(&a, "--grpc-dns-names=homelab-autoscaler-grpc.hla.svc")
+            && !has(&a, "--grpc-cert-dir=")
+            && !has(&a, "--cluster-autoscaler-deployment="),
+        "gRPC is served from the self-managed CA: {a:?}"
     );
+    let with_autoscaler = docs(
+        &render(ns, &["tls.mode=selfManaged", "clusterAutoscaler.enabled=true"])
+            .await
+            .expect("render"),
+    );
+    let a = args(&with_autoscaler);
+    assert!(
+        has(&a, "--grpc-client-secret=homelab-autoscaler-grpc-client")
+            && has(&a, "--cluster-autoscaler-deployment=homelab-autoscaler-cluster-autoscaler"),
+        "the operator keeps cluster-autoscaler on its current certificate: {a:?}"
+    );
+    let mounted = format!(
+        "{:?}",
+        find(&with_autoscaler, "Deployment", "homelab-autoscaler-cluster-autoscaler")["spec"]["template"]
+            ["spec"]["volumes"]
+    );
+    assert!(mounted.contains("homelab-autoscaler-grpc-client"), "{mounted}");
 
     let secrets = docs(
         &render(ns, &["tls.mode=secrets", "tls.secrets.webhook=w", "tls.secrets.grpc=g"])

@@ -8,30 +8,34 @@
 //!   message);
 //! - a renewal is served without a restart while kubectl keeps working;
 //! - the real cluster-autoscaler dials the provider with the issued client certificate, and a
-//!   client without one is refused.
+//!   client without one is refused;
+//! - the chart's cluster-autoscaler Deployment is stamped with that certificate, and
+//!   cert-manager's renewal of it restamps the Deployment (a rollout: cluster-autoscaler reads
+//!   its certificate only when it starts).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use homelab_autoscaler::operator::autoscaler_restart::{CERTIFICATE_DIGEST, certificate_digest};
 use homelab_harness::cert_manager::{CertManager, ISSUE_TIMEOUT};
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
     Operator, apply, documents, first_certificate, free_port, issued_secret, mount_secret,
     point_webhooks_at, refused_with_our_message, render, served_certificate, slot_with_power_state,
+    without_client_certificate,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "homelab-cm";
+const AUTOSCALER: &str = "homelab-autoscaler-cluster-autoscaler";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_with_its_client_certificate()
@@ -54,6 +58,7 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
             "tls.mode=certManager",
             "tls.certManager.webhookDnsNames={localhost}",
             "tls.certManager.grpcDnsNames={localhost}",
+            "clusterAutoscaler.enabled=true",
         ],
     )
     .await
@@ -113,6 +118,8 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
             format!("--webhook-cert-dir={}", webhook_dir.display()),
             format!("--grpc-addr=127.0.0.1:{grpc_port}"),
             format!("--grpc-cert-dir={}", grpc_dir.display()),
+            "--grpc-client-secret=homelab-autoscaler-grpc-client-tls".into(),
+            format!("--cluster-autoscaler-deployment={AUTOSCALER}"),
             "--tls-reload-interval=1s".into(),
             "--no-leader-election".into(),
             "--operator-usernames=admin".into(),
@@ -228,32 +235,51 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
         "a client without a certificate was not refused: {refused:?}"
     );
     drop(autoscaler);
-    cert_manager.ensure_running().expect("cert-manager kept running");
-}
 
-/// Speaks HTTP/2's preface to the provider over TLS with no client certificate: Ok with what it
-/// read if the server answered, Err if the handshake or the read was refused.
-async fn without_client_certificate(port: u16, ca: &[u8]) -> Result<Vec<u8>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca) {
-        roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    }
-    let mut config =
-        rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp =
-        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
-    let name = ServerName::try_from("localhost").map_err(|e| e.to_string())?;
-    let mut tls = connector.connect(name, tcp).await.map_err(|e| format!("handshake: {e}"))?;
-    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+    // cluster-autoscaler reads its certificate only at start: the chart's Deployment is stamped
+    // with the one it mounts, and cert-manager's renewal (forced: the Secret deleted) restamps it.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let stamp = || async {
+        let deployment = deployments.get(AUTOSCALER).await?;
+        Ok::<_, anyhow::Error>(
+            deployment
+                .spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.annotations)
+                .and_then(|mut a| a.remove(CERTIFICATE_DIGEST)),
+        )
+    };
+    let first = certificate_digest(&data(&grpc_client)).expect("digest");
+    eventually(
+        "the Deployment stamped with the client certificate",
+        Duration::from_secs(30),
+        || async {
+            let stamped = stamp().await?;
+            anyhow::ensure!(stamped.as_deref() == Some(first.as_str()), "stamped {stamped:?}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(30)));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    secrets
+        .delete("homelab-autoscaler-grpc-client-tls", &DeleteParams::default())
         .await
-        .map_err(|e| format!("write: {e}"))?;
-    let mut buf = vec![0u8; 64];
-    match tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await {
-        Err(_) => Err("no answer within 10s".into()),
-        Ok(Err(e)) => Err(format!("read: {e}")),
-        Ok(Ok(0)) => Err("closed".into()),
-        Ok(Ok(n)) => Ok(buf[..n].to_vec()),
-    }
+        .expect("delete the client certificate");
+    eventually("cert-manager's renewal stamped into the Deployment", ISSUE_TIMEOUT, || async {
+        let stamped = stamp().await?;
+        anyhow::ensure!(
+            stamped.is_some() && stamped.as_deref() != Some(first.as_str()),
+            "stamped {stamped:?}"
+        );
+        let renewed = secrets.get("homelab-autoscaler-grpc-client-tls").await?;
+        anyhow::ensure!(
+            stamped == certificate_digest(&data(&renewed)),
+            "not the renewed certificate"
+        );
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", operator.log_tail(30), cert_manager.log_tails(20)));
+    cert_manager.ensure_running().expect("cert-manager kept running");
 }

@@ -4,7 +4,7 @@
 //! plane, with the self-managed CA (which needs the Secret and caBundle rules).
 
 use homelab_harness::e2e::{self, NAMESPACE, WebhookTls};
-use homelab_harness::install::{apply, documents, kind, render};
+use homelab_harness::install::{apply, documents, kind, render, service_account_kubeconfig};
 use homelab_harness::{Components, ControlPlane};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,31 +27,11 @@ async fn the_operator_runs_a_scale_up_and_down_as_the_charts_service_account() {
     apply(&plane, &rbac).await.expect("apply the chart's RBAC");
 
     // A TokenRequest token of the ServiceAccount, in a kubeconfig of its own.
-    let out = plane
-        .kubectl(["create", "token", "homelab-autoscaler", "-n", NAMESPACE, "--duration=2h"])
-        .await
-        .expect("kubectl create token");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let dir = tempfile::tempdir().expect("tempdir");
-    let ca = dir.path().join("ca.crt");
-    std::fs::write(&ca, plane.ca_pem()).expect("write CA");
     let kubeconfig = dir.path().join("service-account.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters: [{{ name: lab, cluster: {{ server: 'https://{}', certificate-authority: '{}' }} }}]
-users: [{{ name: operator, user: {{ token: '{token}' }} }}]
-contexts: [{{ name: operator, context: {{ cluster: lab, user: operator, namespace: {NAMESPACE} }} }}]
-current-context: operator
-",
-            plane.api_address(),
-            ca.display()
-        ),
-    )
-    .expect("write kubeconfig");
+    service_account_kubeconfig(&plane, NAMESPACE, "homelab-autoscaler", &kubeconfig)
+        .await
+        .expect("a kubeconfig of the ServiceAccount");
     // The token is the ServiceAccount, not admin: it may not list Secrets cluster-wide.
     let out = plane
         .kubectl([

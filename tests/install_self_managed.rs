@@ -50,7 +50,7 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
             format!("--namespace={NS}"),
             format!("--webhook-addr=127.0.0.1:{}", ports[i]),
             "--webhook-dns-names=localhost".into(),
-            "--webhook-ca-lifetime=45s".into(),
+            "--ca-lifetime=45s".into(),
             "--webhook-cert-lifetime=15s".into(),
             "--tls-reload-interval=1s".into(),
             "--operator-usernames=admin".into(),

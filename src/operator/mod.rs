@@ -3,6 +3,8 @@
 //! the replica holding the Lease.
 
 mod admin;
+pub mod autoscaler_restart;
+mod grpc_tls;
 mod leader;
 mod webhook_tls;
 
@@ -31,7 +33,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "0.0.0.0:9443")]
     pub webhook_addr: SocketAddr,
     /// A directory with tls.crt and tls.key (a cert-manager Secret mount). Without it every
-    /// replica serves a certificate of the one CA in `--webhook-ca-secret` (made by the first
+    /// replica serves a certificate of the one CA in `--ca-secret` (made by the first
     /// replica) and patches that CA into the webhook configurations' caBundle.
     #[arg(long)]
     pub webhook_cert_dir: Option<PathBuf>,
@@ -40,12 +42,13 @@ pub struct RunArgs {
     /// otherwise).
     #[arg(long, requires = "webhook_cert_dir")]
     pub webhook_patch_ca_bundle: bool,
-    /// The Secret (in `--namespace`) holding the self-managed CA every replica shares.
-    #[arg(long, default_value = crate::tls::ca_secret::CA_SECRET_NAME)]
-    pub webhook_ca_secret: String,
+    /// The Secret (in `--namespace`) holding the self-managed CA every replica shares: the
+    /// webhook's and the gRPC provider's self-managed certificates are signed by it.
+    #[arg(long, alias = "webhook-ca-secret", default_value = crate::tls::ca_secret::CA_SECRET_NAME)]
+    pub ca_secret: String,
     /// How long a self-managed CA is valid; it is rotated after two thirds.
-    #[arg(long, default_value = "43800h")]
-    pub webhook_ca_lifetime: kube::core::Duration,
+    #[arg(long, alias = "webhook-ca-lifetime", default_value = "43800h")]
+    pub ca_lifetime: kube::core::Duration,
     /// How long a self-managed serving certificate is valid; re-issued after two thirds.
     #[arg(long, default_value = "2160h")]
     pub webhook_cert_lifetime: kube::core::Duration,
@@ -66,6 +69,32 @@ pub struct RunArgs {
     /// cluster-autoscaler's cloud-config (cert, key, cacert) dials. Unset: plaintext.
     #[arg(long, requires = "grpc_addr")]
     pub grpc_cert_dir: Option<PathBuf>,
+    /// Serve gRPC with mutual TLS from the shared self-managed CA (`--ca-secret`): every
+    /// replica serves a certificate of its own for `--grpc-dns-names`, and the client
+    /// certificate cluster-autoscaler presents is kept in `--grpc-client-secret`.
+    #[arg(long, requires = "grpc_addr", conflicts_with = "grpc_cert_dir")]
+    pub grpc_self_managed_tls: bool,
+    /// DNS names of the self-managed gRPC certificate (the host of cluster-autoscaler's
+    /// cloud-config `address`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "homelab-autoscaler-grpc.homelab-autoscaler-system.svc"
+    )]
+    pub grpc_dns_names: Vec<String>,
+    /// How long a self-managed gRPC certificate (server or client) is valid; re-issued after
+    /// two thirds.
+    #[arg(long, default_value = "2160h")]
+    pub grpc_cert_lifetime: kube::core::Duration,
+    /// The Secret (in `--namespace`) with cluster-autoscaler's client certificate: issued here
+    /// with `--grpc-self-managed-tls`, and watched for `--cluster-autoscaler-deployment`.
+    #[arg(long, default_value = crate::tls::client_secret::CLIENT_SECRET_NAME)]
+    pub grpc_client_secret: String,
+    /// A Deployment (in `--namespace`) running cluster-autoscaler with the certificate in
+    /// `--grpc-client-secret`. cluster-autoscaler reads its certificate files only when it
+    /// starts, so when the Secret changes (renewed, or a rotated CA) its pods are restarted.
+    #[arg(long)]
+    pub cluster_autoscaler_deployment: Option<String>,
     /// The node label naming a node's GPU type (GPULabel).
     #[arg(long, default_value = "accelerator")]
     pub gpu_label: String,
@@ -163,10 +192,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let provider = Provider::start(client.clone(), provider_config(&args));
     let grpc = match args.grpc_addr {
         Some(addr) => {
-            Some(tokio::spawn(serve_grpc(provider.clone(), &args, addr, shutdown.clone()).await?))
+            let config = grpc_tls::server_config(&client, &args, addr, &shutdown).await?;
+            Some(tokio::spawn(serve_grpc(provider.clone(), config, shutdown.clone()).await?))
         }
         None => None,
     };
+    if let Some(deployment) = &args.cluster_autoscaler_deployment {
+        let restart = autoscaler_restart::AutoscalerRestart::new(
+            &client,
+            &args.namespace,
+            args.grpc_client_secret.clone(),
+            deployment.clone(),
+        );
+        tokio::spawn(restart.run(args.tls_reload_interval.into(), shutdown.clone()));
+    }
 
     let controllers =
         leader::run_controllers_while_leader(client, provider, &args, ready, shutdown.clone());
@@ -191,16 +230,10 @@ fn provider_config(args: &RunArgs) -> ProviderConfig {
 /// Waits for the provider's caches and returns the gRPC server's future.
 async fn serve_grpc(
     provider: Provider,
-    args: &RunArgs,
-    addr: SocketAddr,
+    server: GrpcServerConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<impl std::future::Future<Output = ()> + use<>> {
     provider.wait_synced(Duration::from_secs(60)).await.context("syncing the provider's caches")?;
-    let mut server = match &args.grpc_cert_dir {
-        Some(dir) => GrpcServerConfig::mutual_tls(addr, dir.clone()),
-        None => GrpcServerConfig::plaintext(addr),
-    };
-    server.reload_interval = args.tls_reload_interval.into();
     Ok(async move {
         if let Err(error) = grpc::serve(provider, server, shutdown).await {
             tracing::error!(%error, "the externalgrpc server stopped");

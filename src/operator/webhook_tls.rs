@@ -3,7 +3,7 @@
 //!   `--webhook-patch-ca-bundle`, the files' `ca.crt` is also patched into the webhook
 //!   configurations (no cainjector to do it);
 //! - self-managed: every replica serves a certificate signed by the one CA in the
-//!   `--webhook-ca-secret` Secret ([`crate::tls::ca_secret`]), patches that CA into the
+//!   `--ca-secret` Secret ([`crate::tls::ca_secret`]), patches that CA into the
 //!   configurations' caBundle, and re-issues before its certificate or the CA expire.
 
 use std::path::PathBuf;
@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
 use crate::controller::params;
-use crate::tls::ca::{CaMaterial, IssuedCert, Validity, issue};
 use crate::tls::ca_secret::CaSecret;
+use crate::tls::self_managed::SelfManagedCert;
 use crate::tls::{CertFiles, ReloadingServerConfig};
 use crate::webhook::configuration::CONFIGURATION_NAME;
 
@@ -53,30 +53,26 @@ pub async fn serving_config(
         client: client.clone(),
         ca_secret: CaSecret::new(
             Api::<Secret>::namespaced(client.clone(), &args.namespace),
-            args.webhook_ca_secret.clone(),
-            args.webhook_ca_lifetime.into(),
+            args.ca_secret.clone(),
+            args.ca_lifetime.into(),
         ),
-        dns_names: args.webhook_dns_names.clone(),
-        cert_lifetime: args.webhook_cert_lifetime.into(),
-        dir: std::env::temp_dir()
-            .join(format!("homelab-autoscaler-webhook-{}", std::process::id())),
-        serving: None,
+        cert: SelfManagedCert::new(
+            args.webhook_dns_names.clone(),
+            args.webhook_cert_lifetime.into(),
+            std::env::temp_dir().join(format!("homelab-autoscaler-webhook-{}", std::process::id())),
+        ),
     };
     managed.refresh().await.context("issuing the webhook certificate from the shared CA")?;
-    let tls = ReloadingServerConfig::load(CertFiles::in_dir(&managed.dir, false), ALPN)?;
+    let tls = ReloadingServerConfig::load(CertFiles::in_dir(managed.cert.dir(), false), ALPN)?;
     tokio::spawn(managed.keep_fresh(tls.clone(), interval, shutdown.clone()));
     Ok(tls)
 }
 
-/// One replica's view of the self-managed CA and the certificate it serves.
+/// One replica's view of the self-managed CA and the webhook certificate it serves.
 struct SelfManaged {
     client: Client,
     ca_secret: CaSecret,
-    dns_names: Vec<String>,
-    cert_lifetime: std::time::Duration,
-    dir: PathBuf,
-    /// The CA that signed the certificate served now, and that certificate.
-    serving: Option<(CaMaterial, IssuedCert)>,
+    cert: SelfManagedCert,
 }
 
 impl SelfManaged {
@@ -85,20 +81,8 @@ impl SelfManaged {
     async fn refresh(&mut self) -> anyhow::Result<()> {
         let now = jiff::Timestamp::now();
         let shared = self.ca_secret.current(now).await?;
-        let due = match &self.serving {
-            None => true,
-            Some((ca, cert)) => *ca != shared.ca || cert.validity.renewal_due(now),
-        };
-        if due {
-            let cert = issue(
-                &shared.ca,
-                &self.dns_names,
-                &[],
-                Validity::starting(now, self.cert_lifetime)?,
-            )?;
-            write_secret_layout(&self.dir, &cert, &shared.bundle_pem)?;
-            tracing::info!(not_after = %cert.validity.not_after, "issued the webhook certificate from the shared CA");
-            self.serving = Some((shared.ca.clone(), cert));
+        if self.cert.refresh(&shared, now)? {
+            tracing::info!(not_after = ?self.cert.not_after(), "issued the webhook certificate from the shared CA");
         }
         patch_ca_bundle(&self.client, shared.bundle_pem.as_bytes()).await
     }
@@ -134,21 +118,6 @@ impl SelfManaged {
             }
         }
     }
-}
-
-fn write_secret_layout(
-    dir: &std::path::Path,
-    cert: &IssuedCert,
-    bundle: &str,
-) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, content) in
-        [("ca.crt", bundle), ("tls.key", &cert.key_pem), ("tls.crt", &cert.cert_pem)]
-    {
-        let path = dir.join(name);
-        std::fs::write(&path, content).with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
 }
 
 /// Patches the `ca.crt` file's content into the configurations whenever it changes.

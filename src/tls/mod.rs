@@ -1,11 +1,15 @@
 //! TLS for the operator's servers (admission webhooks, externalgrpc). Certificates come from
 //! files in the cert-manager Secret layout and are re-read on rotation without a restart
 //! ([`reloading`]); with no cert-manager, the replicas share one CA kept in a Secret
-//! ([`ca_secret`], [`ca`]), and [`self_signed`] makes throwaway ones for development.
+//! ([`ca_secret`], [`ca`]): each serves a certificate of its own signed by it
+//! ([`self_managed`]), and the client certificate cluster-autoscaler dials gRPC with is kept in
+//! a Secret too ([`client_secret`]). [`self_signed`] makes throwaway ones for development.
 
 pub mod ca;
 pub mod ca_secret;
+pub mod client_secret;
 pub mod reloading;
+pub mod self_managed;
 pub mod self_signed;
 
 use std::path::PathBuf;

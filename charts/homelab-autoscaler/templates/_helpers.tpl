@@ -21,16 +21,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end }}
 
-{{/* The Secret the gRPC provider serves mutual TLS from ("" for plaintext). */}}
+{{/* The Secret the gRPC provider serves mutual TLS from ("" when self-managed or plaintext). */}}
 {{- define "homelab-autoscaler.grpcSecret" -}}
 {{- if eq .Values.tls.mode "certManager" -}}homelab-autoscaler-grpc-tls
 {{- else -}}{{ .Values.tls.secrets.grpc }}
 {{- end -}}
 {{- end }}
 
+{{/* "true" when the operator issues the gRPC certificates from its self-managed CA. */}}
+{{- define "homelab-autoscaler.grpcSelfManaged" -}}
+{{- if and (eq .Values.tls.mode "selfManaged") (not .Values.tls.secrets.grpc) -}}true{{- end -}}
+{{- end }}
+
 {{/* The client certificate Secret cluster-autoscaler presents. */}}
 {{- define "homelab-autoscaler.grpcClientSecret" -}}
 {{- if eq .Values.tls.mode "certManager" -}}homelab-autoscaler-grpc-client-tls
+{{- else if include "homelab-autoscaler.grpcSelfManaged" . -}}homelab-autoscaler-grpc-client
 {{- else -}}{{ .Values.tls.secrets.grpcClient }}
 {{- end -}}
 {{- end }}

@@ -318,3 +318,65 @@ impl Drop for ServiceProxy {
         self.task.abort();
     }
 }
+
+/// Speaks HTTP/2's preface to a gRPC server over TLS with no client certificate: Ok with what
+/// it read if the server answered, Err if the handshake or the read was refused.
+pub async fn without_client_certificate(port: u16, ca: &[u8]) -> Result<Vec<u8>, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    homelab_autoscaler::tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    }
+    let mut config =
+        rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp =
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut tls = connector.connect(name, tcp).await.map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut buf = vec![0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await {
+        Err(_) => Err("no answer within 10s".into()),
+        Ok(Err(e)) => Err(format!("read: {e}")),
+        Ok(Ok(0)) => Err("closed".into()),
+        Ok(Ok(n)) => Ok(buf[..n].to_vec()),
+    }
+}
+
+/// A kubeconfig at `path` that authenticates as the ServiceAccount `account` of `namespace`
+/// with a TokenRequest token (never admin): what the chart's pods run as.
+pub async fn service_account_kubeconfig(
+    plane: &ControlPlane,
+    namespace: &str,
+    account: &str,
+    path: &Path,
+) -> Result<()> {
+    let out = plane
+        .kubectl(["create", "token", account, "-n", namespace, "--duration=2h"])
+        .await
+        .context("kubectl create token")?;
+    ensure!(out.status.success(), "kubectl create token: {}", String::from_utf8_lossy(&out.stderr));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let ca = path.with_extension("ca.crt");
+    std::fs::write(&ca, plane.ca_pem())?;
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters: [{{ name: lab, cluster: {{ server: 'https://{}', certificate-authority: '{}' }} }}]
+users: [{{ name: {account}, user: {{ token: '{token}' }} }}]
+contexts: [{{ name: {account}, context: {{ cluster: lab, user: {account}, namespace: {namespace} }} }}]
+current-context: {account}
+",
+            plane.api_address(),
+            ca.display()
+        ),
+    )?;
+    Ok(())
+}

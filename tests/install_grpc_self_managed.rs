@@ -1,0 +1,193 @@
+//! The chart's self-managed mode for the gRPC provider, with two replicas (the chart's default)
+//! running as the chart's ServiceAccount (a TokenRequest token, never admin) on a control plane
+//! of their own, and the real cluster-autoscaler:
+//! - both replicas serve gRPC certificates of their own, signed by the one shared CA;
+//! - exactly one of them issues cluster-autoscaler's client certificate into one Secret;
+//! - cluster-autoscaler dials through a stand-in Service with that certificate and lists the
+//!   pool; a client without a certificate is refused; one replica dying changes nothing;
+//! - the client certificate re-issued (here: its Secret deleted) is stamped into the chart's
+//!   cluster-autoscaler Deployment, which restarts it on the new certificate.
+
+use std::path::Path;
+use std::time::Duration;
+
+use homelab_autoscaler::operator::autoscaler_restart::{CERTIFICATE_DIGEST, certificate_digest};
+use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
+use homelab_harness::install::{
+    Operator, ServiceProxy, apply, documents, free_port, mount_secret, point_webhooks_at, render,
+    served_certificate, service_account_kubeconfig, without_client_certificate,
+};
+use homelab_harness::{Components, ControlPlane, eventually};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams};
+
+const NS: &str = "homelab-grpc";
+const CLIENT_SECRET: &str = "homelab-autoscaler-grpc-client";
+const AUTOSCALER: &str = "homelab-autoscaler-cluster-autoscaler";
+
+type Data = std::collections::BTreeMap<String, ByteString>;
+
+fn data(secret: &Secret) -> Data {
+    secret.data.clone().unwrap_or_default()
+}
+
+/// The digest stamped into the cluster-autoscaler Deployment's pod template, once it is `want`.
+async fn stamped(deployments: &Api<Deployment>, want: &str) -> anyhow::Result<()> {
+    eventually("the Deployment stamped with the certificate", Duration::from_secs(30), || async {
+        let deployment = deployments.get(AUTOSCALER).await?;
+        let stamp = deployment
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|mut a| a.remove(CERTIFICATE_DIGEST));
+        anyhow::ensure!(stamp.as_deref() == Some(want), "stamped {stamp:?}, want {want}");
+        Ok(())
+    })
+    .await
+}
+
+/// cluster-autoscaler lists the pool through the provider (its status ConfigMap shows it; the
+/// map is deleted first, so what is read was written by this run).
+async fn lists_the_pool(client: &kube::Client, autoscaler: &Autoscaler, replica: &Operator) {
+    eventually(
+        "cluster-autoscaler to list the pool through the provider",
+        Duration::from_secs(90),
+        || async {
+            let status = Autoscaler::status(client).await?;
+            anyhow::ensure!(status.group("workers").is_some(), "workers not in CA's status yet");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", autoscaler.log_tail(30), replica.log_tail(30)));
+}
+
+async fn forget_status(client: &kube::Client) {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let _ = maps.delete("cluster-autoscaler-status", &DeleteParams::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_serve_grpc_from_the_shared_ca_and_keep_cluster_autoscaler_on_a_current_client_certificate()
+ {
+    let bin = Path::new(env!("CARGO_BIN_EXE_homelab-autoscaler"));
+    let plane = ControlPlane::start(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let client = plane.client().expect("client");
+    let out = plane.kubectl(["create", "namespace", NS]).await.expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let webhook_ports = [free_port().expect("port"), free_port().expect("port")];
+    let grpc_ports = [free_port().expect("port"), free_port().expect("port")];
+    let webhooks = ServiceProxy::start(webhook_ports.to_vec()).await.expect("proxy");
+    let grpc = ServiceProxy::start(grpc_ports.to_vec()).await.expect("proxy");
+    let rendered = render(NS, &["tls.mode=selfManaged", "clusterAutoscaler.enabled=true"])
+        .await
+        .expect("helm template");
+    let mut docs = documents(&rendered).expect("documents");
+    point_webhooks_at(&mut docs, &format!("https://localhost:{}", webhooks.port));
+    apply(&plane, &docs).await.expect("apply the chart");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("service-account.kubeconfig");
+    service_account_kubeconfig(&plane, NS, "homelab-autoscaler", &kubeconfig)
+        .await
+        .expect("a kubeconfig of the chart's ServiceAccount");
+    // The chart's arguments for this mode, on loopback.
+    let replica = |i: usize| {
+        let kubeconfig = kubeconfig.clone();
+        let log = dir.path().join(format!("operator-{i}.log"));
+        let args = vec![
+            format!("--namespace={NS}"),
+            format!("--webhook-addr=127.0.0.1:{}", webhook_ports[i]),
+            "--webhook-dns-names=localhost".into(),
+            format!("--grpc-addr=127.0.0.1:{}", grpc_ports[i]),
+            "--grpc-self-managed-tls".into(),
+            "--grpc-dns-names=localhost".into(),
+            format!("--grpc-client-secret={CLIENT_SECRET}"),
+            format!("--cluster-autoscaler-deployment={AUTOSCALER}"),
+            "--tls-reload-interval=1s".into(),
+        ];
+        async move { Operator::start(bin, &kubeconfig, &args, &log).await }
+    };
+    let (a, b) = tokio::join!(replica(0), replica(1));
+    let (mut a, b) = (a.expect("replica 0"), b.expect("replica 1"));
+
+    let issued: usize = (0..2)
+        .map(|i| {
+            let log = std::fs::read_to_string(dir.path().join(format!("operator-{i}.log")));
+            log.unwrap_or_default()
+                .matches("issued the cluster-autoscaler client certificate")
+                .count()
+        })
+        .sum();
+    assert_eq!(issued, 1, "exactly one replica issued the client certificate");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let ca = data(&secrets.get("homelab-autoscaler-ca").await.expect("the shared CA"));
+    let ca_cert = ca["tls.crt"].0.clone();
+    let client_cert = data(&secrets.get(CLIENT_SECRET).await.expect("the client certificate"));
+    assert_eq!(client_cert["ca.crt"], ca["ca.crt"], "cluster-autoscaler trusts the CA bundle");
+    let leaves = [
+        served_certificate(grpc_ports[0], &ca_cert, "localhost").await.expect("replica 0 verifies"),
+        served_certificate(grpc_ports[1], &ca_cert, "localhost").await.expect("replica 1 verifies"),
+    ];
+    assert_ne!(leaves[0], leaves[1], "each replica serves a certificate of its own");
+
+    // The Deployment is stamped with the certificate its pods mount: a change restarts them.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let first = certificate_digest(&client_cert).expect("digest");
+    stamped(&deployments, &first).await.expect("stamped");
+
+    // The real cluster-autoscaler, through the stand-in Service, with the issued certificate.
+    let pool = homelab_harness::repo_path("examples/pool-cluster-autoscaler.yaml");
+    let out = plane
+        .kubectl(["apply", "-n", NS, "-f", &pool.display().to_string()])
+        .await
+        .expect("kubectl");
+    assert!(out.status.success(), "the pool: {}", String::from_utf8_lossy(&out.stderr));
+    let mount = dir.path().join("grpc-client");
+    mount_secret(&mount, &client_cert).expect("mount");
+    let mut autoscaler = Autoscaler::start(
+        plane.kubeconfig_path(),
+        &GrpcEndpoint { port: grpc.port, cert_dir: mount.clone() },
+        &dir.path().join("cluster-autoscaler"),
+        &AutoscalerSettings::default(),
+    )
+    .await
+    .expect("cluster-autoscaler");
+    lists_the_pool(&client, &autoscaler, &a).await;
+    for port in grpc_ports {
+        let refused = without_client_certificate(port, &ca["ca.crt"].0).await;
+        assert!(
+            refused.as_ref().is_err_and(|e| !e.starts_with("no answer")),
+            "a client without a certificate was not refused on {port}: {refused:?}"
+        );
+    }
+
+    // One replica dies; cluster-autoscaler, restarted, reaches the other through the Service.
+    a.child.kill().await.expect("kill replica 0");
+    forget_status(&client).await;
+    autoscaler.restart().await.expect("restart cluster-autoscaler");
+    lists_the_pool(&client, &autoscaler, &b).await;
+
+    // The client certificate re-issued (its Secret lost): the survivor issues a new one and
+    // stamps the Deployment, whose restarted pod mounts it and is served.
+    secrets.delete(CLIENT_SECRET, &DeleteParams::default()).await.expect("delete");
+    let renewed = eventually("a new client certificate", Duration::from_secs(30), || async {
+        let renewed = data(&secrets.get(CLIENT_SECRET).await?);
+        anyhow::ensure!(renewed["tls.crt"] != client_cert["tls.crt"], "not re-issued yet");
+        Ok(renewed)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.log_tail(30)));
+    let second = certificate_digest(&renewed).expect("digest");
+    assert_ne!(second, first);
+    stamped(&deployments, &second).await.unwrap_or_else(|e| panic!("{e:#}\n{}", b.log_tail(30)));
+    mount_secret(&mount, &renewed).expect("mount the renewed certificate");
+    forget_status(&client).await;
+    autoscaler.restart().await.expect("restart cluster-autoscaler");
+    lists_the_pool(&client, &autoscaler, &b).await;
+    drop((webhooks, grpc));
+}
