@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use homelab_autoscaler::operator::autoscaler_restart::{CERTIFICATE_DIGEST, certificate_digest};
+use homelab_autoscaler::operator::autoscaler_restart::certificate_digest;
 use homelab_harness::cert_manager::{CertManager, ISSUE_TIMEOUT};
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
-    Operator, apply, documents, first_certificate, free_port, issued_secret, mount_secret,
-    point_webhooks_at, refused_with_our_message, render, served_certificate, slot_with_power_state,
-    without_client_certificate,
+    Operator, apply, apply_repo_file, certificate_stamp, documents, first_certificate, free_port,
+    issued_secret, mount_secret, point_webhooks_at, refused_with_our_message, render,
+    served_certificate, slot_with_power_state, without_client_certificate,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::{
@@ -202,12 +202,7 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
 
     // gRPC: cluster-autoscaler dials with the issued client certificate, the provider answers
     // (the pool shows in CA's status); a client without a certificate is refused.
-    let pool = homelab_harness::repo_path("examples/pool-cluster-autoscaler.yaml");
-    let out = plane
-        .kubectl(["apply", "-n", NS, "-f", &pool.display().to_string()])
-        .await
-        .expect("kubectl");
-    assert!(out.status.success(), "the pool: {}", String::from_utf8_lossy(&out.stderr));
+    apply_repo_file(&plane, NS, "examples/pool-cluster-autoscaler.yaml").await.expect("the pool");
     let ca_dir = mounts.path().join("cluster-autoscaler");
     let autoscaler = Autoscaler::start(
         plane.kubeconfig_path(),
@@ -239,16 +234,7 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
     // cluster-autoscaler reads its certificate only at start: the chart's Deployment is stamped
     // with the one it mounts, and cert-manager's renewal (forced: the Secret deleted) restamps it.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    let stamp = || async {
-        let deployment = deployments.get(AUTOSCALER).await?;
-        Ok::<_, anyhow::Error>(
-            deployment
-                .spec
-                .and_then(|s| s.template.metadata)
-                .and_then(|m| m.annotations)
-                .and_then(|mut a| a.remove(CERTIFICATE_DIGEST)),
-        )
-    };
+    let stamp = || certificate_stamp(&deployments, AUTOSCALER);
     let first = certificate_digest(&data(&grpc_client)).expect("digest");
     eventually(
         "the Deployment stamped with the client certificate",

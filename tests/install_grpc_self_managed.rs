@@ -11,11 +11,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use homelab_autoscaler::operator::autoscaler_restart::{CERTIFICATE_DIGEST, certificate_digest};
+use homelab_autoscaler::operator::autoscaler_restart::certificate_digest;
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
-    Operator, ServiceProxy, apply, documents, free_port, mount_secret, point_webhooks_at, render,
-    served_certificate, service_account_kubeconfig, without_client_certificate,
+    Operator, ServiceProxy, apply, apply_repo_file, certificate_stamp, count_in_logs, documents,
+    free_port, mount_secret, point_webhooks_at, render, served_certificate,
+    service_account_kubeconfig, without_client_certificate,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::ByteString;
@@ -36,12 +37,7 @@ fn data(secret: &Secret) -> Data {
 /// The digest stamped into the cluster-autoscaler Deployment's pod template, once it is `want`.
 async fn stamped(deployments: &Api<Deployment>, want: &str) -> anyhow::Result<()> {
     eventually("the Deployment stamped with the certificate", Duration::from_secs(30), || async {
-        let deployment = deployments.get(AUTOSCALER).await?;
-        let stamp = deployment
-            .spec
-            .and_then(|s| s.template.metadata)
-            .and_then(|m| m.annotations)
-            .and_then(|mut a| a.remove(CERTIFICATE_DIGEST));
+        let stamp = certificate_stamp(deployments, AUTOSCALER).await?;
         anyhow::ensure!(stamp.as_deref() == Some(want), "stamped {stamp:?}, want {want}");
         Ok(())
     })
@@ -96,10 +92,8 @@ async fn two_replicas_serve_grpc_from_the_shared_ca_and_keep_cluster_autoscaler_
         .await
         .expect("a kubeconfig of the chart's ServiceAccount");
     // The chart's arguments for this mode, on loopback.
-    let replica = |i: usize| {
-        let kubeconfig = kubeconfig.clone();
-        let log = dir.path().join(format!("operator-{i}.log"));
-        let args = vec![
+    let (mut a, b) = Operator::start_two(bin, &kubeconfig, dir.path(), |i| {
+        vec![
             format!("--namespace={NS}"),
             format!("--webhook-addr=127.0.0.1:{}", webhook_ports[i]),
             "--webhook-dns-names=localhost".into(),
@@ -109,20 +103,12 @@ async fn two_replicas_serve_grpc_from_the_shared_ca_and_keep_cluster_autoscaler_
             format!("--grpc-client-secret={CLIENT_SECRET}"),
             format!("--cluster-autoscaler-deployment={AUTOSCALER}"),
             "--tls-reload-interval=1s".into(),
-        ];
-        async move { Operator::start(bin, &kubeconfig, &args, &log).await }
-    };
-    let (a, b) = tokio::join!(replica(0), replica(1));
-    let (mut a, b) = (a.expect("replica 0"), b.expect("replica 1"));
-
-    let issued: usize = (0..2)
-        .map(|i| {
-            let log = std::fs::read_to_string(dir.path().join(format!("operator-{i}.log")));
-            log.unwrap_or_default()
-                .matches("issued the cluster-autoscaler client certificate")
-                .count()
-        })
-        .sum();
+        ]
+    })
+    .await
+    .expect("two replicas");
+    let logs = [a.log.clone(), b.log.clone()];
+    let issued = count_in_logs(&logs, "issued the cluster-autoscaler client certificate");
     assert_eq!(issued, 1, "exactly one replica issued the client certificate");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     let ca = data(&secrets.get("homelab-autoscaler-ca").await.expect("the shared CA"));
@@ -141,12 +127,7 @@ async fn two_replicas_serve_grpc_from_the_shared_ca_and_keep_cluster_autoscaler_
     stamped(&deployments, &first).await.expect("stamped");
 
     // The real cluster-autoscaler, through the stand-in Service, with the issued certificate.
-    let pool = homelab_harness::repo_path("examples/pool-cluster-autoscaler.yaml");
-    let out = plane
-        .kubectl(["apply", "-n", NS, "-f", &pool.display().to_string()])
-        .await
-        .expect("kubectl");
-    assert!(out.status.success(), "the pool: {}", String::from_utf8_lossy(&out.stderr));
+    apply_repo_file(&plane, NS, "examples/pool-cluster-autoscaler.yaml").await.expect("the pool");
     let mount = dir.path().join("grpc-client");
     mount_secret(&mount, &client_cert).expect("mount");
     let mut autoscaler = Autoscaler::start(

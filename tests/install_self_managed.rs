@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use homelab_harness::install::{
-    Operator, ServiceProxy, apply, documents, first_certificate, free_port, point_webhooks_at,
-    refused_with_our_message, render, served_certificate, slot_with_power_state,
+    Operator, ServiceProxy, apply, count_in_logs, documents, first_certificate, free_port,
+    point_webhooks_at, refused_with_our_message, render, served_certificate, slot_with_power_state,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -42,11 +42,8 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
     // Both at once, racing to create the CA. Its lifetime is short so that it rotates during the
     // test: due after 30 s, certificates re-issued every 10 s.
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = plane.kubeconfig_path().to_path_buf();
-    let replica = |i: usize| {
-        let kubeconfig = kubeconfig.clone();
-        let log = dir.path().join(format!("operator-{i}.log"));
-        let args = vec![
+    let (mut a, b) = Operator::start_two(bin, plane.kubeconfig_path(), dir.path(), |i| {
+        vec![
             format!("--namespace={NS}"),
             format!("--webhook-addr=127.0.0.1:{}", ports[i]),
             "--webhook-dns-names=localhost".into(),
@@ -54,18 +51,12 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
             "--webhook-cert-lifetime=15s".into(),
             "--tls-reload-interval=1s".into(),
             "--operator-usernames=admin".into(),
-        ];
-        async move { Operator::start(bin, &kubeconfig, &args, &log).await }
-    };
-    let (a, b) = tokio::join!(replica(0), replica(1));
-    let (mut a, b) = (a.expect("replica 0"), b.expect("replica 1"));
-
-    let created: usize = (0..2)
-        .map(|i| {
-            let log = std::fs::read_to_string(dir.path().join(format!("operator-{i}.log")));
-            log.unwrap_or_default().matches("created the shared CA").count()
-        })
-        .sum();
+        ]
+    })
+    .await
+    .expect("two replicas");
+    let logs = [a.log.clone(), b.log.clone()];
+    let created = count_in_logs(&logs, "created the shared CA");
     assert_eq!(created, 1, "exactly one replica created the CA; the other read the winner's");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     let ca_secret = secrets.get("homelab-autoscaler-ca").await.expect("the one CA Secret");

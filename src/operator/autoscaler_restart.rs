@@ -18,6 +18,7 @@ use kube::api::{Api, Patch};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Ticks;
 use crate::controller::params;
 
 /// The pod-template annotation holding the digest of the client certificate Secret.
@@ -102,13 +103,8 @@ impl AutoscalerRestart {
 
     /// Checks every `interval` until `shutdown`.
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+        let mut ticks = Ticks::now(interval, shutdown);
+        while ticks.next().await {
             if let Err(error) = self.check().await {
                 tracing::warn!(%error, "keeping cluster-autoscaler on its current client certificate failed");
             }

@@ -16,6 +16,7 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
+use crate::clock::Ticks;
 use crate::grpc::GrpcServerConfig;
 use crate::tls::ca_secret::CaSecret;
 use crate::tls::client_secret::{ClientCert, ClientCertSecret};
@@ -97,14 +98,8 @@ impl SelfManaged {
     }
 
     async fn keep_fresh(mut self, interval: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+        let mut ticks = Ticks::after(interval, shutdown);
+        while ticks.next().await {
             if let Err(error) = self.refresh().await {
                 tracing::warn!(
                     error = format!("{error:#}"),

@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
+use crate::clock::Ticks;
 use crate::controller::params;
 use crate::tls::ca_secret::CaSecret;
 use crate::tls::self_managed::SelfManagedCert;
@@ -93,14 +94,8 @@ impl SelfManaged {
         interval: std::time::Duration,
         shutdown: CancellationToken,
     ) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+        let mut ticks = Ticks::after(interval, shutdown);
+        while ticks.next().await {
             // What the last refresh wrote is served one interval later: by then the apiserver
             // has seen the caBundle that refresh patched (a rotated CA is in it beside the old).
             match tls.reload_if_changed() {
@@ -127,13 +122,8 @@ async fn keep_ca_bundle_from(
     interval: std::time::Duration,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+    let mut ticks = Ticks::now(interval, shutdown);
+    while ticks.next().await {
         let result = match std::fs::read(&ca_file) {
             Ok(ca) => patch_ca_bundle(&client, &ca).await,
             Err(error) => {

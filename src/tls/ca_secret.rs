@@ -6,19 +6,19 @@
 //! winner's). `ca.crt` holds the new CA and the previous one until that expires, so a replica
 //! still serving a certificate of the old CA stays trusted until it re-issues.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 
 use super::TlsError;
 use super::ca::{CaMaterial, Validity, new_ca};
+use super::kept_secret::{self, Kept, Stamps};
 
 /// The Secret's name (in the operator's namespace).
 pub const CA_SECRET_NAME: &str = "homelab-autoscaler-ca";
-const NOT_BEFORE: &str = "infra.homecluster.dev/ca-not-before";
-const NOT_AFTER: &str = "infra.homecluster.dev/ca-not-after";
+const STAMPS: Stamps = Stamps {
+    not_before: "infra.homecluster.dev/ca-not-before",
+    not_after: "infra.homecluster.dev/ca-not-after",
+};
 /// A create or replace that loses a race reads again; more losses than this in a row mean
 /// something else is wrong.
 const ATTEMPTS: usize = 5;
@@ -117,30 +117,13 @@ impl CaSecret {
     }
 
     fn to_secret(&self, shared: &SharedCa, resource_version: Option<String>) -> Secret {
-        let data = BTreeMap::from([
-            ("tls.crt".to_string(), ByteString(shared.ca.cert_pem.clone().into_bytes())),
-            ("tls.key".to_string(), ByteString(shared.ca.key_pem.clone().into_bytes())),
-            ("ca.crt".to_string(), ByteString(shared.bundle_pem.clone().into_bytes())),
-        ]);
-        let annotations = BTreeMap::from([
-            (NOT_BEFORE.to_string(), shared.ca.validity.not_before.to_string()),
-            (NOT_AFTER.to_string(), shared.ca.validity.not_after.to_string()),
-        ]);
-        Secret {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                annotations: Some(annotations),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/name".to_string(),
-                    "homelab-autoscaler".to_string(),
-                )])),
-                resource_version,
-                ..ObjectMeta::default()
-            },
-            type_: Some("kubernetes.io/tls".into()),
-            data: Some(data),
-            ..Secret::default()
-        }
+        let kept = Kept {
+            cert_pem: &shared.ca.cert_pem,
+            key_pem: &shared.ca.key_pem,
+            bundle_pem: &shared.bundle_pem,
+            validity: shared.ca.validity,
+        };
+        kept_secret::to_secret(&self.name, &kept, STAMPS, resource_version)
     }
 
     fn parse(&self, secret: &Secret) -> Result<SharedCa, CaSecretError> {
@@ -154,17 +137,7 @@ impl CaSecret {
                 .ok_or_else(|| malformed(&format!("no {key}")))?;
             String::from_utf8(bytes.0.clone()).map_err(|_| malformed(&format!("{key} is not text")))
         };
-        let stamp = |key: &str| -> Result<jiff::Timestamp, CaSecretError> {
-            secret
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key))
-                .ok_or_else(|| malformed(&format!("no {key} annotation")))?
-                .parse()
-                .map_err(|_| malformed(&format!("{key} is not a timestamp")))
-        };
-        let validity = Validity { not_before: stamp(NOT_BEFORE)?, not_after: stamp(NOT_AFTER)? };
+        let validity = kept_secret::validity(secret, STAMPS).map_err(|what| malformed(&what))?;
         let ca = CaMaterial { cert_pem: field("tls.crt")?, key_pem: field("tls.key")?, validity };
         Ok(SharedCa { ca, bundle_pem: field("ca.crt")? })
     }

@@ -7,23 +7,23 @@
 //! resourceVersion (Conflict: read again) when the CA changed, when its `ca.crt` is not the
 //! bundle in force, or when two thirds of its lifetime have passed.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 
 use super::TlsError;
 use super::ca::{Validity, issue};
 use super::ca_secret::SharedCa;
+use super::kept_secret::{self, Kept, Stamps};
 
 /// The Secret's default name (in the operator's namespace).
 pub const CLIENT_SECRET_NAME: &str = "homelab-autoscaler-grpc-client";
 /// The name the client certificate carries (its CN and DNS SAN; the server checks only that the
 /// shared CA signed it).
 const CLIENT_NAME: &str = "cluster-autoscaler";
-const NOT_BEFORE: &str = "infra.homecluster.dev/cert-not-before";
-const NOT_AFTER: &str = "infra.homecluster.dev/cert-not-after";
+const STAMPS: Stamps = Stamps {
+    not_before: "infra.homecluster.dev/cert-not-before",
+    not_after: "infra.homecluster.dev/cert-not-after",
+};
 /// A create or replace that loses a race reads again; more losses than this in a row mean
 /// something else is wrong.
 const ATTEMPTS: usize = 5;
@@ -104,30 +104,13 @@ impl ClientCertSecret {
             &[],
             Validity::starting(now, self.lifetime)?,
         )?;
-        let data = BTreeMap::from([
-            ("tls.crt".to_string(), ByteString(cert.cert_pem.into_bytes())),
-            ("tls.key".to_string(), ByteString(cert.key_pem.into_bytes())),
-            ("ca.crt".to_string(), ByteString(shared.bundle_pem.clone().into_bytes())),
-        ]);
-        let annotations = BTreeMap::from([
-            (NOT_BEFORE.to_string(), cert.validity.not_before.to_string()),
-            (NOT_AFTER.to_string(), cert.validity.not_after.to_string()),
-        ]);
-        Ok(Secret {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                annotations: Some(annotations),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/name".to_string(),
-                    "homelab-autoscaler".to_string(),
-                )])),
-                resource_version,
-                ..ObjectMeta::default()
-            },
-            type_: Some("kubernetes.io/tls".into()),
-            data: Some(data),
-            ..Secret::default()
-        })
+        let kept = Kept {
+            cert_pem: &cert.cert_pem,
+            key_pem: &cert.key_pem,
+            bundle_pem: &shared.bundle_pem,
+            validity: cert.validity,
+        };
+        Ok(kept_secret::to_secret(&self.name, &kept, STAMPS, resource_version))
     }
 
     fn api_error(&self, source: kube::Error) -> ClientSecretError {
@@ -142,12 +125,8 @@ fn is_current(secret: &Secret, shared: &SharedCa, now: jiff::Timestamp) -> bool 
     let has = |key: &str| data.and_then(|d| d.get(key)).is_some_and(|v| !v.0.is_empty());
     let bundle_matches =
         data.and_then(|d| d.get("ca.crt")).is_some_and(|b| b.0 == shared.bundle_pem.as_bytes());
-    let stamp = |key: &str| -> Option<jiff::Timestamp> {
-        secret.metadata.annotations.as_ref()?.get(key)?.parse().ok()
-    };
-    let validity = match (stamp(NOT_BEFORE), stamp(NOT_AFTER)) {
-        (Some(not_before), Some(not_after)) => Validity { not_before, not_after },
-        _ => return false,
+    let Ok(validity) = kept_secret::validity(secret, STAMPS) else {
+        return false;
     };
     // The bundle starts with the CA in force, so a rotated CA shows as a bundle that differs.
     has("tls.crt")

@@ -8,6 +8,7 @@
 pub mod ca;
 pub mod ca_secret;
 pub mod client_secret;
+mod kept_secret;
 pub mod reloading;
 pub mod self_managed;
 pub mod self_signed;

@@ -59,16 +59,16 @@ impl ReloadingServerConfig {
 
     /// Re-reads the files every `interval` until `shutdown`.
     pub async fn watch(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => match self.reload_if_changed() {
-                    Ok(true) => tracing::info!(cert = %self.files.cert.display(), "reloaded rotated TLS certificate"),
-                    Ok(false) => {}
-                    Err(error) => tracing::warn!(%error, "rotated TLS files are unusable; keeping the previous certificate"),
-                },
+        let mut ticks = crate::clock::Ticks::now(interval, shutdown);
+        while ticks.next().await {
+            match self.reload_if_changed() {
+                Ok(true) => {
+                    tracing::info!(cert = %self.files.cert.display(), "reloaded rotated TLS certificate")
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "rotated TLS files are unusable; keeping the previous certificate")
+                }
             }
         }
     }

@@ -271,6 +271,23 @@ impl Operator {
         Ok(operator)
     }
 
+    /// Two replicas started at once, racing as a Deployment's two pods do: replica `i` runs
+    /// with `args(i)` and logs to `dir/operator-{i}.log`.
+    pub async fn start_two(
+        bin: &Path,
+        kubeconfig: &Path,
+        dir: &Path,
+        args: impl Fn(usize) -> Vec<String>,
+    ) -> Result<(Operator, Operator)> {
+        let (first, second) = (args(0), args(1));
+        let (logs0, logs1) = (dir.join("operator-0.log"), dir.join("operator-1.log"));
+        let (a, b) = tokio::join!(
+            Operator::start(bin, kubeconfig, &first, &logs0),
+            Operator::start(bin, kubeconfig, &second, &logs1)
+        );
+        Ok((a.context("replica 0")?, b.context("replica 1")?))
+    }
+
     /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         crate::process::file_tail(&self.log, lines)
@@ -378,5 +395,33 @@ current-context: {account}
             ca.display()
         ),
     )?;
+    Ok(())
+}
+
+/// The client-certificate digest the operator stamped into the pod template of the Deployment
+/// `name` (`--cluster-autoscaler-deployment`), if any.
+pub async fn certificate_stamp(
+    deployments: &Api<k8s_openapi::api::apps::v1::Deployment>,
+    name: &str,
+) -> Result<Option<String>> {
+    let deployment = deployments.get(name).await?;
+    Ok(deployment.spec.and_then(|s| s.template.metadata).and_then(|m| m.annotations).and_then(
+        |mut a| a.remove(homelab_autoscaler::operator::autoscaler_restart::CERTIFICATE_DIGEST),
+    ))
+}
+
+/// How many times `needle` occurs in the files `logs` (a missing file counts none): which of
+/// several replicas did something, from their logs.
+pub fn count_in_logs(logs: &[PathBuf], needle: &str) -> usize {
+    logs.iter()
+        .map(|log| std::fs::read_to_string(log).unwrap_or_default().matches(needle).count())
+        .sum()
+}
+
+/// `kubectl apply -n namespace -f` the repository's file `path` (an example pool, say).
+pub async fn apply_repo_file(plane: &ControlPlane, namespace: &str, path: &str) -> Result<()> {
+    let file = crate::repo_path(path);
+    let out = plane.kubectl(["apply", "-n", namespace, "-f", &file.display().to_string()]).await?;
+    ensure!(out.status.success(), "applying {path}: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())
 }
