@@ -108,8 +108,8 @@ where
         + 'static,
 {
     let (reader, mut writer) = reflector::store();
-    let channels: [(UnboundedSender<Arc<K>>, UnboundedReceiver<Arc<K>>); N] =
-        std::array::from_fn(|_| unbounded_channel());
+    type Channel<K> = (UnboundedSender<Arc<K>>, UnboundedReceiver<Arc<K>>);
+    let channels: [Channel<K>; N] = std::array::from_fn(|_| unbounded_channel());
     let (senders, receivers): (Vec<_>, Vec<_>) = channels.into_iter().unzip();
     let streams = receivers.map_array::<N>();
     let mut events = watcher(api, config).default_backoff().modify(crate::cache::slim::<K>).boxed();

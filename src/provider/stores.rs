@@ -323,7 +323,10 @@ mod tests {
     /// Feeds `events` through the store and the index as the watch does, checking after each
     /// that the index lists every object the store holds under its key, and returns the index's
     /// final listing of `keys`.
-    fn feed(events: Vec<Event<Slot>>, keys: &[&str]) -> Vec<(String, Vec<String>)> {
+    /// Names by key, in key order as asked.
+    type Listing = Vec<(String, Vec<String>)>;
+
+    fn feed(events: Vec<Event<Slot>>, keys: &[&str]) -> Listing {
         let (store, mut writer) = reflector::store::<Slot>();
         let members = Members::default();
         for event in events {
@@ -341,7 +344,7 @@ mod tests {
         keys.iter().map(|k| (k.to_string(), members.of(k))).collect()
     }
 
-    fn listing(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
+    fn listing(pairs: &[(&str, &[&str])]) -> Listing {
         pairs
             .iter()
             .map(|(k, names)| (k.to_string(), names.iter().map(|n| n.to_string()).collect()))
@@ -351,7 +354,7 @@ mod tests {
     #[test]
     fn the_index_follows_adds_moves_deletes_and_relists_exactly() {
         use Event::*;
-        let cases: Vec<(&str, Vec<Event<Slot>>, Vec<(String, Vec<String>)>)> = vec![
+        let cases: Vec<(&str, Vec<Event<Slot>>, Listing)> = vec![
             (
                 "initial list",
                 vec![
