@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod cache;
 pub mod claim;
 pub mod clock;
 pub mod controller;

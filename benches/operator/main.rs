@@ -15,7 +15,10 @@
 //! `BENCH_CALLS` (sequential calls per RPC, default 2000), `BENCH_INCREASES` (IncreaseSize
 //! calls per pool, default 10), `BENCH_IDLE_SECONDS` (default 10), `BENCH_RATES` (requests/s,
 //! default `100,500,1000`), `BENCH_RATE_SECONDS` (per rate and rule, default 5),
-//! `BENCH_CREATES` (creates per arm, default 300), `BENCH_ROUNDS` (scale-up rounds, default 10).
+//! `BENCH_CREATES` (creates per arm, default 300), `BENCH_ROUNDS` (scale-up rounds, default 10),
+//! `BENCH_OPERATORS` (`<path>,…`: operator binaries that `pools` measures one after another on
+//! each pool size, to compare two builds in one run; default the one built beside the bench,
+//! which the other sections use).
 
 mod grpc;
 mod pool;
@@ -78,6 +81,8 @@ struct Run {
     plane: &'static ControlPlane,
     client: kube::Client,
     bin: PathBuf,
+    /// The binaries `pools` compares (`BENCH_OPERATORS`), else `bin` alone.
+    pool_bins: Vec<PathBuf>,
     dir: tempfile::TempDir,
     certs: homelab_autoscaler::tls::SelfSignedBundle,
     knobs: Knobs,
@@ -86,8 +91,12 @@ struct Run {
 
 impl Run {
     fn files(&self, name: &str) -> OperatorFiles<'_> {
+        self.files_of(&self.bin, name)
+    }
+
+    fn files_of<'a>(&'a self, bin: &'a std::path::Path, name: &str) -> OperatorFiles<'a> {
         OperatorFiles {
-            bin: &self.bin,
+            bin,
             kubeconfig: self.plane.kubeconfig_path(),
             cert_dir: self.dir.path(),
             log: self.dir.path().join(format!("{name}.log")),
@@ -134,10 +143,16 @@ async fn main() -> Result<()> {
     let certs =
         homelab_autoscaler::tls::issue_self_signed(&["localhost".into()], &["127.0.0.1".parse()?])?;
     certs.write_secret_layout(dir.path())?;
+    let bin = homelab_harness::e2e::operator_binary(None)?;
+    let pool_bins = match std::env::var("BENCH_OPERATORS") {
+        Ok(list) if !list.trim().is_empty() => list.split(',').map(PathBuf::from).collect(),
+        _ => vec![bin.clone()],
+    };
     let run = Run {
         plane,
         client: plane.client()?,
-        bin: homelab_harness::e2e::operator_binary(None)?,
+        bin,
+        pool_bins,
         dir,
         certs,
         knobs: Knobs::read(full)?,
@@ -170,66 +185,79 @@ async fn pools(run: &Run) -> Result<()> {
     section("Footprint and provider latency by pool size");
     let k = &run.knobs;
     for shape in &k.pools {
-        let ns = run.namespace(&format!("pool-{}x{}", shape.slots, shape.groups)).await?;
-        let written = Instant::now();
-        pool::write(&run.client, &ns, *shape).await?;
-        println!(
-            "### {} slots in {} groups, {} claims ({} ready on Ready nodes), written in {:.1}s",
-            shape.slots,
-            shape.groups,
-            pool::CLAIMS,
-            shape.live(),
-            written.elapsed().as_secs_f64()
-        );
-        let operator = Operator::start(&run.files(&ns), &ns, &[]).await?;
-        println!("start to ready (caches synced): {}", ms(operator.start_to_ready));
-        let at_ready = operator.usage()?;
-        // Right after ready the controllers reconcile every object once (and write every slot's
-        // status); idle is measured once that wave is over.
-        let settled = settle(&operator, run.ticks).await?;
-        println!(
-            "pid {}: first reconcile of everything done {:.1} s after ready (cpu {:.1}% of a core meanwhile, peak rss {})",
-            operator.pid,
-            settled.at.duration_since(at_ready.at).as_secs_f64(),
-            settled.cpu_percent_since(&at_ready, run.ticks),
-            mib(settled.peak_kib),
-        );
-        tokio::time::sleep(k.idle).await;
-        let idle = operator.usage()?;
-        println!(
-            "idle ({:.0} s): cpu {:.2}% of a core, rss {}",
-            k.idle.as_secs_f64(),
-            idle.cpu_percent_since(&settled, run.ticks),
-            mib(idle.rss_kib)
-        );
-
-        let mut client = grpc::connect(operator.grpc_port, &run.certs).await?;
-        let group = pool::group_name(0);
-        grpc::warm(&mut client, &group).await;
-        let before = operator.usage()?;
-        let mut lines = Vec::new();
-        for call in grpc::Call::READS {
-            let samples = grpc::time_calls(&mut client, call, &group, k.calls).await;
-            lines.push(samples.line(call.name()));
+        for bin in &run.pool_bins {
+            pool_with(run, shape, bin).await?;
         }
-        let free = shape.slots / shape.groups.max(1) - shape.live() / shape.groups.max(1);
-        let increases = grpc::time_increases(&mut client, &group, k.increases.min(free)).await;
-        lines.push(increases.line("NodeGroupIncreaseSize (+1, one after another)"));
-        let after: Usage = operator.usage()?;
-        for line in lines {
-            println!("{line}");
-        }
-        println!(
-            "burst ({} calls in {:.1} s): cpu {:.1}% of a core, rss {}, peak rss {}",
-            k.calls * grpc::Call::READS.len() + increases.len(),
-            after.at.duration_since(before.at).as_secs_f64(),
-            after.cpu_percent_since(&before, run.ticks),
-            mib(after.rss_kib),
-            mib(after.peak_kib),
-        );
-        operator.stop().await?;
-        pool::remove_nodes(&run.client, &ns).await?;
     }
+    Ok(())
+}
+
+/// One pool size, measured on one operator binary, in a namespace of its own.
+async fn pool_with(run: &Run, shape: &pool::Shape, bin: &std::path::Path) -> Result<()> {
+    let k = &run.knobs;
+    let ns = run.namespace(&format!("pool-{}x{}", shape.slots, shape.groups)).await?;
+    let written = Instant::now();
+    pool::write(&run.client, &ns, *shape).await?;
+    println!(
+        "### {} slots in {} groups, {} claims ({} ready on Ready nodes), written in {:.1}s",
+        shape.slots,
+        shape.groups,
+        pool::CLAIMS,
+        shape.live(),
+        written.elapsed().as_secs_f64()
+    );
+    if run.pool_bins.len() > 1 {
+        println!("operator: {}", bin.display());
+    }
+    let operator = Operator::start(&run.files_of(bin, &ns), &ns, &[]).await?;
+    println!("start to ready (caches synced): {}", ms(operator.start_to_ready));
+    let at_ready = operator.usage()?;
+    // Right after ready the controllers reconcile every object once (and write every slot's
+    // status); idle is measured once that wave is over.
+    let settled = settle(&operator, run.ticks).await?;
+    println!(
+        "pid {}: first reconcile of everything done {:.1} s after ready (cpu {:.1}% of a core meanwhile, peak rss {})",
+        operator.pid,
+        settled.at.duration_since(at_ready.at).as_secs_f64(),
+        settled.cpu_percent_since(&at_ready, run.ticks),
+        mib(settled.peak_kib),
+    );
+    tokio::time::sleep(k.idle).await;
+    let idle = operator.usage()?;
+    println!(
+        "idle ({:.0} s): cpu {:.2}% of a core, rss {}, {} sockets open",
+        k.idle.as_secs_f64(),
+        idle.cpu_percent_since(&settled, run.ticks),
+        mib(idle.rss_kib),
+        process::sockets(operator.pid)?,
+    );
+
+    let mut client = grpc::connect(operator.grpc_port, &run.certs).await?;
+    let group = pool::group_name(0);
+    grpc::warm(&mut client, &group).await;
+    let before = operator.usage()?;
+    let mut lines = Vec::new();
+    for call in grpc::Call::READS {
+        let samples = grpc::time_calls(&mut client, call, &group, k.calls).await;
+        lines.push(samples.line(call.name()));
+    }
+    let free = shape.slots / shape.groups.max(1) - shape.live() / shape.groups.max(1);
+    let increases = grpc::time_increases(&mut client, &group, k.increases.min(free)).await;
+    lines.push(increases.line("NodeGroupIncreaseSize (+1, one after another)"));
+    let after: Usage = operator.usage()?;
+    for line in lines {
+        println!("{line}");
+    }
+    println!(
+        "burst ({} calls in {:.1} s): cpu {:.1}% of a core, rss {}, peak rss {}",
+        k.calls * grpc::Call::READS.len() + increases.len(),
+        after.at.duration_since(before.at).as_secs_f64(),
+        after.cpu_percent_since(&before, run.ticks),
+        mib(after.rss_kib),
+        mib(after.peak_kib),
+    );
+    operator.stop().await?;
+    pool::remove_nodes(&run.client, &ns).await?;
     Ok(())
 }
 

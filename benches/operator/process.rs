@@ -172,6 +172,19 @@ pub fn ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
+/// How many sockets a process holds open (its connections to the apiserver among them): each
+/// kept-alive TLS connection holds buffers of its own.
+pub fn sockets(pid: u32) -> Result<usize> {
+    let mut count = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        // An fd closed between the listing and the read is simply not counted.
+        if let Ok(target) = std::fs::read_link(entry?.path()) {
+            count += usize::from(target.to_string_lossy().starts_with("socket:"));
+        }
+    }
+    Ok(count)
+}
+
 pub fn mib(kib: u64) -> String {
     format!("{:.1}MiB", kib as f64 / 1024.0)
 }

@@ -50,8 +50,10 @@ pub struct Context {
     boot_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// A stream of changed objects (applied or deleted) of one kind, for one controller.
-pub type Changes<K> = UnboundedReceiverStream<K>;
+/// A stream of changed objects (applied or deleted) of one kind, for one controller. Shared:
+/// every controller that watches a kind gets the same object, and the initial list is sent as
+/// the store's own objects, not copies.
+pub type Changes<K> = UnboundedReceiverStream<Arc<K>>;
 
 /// The change streams of one controller's inputs. Each comes from the same watch that fills
 /// the context's store and yields an object only after the store has taken the change, so a
@@ -106,14 +108,14 @@ where
         + 'static,
 {
     let (reader, mut writer) = reflector::store();
-    let channels: [(UnboundedSender<K>, UnboundedReceiver<K>); N] =
-        std::array::from_fn(|_| unbounded_channel());
+    type Channel<K> = (UnboundedSender<Arc<K>>, UnboundedReceiver<Arc<K>>);
+    let channels: [Channel<K>; N] = std::array::from_fn(|_| unbounded_channel());
     let (senders, receivers): (Vec<_>, Vec<_>) = channels.into_iter().unzip();
     let streams = receivers.map_array::<N>();
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut events = watcher(api, config).default_backoff().modify(crate::cache::slim::<K>).boxed();
     let shutdown = shutdown.clone();
+    let store = reader.clone();
     tokio::spawn(async move {
-        let mut listing: Vec<K> = Vec::new();
         loop {
             let event = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -127,22 +129,16 @@ where
                 },
             };
             writer.apply_watcher_event(&event);
-            let changed: Vec<K> = match event {
-                watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => vec![obj],
-                watcher::Event::Init => {
-                    listing.clear();
-                    Vec::new()
-                }
-                watcher::Event::InitApply(obj) => {
-                    listing.push(obj);
-                    Vec::new()
-                }
-                watcher::Event::InitDone => std::mem::take(&mut listing),
+            let changed: Vec<Arc<K>> = match event {
+                watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => vec![Arc::new(obj)],
+                watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
+                // The store has just taken the whole list: its objects are the list.
+                watcher::Event::InitDone => store.state(),
             };
             for obj in changed {
                 for sender in &senders {
                     // A controller that stopped has dropped its receiver; nothing to tell it.
-                    let _ = sender.send(obj.clone());
+                    let _ = sender.send(Arc::clone(&obj));
                 }
             }
         }
@@ -155,7 +151,7 @@ trait MapArray<K> {
     fn map_array<const N: usize>(self) -> [Changes<K>; N];
 }
 
-impl<K> MapArray<K> for Vec<UnboundedReceiver<K>> {
+impl<K> MapArray<K> for Vec<UnboundedReceiver<Arc<K>>> {
     fn map_array<const N: usize>(self) -> [Changes<K>; N] {
         let mut receivers = self.into_iter();
         std::array::from_fn(|_| match receivers.next() {

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
@@ -24,17 +23,18 @@ use crate::{phase, telemetry};
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
     let ns_slots = ctx.namespace.clone();
     let ns_claims = ctx.namespace.clone();
-    let controller = Controller::for_stream(inputs.groups.map(Ok), ctx.stores.groups.clone())
-        .watches_stream(inputs.slots.map(Ok), move |slot| {
+    let controller = Controller::for_shared_stream(inputs.groups, ctx.stores.groups.clone())
+        .watches_shared_stream(inputs.slots, move |slot| {
             slot.metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(GROUP_LABEL))
                 .map(|g| ObjectRef::new(g).within(&ns_slots))
         })
-        .watches_stream(inputs.claims.map(Ok), move |claim| {
+        .watches_shared_stream(inputs.claims, move |claim| {
             Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
         })
+        .with_config(super::config())
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
     let reconcile = |group, ctx| telemetry::reconcile("group", reconcile(group, ctx));
     super::drive("group", controller.run(reconcile, super::error_policy, ctx)).await;

@@ -29,6 +29,18 @@ pub fn params() -> kube::api::PatchParams {
     kube::api::PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() }
 }
 
+/// How many reconciles each controller runs at once. kube-runtime's default is no bound: when
+/// the controllers start, every object is reconciled at once (1200 at 1000 slots), each with
+/// its requests and responses in flight, and the process keeps that peak of memory
+/// (docs/performance.md). Reconciles are short (API round trips, an eviction bounded at 10 s),
+/// and one object is never reconciled twice at once either way.
+pub const CONCURRENCY: u16 = 8;
+
+/// The settings every controller runs with.
+fn config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(CONCURRENCY)
+}
+
 /// Runs every controller until `shutdown`, each fed by its subscriptions.
 pub async fn run(ctx: Arc<Context>, inputs: Subscriptions, shutdown: CancellationToken) {
     let claims = claim::controller(ctx.clone(), inputs.claim_controller, shutdown.clone());

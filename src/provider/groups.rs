@@ -4,7 +4,7 @@
 //! reads this snapshot, so a call sees one consistent state.
 
 use std::cmp::Ordering;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::api::{GROUP_LABEL, Group, NodeClaim, NodeClaimPhase, ScalingDriver};
@@ -129,6 +129,62 @@ pub fn phase_of(claim: &NodeClaim) -> Option<crate::api::NodeClaimPhase> {
     claim.status.as_ref().and_then(|s| s.phase)
 }
 
+/// A namespace's slots and claims, indexed once: slots by their group label, claims by the slot
+/// they name. Every group's snapshot taken from it reads only its own slots and claims, so
+/// NodeGroups costs one pass over the pool rather than one per group, and a slot's claims are
+/// found by a lookup rather than by comparing every claim's slot name (1000 slots × 200 claims
+/// per call at 1000 slots, see docs/performance.md).
+pub struct PoolIndex<'a> {
+    slots_by_group: HashMap<&'a str, Vec<&'a Arc<Slot>>>,
+    claims_by_slot: HashMap<&'a str, Vec<&'a Arc<NodeClaim>>>,
+}
+
+impl<'a> PoolIndex<'a> {
+    pub fn new(slots: &'a [Arc<Slot>], claims: &'a [Arc<NodeClaim>]) -> Self {
+        let mut slots_by_group: HashMap<&str, Vec<&Arc<Slot>>> = HashMap::new();
+        for slot in slots {
+            if let Some(group) = group_of(slot) {
+                slots_by_group.entry(group).or_default().push(slot);
+            }
+        }
+        let mut claims_by_slot: HashMap<&str, Vec<&Arc<NodeClaim>>> = HashMap::new();
+        for claim in claims {
+            claims_by_slot.entry(claim.spec.slot_ref.name.as_str()).or_default().push(claim);
+        }
+        Self { slots_by_group, claims_by_slot }
+    }
+
+    /// The group's snapshot. `registered` says whether a Kubernetes node of this name exists.
+    pub fn snapshot(&self, group: Arc<Group>, registered: impl Fn(&str) -> bool) -> GroupSnapshot {
+        let name = group.metadata.name.as_deref().unwrap_or_default();
+        let mut members: Vec<SlotState> = self
+            .slots_by_group
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(|slot| {
+                let slot_name = slot_name(slot);
+                let mut own: Vec<Arc<NodeClaim>> = self
+                    .claims_by_slot
+                    .get(slot_name)
+                    .into_iter()
+                    .flatten()
+                    .map(|c| Arc::clone(c))
+                    .collect();
+                own.sort_by(|a, b| newest_first(a, b));
+                SlotState {
+                    registered: registered(&slot.spec.kubernetes_node_name)
+                        || registered(slot_name),
+                    slot: Arc::clone(slot),
+                    claims: own,
+                }
+            })
+            .collect();
+        members.sort_by(|a, b| a.name().cmp(b.name()));
+        GroupSnapshot { group, slots: members }
+    }
+}
+
 /// A group and everything in it, at one instant.
 #[derive(Clone, Debug)]
 pub struct GroupSnapshot {
@@ -138,32 +194,15 @@ pub struct GroupSnapshot {
 }
 
 impl GroupSnapshot {
-    /// Assembles a group's snapshot from whole-namespace listings.
+    /// Assembles a group's snapshot from whole-namespace listings. To take several groups'
+    /// snapshots from one listing, build a [`PoolIndex`] once instead.
     pub fn build(
         group: Arc<Group>,
         slots: &[Arc<Slot>],
         claims: &[Arc<NodeClaim>],
         registered_nodes: &HashSet<String>,
     ) -> Self {
-        let name = group.metadata.name.clone().unwrap_or_default();
-        let mut members: Vec<SlotState> = slots
-            .iter()
-            .filter(|s| group_of(s) == Some(name.as_str()))
-            .map(|slot| {
-                let slot_name = slot_name(slot);
-                let mut own: Vec<Arc<NodeClaim>> =
-                    claims.iter().filter(|c| c.spec.slot_ref.name == slot_name).cloned().collect();
-                own.sort_by(|a, b| newest_first(a, b));
-                SlotState {
-                    registered: registered_nodes.contains(&slot.spec.kubernetes_node_name)
-                        || registered_nodes.contains(slot_name),
-                    slot: slot.clone(),
-                    claims: own,
-                }
-            })
-            .collect();
-        members.sort_by(|a, b| a.name().cmp(b.name()));
-        Self { group, slots: members }
+        PoolIndex::new(slots, claims).snapshot(group, |node| registered_nodes.contains(node))
     }
 
     pub fn name(&self) -> &str {
@@ -319,6 +358,79 @@ pub(crate) mod tests {
         assert!(snap.slot("b").unwrap().unacknowledged_failure().is_none());
         assert!(snap.slot("c").unwrap().unacknowledged_failure().is_none());
         assert_eq!((snap.wanted_count(), snap.target_size()), (1, 2));
+    }
+
+    /// What a snapshot holds, by name: each slot with its registration and its claims in order.
+    fn shape(snap: &GroupSnapshot) -> Vec<(String, bool, Vec<String>)> {
+        snap.slots
+            .iter()
+            .map(|s| {
+                let claims = s.claims.iter().map(|c| c.metadata.name.clone().unwrap_or_default());
+                (s.name().to_owned(), s.registered, claims.collect())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_index_gives_every_group_exactly_its_slots_and_their_claims() {
+        use NodeClaimPhase::*;
+        // Three groups, a slot without a group label, and claims spread across them, one of
+        // them naming a slot that does not exist; in no particular order.
+        let mut slots: Vec<Arc<Slot>> =
+            (0..30).rev().map(|i| slot(&format!("s{i:02}"), ["a", "b", "c"][i % 3])).collect();
+        let mut orphan = (*slot("loose", "a")).clone();
+        orphan.metadata.labels = None;
+        slots.push(Arc::new(orphan));
+        let claims: Vec<Arc<NodeClaim>> = (0..40)
+            .map(|i| {
+                let phase = [Some(Completed), Some(Ready), None, Some(Failed)][i % 4];
+                let minute = (i * 7) % 60;
+                let slot = if i == 39 { "gone".to_owned() } else { format!("s{:02}", i % 13) };
+                claim(&format!("c{i:02}"), &slot, phase, &format!("2026-03-04T09:{minute:02}:00Z"))
+            })
+            .map(Arc::new)
+            .collect();
+        let registered: HashSet<String> = ["s00", "s04", "s09", "loose"].map(String::from).into();
+        let index = PoolIndex::new(&slots, &claims);
+        for name in ["a", "b", "c", "none"] {
+            let snap = index.snapshot(group(name, 0), |n| registered.contains(n));
+            // The reference: every slot of the group by name, every claim naming it newest first.
+            let mut want: Vec<(String, bool, Vec<String>)> = slots
+                .iter()
+                .filter(|s| group_of(s) == Some(name))
+                .map(|s| {
+                    let mut own: Vec<&Arc<NodeClaim>> =
+                        claims.iter().filter(|c| c.spec.slot_ref.name == slot_name(s)).collect();
+                    own.sort_by(|x, y| newest_first(x, y));
+                    let own = own.iter().map(|c| c.metadata.name.clone().unwrap_or_default());
+                    (slot_name(s).to_owned(), registered.contains(slot_name(s)), own.collect())
+                })
+                .collect();
+            want.sort();
+            assert_eq!(want.is_empty(), name == "none", "group {name}");
+            assert_eq!(shape(&snap), want, "group {name}");
+            let built = GroupSnapshot::build(group(name, 0), &slots, &claims, &registered);
+            assert_eq!(shape(&built), want, "group {name}, built alone");
+        }
+    }
+
+    #[test]
+    fn a_slot_is_registered_by_its_kubernetes_node_name_or_its_own_name() {
+        // (slot name, kubernetesNodeName, registered node names, registered?)
+        let cases = [
+            ("m1", "m1", &["m1"][..], true),
+            ("m1", "host-1", &["host-1"][..], true),
+            ("m1", "host-1", &["m1"][..], true),
+            ("m1", "host-1", &["host-2", "m2"][..], false),
+            ("m1", "m1", &[][..], false),
+        ];
+        for (name, node_name, nodes, want) in cases {
+            let mut s = crate::fixtures::slot(name, "pool");
+            s.spec.kubernetes_node_name = node_name.into();
+            let nodes: HashSet<String> = nodes.iter().map(|n| n.to_string()).collect();
+            let snap = GroupSnapshot::build(group("pool", 0), &[Arc::new(s)], &[], &nodes);
+            assert_eq!(snap.slots[0].registered, want, "{name} as {node_name} with {nodes:?}");
+        }
     }
 
     #[test]

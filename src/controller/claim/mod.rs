@@ -11,7 +11,6 @@ pub(crate) mod release;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use std::time::Duration;
 
 use kube::runtime::controller::{Action, Controller};
@@ -28,15 +27,16 @@ use crate::phase;
 pub async fn controller(ctx: Arc<Context>, inputs: ClaimInputs, shutdown: CancellationToken) {
     let by_node = ctx.clone();
     let by_slot = ctx.clone();
-    let controller = Controller::for_stream(inputs.claims.map(Ok), ctx.stores.claims.clone())
-        .owns_stream(inputs.jobs.map(Ok))
+    let controller = Controller::for_shared_stream(inputs.claims, ctx.stores.claims.clone())
+        .owns_shared_stream(inputs.jobs)
         // A machine's node changing wakes the claims of its slot (the gate, machine gone).
-        .watches_stream(inputs.nodes.map(Ok), move |node| {
+        .watches_shared_stream(inputs.nodes, move |node| {
             claims_of(&by_node, node.metadata.name.as_deref())
         })
-        .watches_stream(inputs.slots.map(Ok), move |slot| {
+        .watches_shared_stream(inputs.slots, move |slot| {
             claims_of(&by_slot, slot.metadata.name.as_deref())
         })
+        .with_config(super::config())
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
     let reconcile = |object, ctx| crate::telemetry::reconcile("claim", reconcile(object, ctx));
     super::drive("claim", controller.run(reconcile, super::error_policy, ctx)).await;

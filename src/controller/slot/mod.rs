@@ -10,8 +10,6 @@ mod shutdown;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
-
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
@@ -25,21 +23,22 @@ pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: Cancell
     let ns_claims = ctx.namespace.clone();
     let ns_nodes = ctx.namespace.clone();
     let ns_jobs = ctx.namespace.clone();
-    let controller = Controller::for_stream(inputs.slots.map(Ok), ctx.stores.slots.clone())
-        .watches_stream(inputs.claims.map(Ok), move |claim| {
+    let controller = Controller::for_shared_stream(inputs.slots, ctx.stores.slots.clone())
+        .watches_shared_stream(inputs.claims, move |claim| {
             Some(ObjectRef::new(&claim.spec.slot_ref.name).within(&ns_claims))
         })
         // A slot is named after its node, so a node event names its slot (if it has one).
-        .watches_stream(inputs.nodes.map(Ok), move |node| {
+        .watches_shared_stream(inputs.nodes, move |node| {
             node.metadata.name.as_ref().map(|name| ObjectRef::new(name).within(&ns_nodes))
         })
-        .watches_stream(inputs.jobs.map(Ok), move |job| {
+        .watches_shared_stream(inputs.jobs, move |job| {
             job.metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(LABEL_SLOT))
                 .map(|s| ObjectRef::new(s).within(&ns_jobs))
         })
+        .with_config(super::config())
         .graceful_shutdown_on(async move { shutdown.cancelled().await });
     let reconcile = |object, ctx| crate::telemetry::reconcile("slot", reconcile(object, ctx));
     super::drive("slot", controller.run(reconcile, super::error_policy, ctx)).await;

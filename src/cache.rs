@@ -1,0 +1,47 @@
+//! What the operator's reflector caches keep of an object. Every cache is fed by a watch and
+//! holds each object for the life of the process, so the fields no reader needs are dropped
+//! before an object is stored: `managedFields` (server-side apply's bookkeeping, often larger
+//! than the object's spec) and kubectl's `last-applied-configuration` annotation (a second copy
+//! of the object as JSON). No reconcile or provider call reads either, and no write sends a
+//! cached object back whole (writes are patches), so dropping them changes nothing but memory.
+
+use kube::Resource;
+
+/// The annotation `kubectl apply` keeps a copy of the applied object in.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no reader of a cache needs; for `WatchStreamExt::modify`.
+pub fn slim<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    #[test]
+    fn slimming_drops_managed_fields_and_the_last_applied_copy_only() {
+        let mut node = Node::default();
+        node.metadata.name = Some("worker-1".into());
+        node.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kubectl".into()),
+            ..Default::default()
+        }]);
+        node.metadata.annotations = Some(
+            [(LAST_APPLIED.to_string(), "{}".to_string()), ("keep".to_string(), "me".to_string())]
+                .into(),
+        );
+        slim(&mut node);
+        assert_eq!(node.metadata.managed_fields, None);
+        let kept: Vec<&str> =
+            node.metadata.annotations.iter().flatten().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kept, ["keep"]);
+        assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
+    }
+}
