@@ -31,7 +31,6 @@ mod stores;
 pub mod target_size;
 pub mod template;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -258,7 +257,7 @@ impl Provider {
         let index = PoolIndex::new(&slots, &claims);
         // Every slot is asked about: one set of the node names per call rather than a cache
         // lookup per slot (each allocates its key, and a miss looks twice).
-        let registered: HashSet<&str> =
+        let registered: rustc_hash::FxHashSet<&str> =
             nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
         Ok(groups.into_iter().map(|g| index.snapshot(g, |n| registered.contains(n))).collect())
     }
