@@ -185,6 +185,20 @@ mod tests {
         .expect("leaf");
         assert_eq!(leaf.validity.not_after, ca.validity.not_after, "capped at the CA's end");
 
+        let end = CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).expect("leaf der");
+        let unix = UnixTime::since_unix_epoch(Duration::from_secs(now.as_second() as u64));
+        verify(&ca, &end, unix).expect("the leaf verifies against the CA");
+        let other =
+            new_ca(Validity::starting(now, Duration::from_secs(3600)).expect("v")).expect("ca");
+        assert!(verify(&other, &end, unix).is_err(), "another CA does not vouch for it");
+    }
+
+    /// Verifies `end` as a server certificate for `localhost` against `ca` alone.
+    fn verify(
+        ca: &CaMaterial,
+        end: &CertificateDer<'_>,
+        at: UnixTime,
+    ) -> Result<(), rustls::Error> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).expect("ca der"))
@@ -192,38 +206,7 @@ mod tests {
         let verifier = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots))
             .build()
             .expect("verifier");
-        let end = CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).expect("leaf der");
-        let unix = UnixTime::since_unix_epoch(Duration::from_secs(now.as_second() as u64));
-        verifier
-            .verify_server_cert(
-                &end,
-                &[],
-                &ServerName::try_from("localhost").expect("name"),
-                &[],
-                unix,
-            )
-            .expect("the leaf verifies against the CA");
-
-        let other =
-            new_ca(Validity::starting(now, Duration::from_secs(3600)).expect("v")).expect("ca");
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(other.cert_pem.as_bytes()).expect("der"))
-            .expect("root");
-        let verifier = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots))
-            .build()
-            .expect("verifier");
-        assert!(
-            verifier
-                .verify_server_cert(
-                    &end,
-                    &[],
-                    &ServerName::try_from("localhost").expect("name"),
-                    &[],
-                    unix
-                )
-                .is_err(),
-            "another CA does not vouch for it"
-        );
+        let name = ServerName::try_from("localhost").expect("name");
+        verifier.verify_server_cert(end, &[], &name, &[], at).map(|_| ())
     }
 }
