@@ -147,7 +147,8 @@ pub const DEFAULT_POWER_IMAGE: &str =
     concat!("ghcr.io/homecluster-dev/homelab-autoscaler:", env!("CARGO_PKG_VERSION"));
 
 impl RunArgs {
-    /// The attempt timeouts: the seed's constants, with the configurable members replaced.
+    /// The attempt timeouts: the budget's defaults (docs/decisions.md, D9), with the configurable
+    /// members replaced.
     pub fn timeouts(&self) -> Timeouts {
         Timeouts {
             job_timeout: self.startup_job_timeout.into(),

@@ -1,4 +1,4 @@
-//! The marks cluster-autoscaler reads on a machine's node (NOTES 13 and 14):
+//! The marks cluster-autoscaler reads on a machine's node (docs/decisions.md, D13 and D14):
 //!
 //! - while the slot's claim is in its boot window, the node carries CA's startup taint
 //!   [`STARTUP_TAINT`], so CA counts a registered-but-not-ready machine as upcoming capacity
