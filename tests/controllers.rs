@@ -309,7 +309,7 @@ async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
             .and_then(|s| s.message)
             .is_some_and(|m| m.contains("bootstrap.test/not-ready"))
     );
-    // The machine is powered off by the forced shutdown (the simulator removes its node).
+    // The machine is powered off by the forced shutdown (the operator deletes its node once off).
     lab.node_gone(&slot).await;
 }
 

@@ -264,7 +264,9 @@ pub async fn settled(client: &Client, ns: &str, bounds: Bounds) -> Result<Vec<St
                 )
         });
         let Some(node) = nodes.get_opt(node_name).await? else { continue };
-        if !wanted {
+        // A Node that is not Ready is a machine that is off (or not up yet); its Node may stay
+        // until the operator sees the machine confirmed off.
+        if !wanted && crate::is_ready(&node) {
             out.push(format!("machine {node_name} is on without a wanted claim"));
         }
         let in_gate = of_slot.iter().any(|c| {
