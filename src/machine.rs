@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Node as CoreNode;
 
-use crate::api::TaintSelector;
+use crate::api::{Node as Slot, TaintSelector};
 
 /// The taint cluster-autoscaler puts on a node it is removing.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -15,6 +15,47 @@ pub fn is_ready(node: &CoreNode) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The node's Ready condition: its status (`True`, `False`, `Unknown`) and when it last changed.
+/// A node that never reported has none.
+pub fn ready_condition(node: &CoreNode) -> Option<(&str, Option<jiff::Timestamp>)> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.as_str(), c.last_transition_time.as_ref().map(|t| t.0)))
+}
+
+/// The `spec.providerID` the node carries, if any.
+pub fn node_provider_id(node: &CoreNode) -> Option<&str> {
+    node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|id| !id.is_empty())
+}
+
+/// The providerID a slot declares, else `homelab://<slot>`: what the operator writes onto a
+/// node that registered without one.
+pub fn declared_provider_id(slot: &Slot) -> String {
+    match slot.spec.provider_id.as_deref() {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ => format!(
+            "homelab://{}",
+            slot.metadata.name.as_deref().unwrap_or(&slot.spec.kubernetes_node_name)
+        ),
+    }
+}
+
+/// The id cluster-autoscaler knows the slot's machine by: the providerID its node carried
+/// when it last registered (a distribution may write its own, as k3s writes `k3s://<name>`),
+/// else the declared one. CA matches instances to nodes by exactly this string, so a machine
+/// that boots again is reported under the id it will register with.
+pub fn instance_id(slot: &Slot) -> String {
+    slot.status
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| declared_provider_id(slot))
 }
 
 /// Whether the node is cordoned.

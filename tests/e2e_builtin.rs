@@ -1,5 +1,5 @@
 //! End to end with the built-in scaler and no cluster-autoscaler: the real operator binary and
-//! the machine simulator against a real control plane (seed scenario 3).
+//! the machine simulator against a real control plane (docs/decisions.md, D8).
 
 use homelab_harness::e2e;
 

@@ -398,8 +398,8 @@ impl AsyncCheck for TwoOfTwo {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_of_two_replicas_counts_two_not_four() {
     let lab = Lab::start("scaler-deploy", With::ControllersAndScaler).await;
-    // With podsPerNode 1 and three slots, the plan's double count (2 replicas + 2 pods) would
-    // claim all three machines.
+    // With podsPerNode 1 and three slots, counting a Deployment twice (2 replicas + 2 pods)
+    // would claim all three machines.
     lab.pool("deploy", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }), json!({}))
         .await;
 

@@ -91,7 +91,7 @@ impl Call {
     }
 
     /// One call for `group`. GetOptions answers `Unimplemented` for a Group without
-    /// overrides (NOTES decision 7): that is an answer, timed like the others.
+    /// overrides (docs/decisions.md, D7): that is an answer, timed like the others.
     async fn once(self, client: &mut Client, group: &str) -> Result<()> {
         let id = group.to_string();
         match self {

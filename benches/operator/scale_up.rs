@@ -274,7 +274,7 @@ pub fn lines(o: &Overheads) -> Vec<String> {
     .max()
     .unwrap_or_default();
     out.push(format!(
-        "largest operator overhead p50 {}: {:.0}x below the seed's 30 s Job poll, {:.0}x below CA's 10 s scan",
+        "largest operator overhead p50 {}: {:.0}x below a 30 s Job poll, {:.0}x below CA's 10 s scan",
         crate::stats::ms(worst),
         30.0 / worst.as_secs_f64(),
         10.0 / worst.as_secs_f64(),

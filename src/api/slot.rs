@@ -173,10 +173,19 @@ pub struct NodeStatus {
     /// The derived report: off, pending, booting, ready or draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<SlotPhase>,
+    /// The `spec.providerID` the machine's Kubernetes node carried when last registered (k3s
+    /// writes `k3s://<name>` itself; elsewhere it is the slot's declared one or
+    /// `homelab://<slot>`, which the operator writes). cluster-autoscaler knows the machine by
+    /// it, including while the machine boots again and has no node yet.
+    #[serde(rename = "providerID", default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
     /// A digest of the slot's newest claim, which outlives the claim's collection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_claim: Option<SlotClaimDigest>,
-    /// Conditions of the slot (for example CapacityDrift).
+    /// Conditions of the slot: `CapacityMatches`, `ProviderIDMatches` (the declared providerID
+    /// against the registered node's) and `NodeLabelsDeclared` (labels and taints on the node
+    /// that the slot does not declare, which are lost when the operator removes the node of a
+    /// machine that is off).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -40,6 +40,9 @@ pub struct Context {
     pub timeouts: Timeouts,
     /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead.
     pub drain_timeout: Duration,
+    /// How long a kubelet may be silent (its node Ready `Unknown`), with no claim wanting the
+    /// machine, before the machine counts as off and its node is removed.
+    pub off_node_grace: Duration,
     /// The image power Jobs run (the operator's own).
     pub power_image: String,
     pub clock: Arc<dyn Clock>,
@@ -83,6 +86,15 @@ pub struct GroupInputs {
     pub groups: Changes<Group>,
     pub slots: Changes<Node>,
     pub claims: Changes<NodeClaim>,
+}
+
+/// How the slot side treats machines going down.
+#[derive(Clone, Copy, Debug)]
+pub struct MachineSettings {
+    /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead.
+    pub drain_timeout: Duration,
+    /// How long a silent kubelet is given before its machine counts as off.
+    pub off_node_grace: Duration,
 }
 
 /// Why the controllers' inputs could not be set up.
@@ -169,7 +181,7 @@ impl Context {
         client: Client,
         namespace: &str,
         timeouts: Timeouts,
-        drain_timeout: Duration,
+        machines: MachineSettings,
         power_image: String,
         clock: Arc<dyn Clock>,
         shutdown: &CancellationToken,
@@ -216,7 +228,8 @@ impl Context {
             client,
             namespace: namespace.to_string(),
             timeouts,
-            drain_timeout,
+            drain_timeout: machines.drain_timeout,
+            off_node_grace: machines.off_node_grace,
             power_image,
             clock,
             stores,

@@ -47,3 +47,9 @@ pub fn is_not_found(error: &kube::Error) -> bool {
 pub fn is_already_exists(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 409)
 }
+
+/// Whether a kube error is a 409 Conflict on a write guarded by a precondition (uid or
+/// resourceVersion): the object changed since it was read.
+pub fn is_stale_write(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409)
+}

@@ -11,7 +11,8 @@ pub mod jobs;
 pub mod slot;
 
 pub use context::{
-    ClaimInputs, Context, GroupInputs, SlotInputs, StartError, Stores, Subscriptions,
+    ClaimInputs, Context, GroupInputs, MachineSettings, SlotInputs, StartError, Stores,
+    Subscriptions,
 };
 pub use error::{Error, Result};
 

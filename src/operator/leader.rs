@@ -31,7 +31,7 @@ async fn run_controllers(
         client,
         &args.namespace,
         args.timeouts(),
-        super::drain_timeout(args),
+        super::machine_settings(args),
         args.power_image.clone(),
         Arc::new(SystemClock),
         &stop,

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::DEFAULT_NAMESPACE;
 use crate::claim::Timeouts;
 use crate::clock::SystemClock;
+use crate::controller::MachineSettings;
 use crate::grpc::{self, GrpcServerConfig};
 use crate::provider::{Provider, ProviderConfig};
 use crate::webhook::{self, WebhookState};
@@ -126,6 +127,11 @@ pub struct RunArgs {
     /// How long a drain waits on PodDisruptionBudgets before the machine is powered off anyway.
     #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
     pub drain_timeout: kube::core::Duration,
+    /// How long a machine's kubelet may be silent (its node Ready `Unknown`), with no claim
+    /// wanting the machine, before the machine counts as off and its node is removed. A
+    /// machine the operator shut down is confirmed off sooner: by its shutdown Job.
+    #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
+    pub off_node_grace: kube::core::Duration,
     /// How often the built-in scaler decides for each `builtin` pool (it also wakes on new
     /// pending pods).
     #[arg(long, default_value = "10s", value_parser = crate::api::duration::parse_go_duration)]
@@ -141,7 +147,8 @@ pub const DEFAULT_POWER_IMAGE: &str =
     concat!("ghcr.io/homecluster-dev/homelab-autoscaler:", env!("CARGO_PKG_VERSION"));
 
 impl RunArgs {
-    /// The attempt timeouts: the seed's constants, with the configurable members replaced.
+    /// The attempt timeouts: the budget's defaults (docs/decisions.md, D9), with the configurable
+    /// members replaced.
     pub fn timeouts(&self) -> Timeouts {
         Timeouts {
             job_timeout: self.startup_job_timeout.into(),
@@ -261,7 +268,10 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-/// The drain timeout as a std Duration.
-fn drain_timeout(args: &RunArgs) -> Duration {
-    args.drain_timeout.into()
+/// How the slot side treats machines going down.
+fn machine_settings(args: &RunArgs) -> MachineSettings {
+    MachineSettings {
+        drain_timeout: args.drain_timeout.into(),
+        off_node_grace: args.off_node_grace.into(),
+    }
 }

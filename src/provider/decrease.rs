@@ -2,7 +2,7 @@
 //! boot. Cancelling a pending claim is deleting it (it has no finalizer and nothing in flight),
 //! newest first. A boot that has started is never interrupted, so a group whose wanted claims
 //! are all booting or ready answers Unavailable, naming them: the answer cluster-autoscaler
-//! retries, and the truth, since the response carries no size (design §5.1).
+//! retries, and the truth, since the response carries no size.
 
 use std::sync::Arc;
 

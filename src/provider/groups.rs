@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use crate::api::{GROUP_LABEL, Group, NodeClaim, NodeClaimPhase, ScalingDriver};
-use crate::phase;
+use crate::{machine, phase};
 
 use super::Slot;
 
@@ -35,13 +35,9 @@ pub fn driver_name(driver: ScalingDriver) -> &'static str {
     }
 }
 
-/// The `spec.providerID` the machine of a slot registers with: the slot's declared one (k3s
-/// registers `k3s://<name>`), else `homelab://<slot>`, which the operator writes onto the node.
+/// The id cluster-autoscaler knows the slot's machine by (see [`machine::instance_id`]).
 pub fn provider_id_of(slot: &Slot) -> String {
-    match slot.spec.provider_id.as_deref() {
-        Some(id) if !id.is_empty() => id.to_owned(),
-        _ => format!("homelab://{}", slot_name(slot)),
-    }
+    machine::instance_id(slot)
 }
 
 /// The slot's name (its metadata name, which equals `spec.kubernetesNodeName`).
@@ -440,11 +436,20 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_provider_id_is_the_declared_one_or_homelab_scheme() {
+    fn the_provider_id_is_the_registered_one_else_the_declared_one_else_homelab_scheme() {
         let plain = slot("worker-1", "pool");
         assert_eq!(provider_id_of(&plain), "homelab://worker-1");
-        let mut k3s = (*plain).clone();
-        k3s.spec.provider_id = Some("k3s://worker-1".into());
-        assert_eq!(provider_id_of(&k3s), "k3s://worker-1");
+        let mut declared = (*plain).clone();
+        declared.spec.provider_id = Some("k3s://worker-1".into());
+        assert_eq!(provider_id_of(&declared), "k3s://worker-1");
+        // k3s wrote its own id on the node; the slot declares nothing (or something else).
+        let mut registered = (*plain).clone();
+        registered.status = Some(crate::api::NodeStatus {
+            provider_id: Some("k3s://worker-1".into()),
+            ..Default::default()
+        });
+        assert_eq!(provider_id_of(&registered), "k3s://worker-1");
+        registered.spec.provider_id = Some("homelab://stale".into());
+        assert_eq!(provider_id_of(&registered), "k3s://worker-1");
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::error::ProviderError;
 use super::groups::{GroupSnapshot, NodeGroupInfo, group_of, provider_id_of, slot_name};
 use super::{Caller, Provider, Slot};
+use crate::machine;
 
 /// The parts of a Kubernetes node a caller identifies it by.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,10 +29,15 @@ impl NodeRef {
     }
 }
 
-/// The slot whose machine the node is: by providerID, else by name.
+/// The slot whose machine the node is: by providerID (the one its node last registered with,
+/// or the declared one), else by name.
 pub fn find_slot<'a>(slots: &'a [Arc<Slot>], node: &NodeRef) -> Option<&'a Arc<Slot>> {
     let by_provider_id = || {
-        slots.iter().find(|s| !node.provider_id.is_empty() && provider_id_of(s) == node.provider_id)
+        slots.iter().find(|s| {
+            !node.provider_id.is_empty()
+                && (provider_id_of(s) == node.provider_id
+                    || machine::declared_provider_id(s) == node.provider_id)
+        })
     };
     let by_name = || {
         slots.iter().find(|s| {
@@ -88,7 +94,12 @@ mod tests {
     fn lookup_table() {
         let mut k3s = (*slot("k3s-box", "pool")).clone();
         k3s.spec.provider_id = Some("k3s://k3s-box".into());
-        let slots = vec![slot("nuc", "pool"), Arc::new(k3s)];
+        let mut learned = (*slot("k3s-learned", "pool")).clone();
+        learned.status = Some(crate::api::NodeStatus {
+            provider_id: Some("k3s://k3s-learned".into()),
+            ..Default::default()
+        });
+        let slots = vec![slot("nuc", "pool"), Arc::new(k3s), Arc::new(learned)];
         let table = [
             ("a registered node by providerID", node("homelab://nuc", "nuc"), Some("nuc")),
             (
@@ -98,6 +109,16 @@ mod tests {
             ),
             ("a declared providerID", node("k3s://k3s-box", "k3s://k3s-box"), Some("k3s-box")),
             ("a node without providerID yet, by name", node("", "nuc"), Some("nuc")),
+            (
+                "an invented node under the id the machine registered with last",
+                node("k3s://k3s-learned", "k3s://k3s-learned"),
+                Some("k3s-learned"),
+            ),
+            (
+                "a registered k3s node whose slot declares nothing",
+                node("k3s://nuc", "nuc"),
+                Some("nuc"),
+            ),
             ("an unmanaged node", node("aws:///eu-west-1a/i-0abc", "ip-10-0-0-1"), None),
             ("nothing to go by", node("", ""), None),
         ];

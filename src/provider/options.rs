@@ -1,8 +1,9 @@
-//! NodeGroupGetOptions (NOTES 7). A Group that overrides no option gets no answer (the wire says
-//! UNIMPLEMENTED), so cluster-autoscaler runs it with its own flags. An answer is not free: the
-//! contract has no field for MaxNodeStartupTime, and cluster-autoscaler 1.35–1.36 takes 0 for a
-//! group whose options a provider answers, so a registered machine that is not Ready yet counts
-//! as unready at once (upstream issue 10245). Admission warns a Group that overrides anything.
+//! NodeGroupGetOptions (docs/decisions.md, D7). A Group that overrides no option gets no answer
+//! (the wire says UNIMPLEMENTED), so cluster-autoscaler runs it with its own flags. An answer is
+//! not free: the contract has no field for MaxNodeStartupTime, and cluster-autoscaler 1.35–1.36
+//! takes 0 for a group whose options a provider answers, so a registered machine that is not
+//! Ready yet counts as unready at once (upstream issue 10245). Admission warns a Group that
+//! overrides anything.
 //!
 //! When the Group does override something, every option is answered: the Group's, else the
 //! defaults cluster-autoscaler sends, else its own flag defaults. Nothing is left unset:

@@ -1,6 +1,7 @@
-//! Which free slots IncreaseSize boots (NOTES 12): never an exhausted slot, then the cheapest
-//! machine first, then the one with the fewest recent failures, then by name, so a mixed pool
-//! powers its small machines before its power-hungry server and the choice is deterministic.
+//! Which free slots IncreaseSize boots (docs/decisions.md, D12): never an exhausted slot, then
+//! the cheapest machine first, then the one with the fewest recent failures, then by name, so a
+//! mixed pool powers its small machines before its power-hungry server and the choice is
+//! deterministic.
 
 use std::cmp::Ordering;
 

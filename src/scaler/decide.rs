@@ -1,4 +1,4 @@
-//! The decision (plan §4.3, with the per-node scale-in of plan 0005): given one pass's
+//! The decision (docs/decisions.md, D8, with its per-node scale-in): given one pass's
 //! observation of a pool and what the scaler remembers, what to do now.
 //!
 //! The pool is steered to `goal = max(target, floor)`, where `floor` is the Group's minSize:
@@ -331,7 +331,7 @@ mod tests {
         machines.iter().map(|m| m.slot.as_str()).collect()
     }
 
-    /// The plan's cases at maxNodes 1, unchanged: zero or one machine, the hold, the teardown.
+    /// The cases at maxNodes 1: zero or one machine, the hold, the teardown.
     #[test]
     fn max_nodes_one_reproduces_the_zero_or_one_behaviour() {
         let one = settings(1, 8, 0);
@@ -534,7 +534,7 @@ mod tests {
         assert_eq!(decide(&full, &s, &State::default(), now()).decision.action, Action::None);
     }
 
-    /// Plan §6: pods being garbage-collected (or any passing spike) inflate one pass. The clamp
+    /// Pods being garbage-collected (or any passing spike) inflate one pass. The clamp
     /// bounds it at maxNodes; the next passes correct it, releasing the surplus one idle machine
     /// per hold, never below the real target, and never a machine still booting.
     #[test]

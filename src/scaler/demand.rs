@@ -1,11 +1,11 @@
-//! Demand and intent (plan §4.1). `demand` is a pod-work count, not a node count: the ratio is
-//! applied only in `target`. `intent` is `demand > 0`, so there is one definition of "is there
-//! work" and the two cannot drift.
+//! Demand and intent (docs/decisions.md, D8). `demand` is a pod-work count, not a node count:
+//! the ratio is applied only in `target`. `intent` is `demand > 0`, so there is one definition
+//! of "is there work" and the two cannot drift.
 //!
-//! The plan's Deployment double count (a workload's replicas plus its pods) is fixed by owner
-//! references: the observation carries, per workload, the pods of it the pass saw, and a
-//! workload adds only its replicas that have no pod yet. A Deployment of N replicas with N pods
-//! counts N.
+//! A workload's replicas and its pods are not counted twice (a Deployment's replicas plus its
+//! pods): owner references link them. The observation carries, per workload, the pods of it the
+//! pass saw, and a workload adds only its replicas that have no pod yet. A Deployment of N
+//! replicas with N pods counts N.
 
 use super::observation::Observation;
 
@@ -77,7 +77,7 @@ mod tests {
                 true,
             ),
             (
-                "a Deployment of 2 whose 2 pods are pending counts 2, not 4 (the plan's double count)",
+                "a Deployment of 2 whose 2 pods are pending counts 2, not 4 (not counted twice)",
                 Observation {
                     pending_pods: 2,
                     workloads: vec![workload(2, 2)],

@@ -1,7 +1,7 @@
-//! The built-in demand scaler, for pools whose `spec.driver` is `builtin` (NOTES decision 8):
-//! the decision model of the scale plan (Demand, Intent, Target, Decide, the hold, per-node
-//! scale-in) applied to one Group, acting through the same provider core as
-//! cluster-autoscaler's IncreaseSize and DeleteNodes.
+//! The built-in demand scaler, for pools whose `spec.driver` is `builtin` (docs/decisions.md,
+//! D8): a decision model (Demand, Intent, Target, Decide, the hold, per-node scale-in) applied
+//! to one Group, acting through the same provider core as cluster-autoscaler's IncreaseSize and
+//! DeleteNodes.
 //!
 //! The pure model, no I/O and no client: [`observation`] (what a pass saw of a pool, as counts),
 //! [`demand`] (the pod-work count and intent), [`target`] (machines for a demand, within

@@ -1,11 +1,11 @@
-//! The target (plan §4.2): how many machines the demand needs. `ceil(demand / podsPerNode)`,
-//! clamped to `[1, maxNodes]` when there is work and 0 when there is none. The lower bound of 1
-//! keeps the zero-or-one behaviour exactly at `maxNodes == 1`. `maxNodes` is never above the
-//! pool's slot count: a pool cannot run machines it does not have.
+//! The target (docs/decisions.md, D8): how many machines the demand needs.
+//! `ceil(demand / podsPerNode)`, clamped to `[1, maxNodes]` when there is work and 0 when there
+//! is none. The lower bound of 1 keeps the zero-or-one behaviour exactly at `maxNodes == 1`.
+//! `maxNodes` is never above the pool's slot count: a pool cannot run machines it does not have.
 //!
 //! The Group's `minSize` is not part of the target: it is a floor the decision keeps powered
-//! (`floor`), as cluster-autoscaler keeps a group's min size, so the target stays the plan's
-//! formula and its table.
+//! (`floor`), as cluster-autoscaler keeps a group's min size, so the target stays the formula
+//! above and its table.
 
 use crate::api::BuiltinScaler;
 

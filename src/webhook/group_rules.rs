@@ -147,7 +147,8 @@ fn flag_of(field: &str) -> Option<&'static str> {
     }
 }
 
-/// Why overriding an option costs the pool its startup time (NOTES 7, upstream issue 10245).
+/// Why overriding an option costs the pool its startup time (upstream issue 10245;
+/// docs/decisions.md, D7).
 fn startup_time_warning(overrides: &[&str]) -> String {
     let flags: Vec<&str> = overrides.iter().filter_map(|f| flag_of(f)).collect();
     let flagless: Vec<&str> = overrides.iter().copied().filter(|f| flag_of(f).is_none()).collect();

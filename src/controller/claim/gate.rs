@@ -128,7 +128,8 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
             )
             .await;
         }
-        // The deadline leaves on the write after the ready one (seed §11).
+        // The deadline leaves on the write after the ready one: a crash between the two leaves
+        // an inert deadline on a ready claim, which its next pass clears (`ready.rs`).
         ready::clear_deadline(ctx, &name).await?;
         return Ok(Action::await_change());
     }

@@ -1,4 +1,4 @@
-//! The claim controller: moves claims through their phases. Seed §3, §4 and §11 in code:
+//! The claim controller: moves claims through their phases (docs/architecture.md). In code:
 //! boot (`boot`), the Job outcome and readiness gate (`gate`), the machine-gone bound of a ready
 //! claim (`ready`), and release, collection and finalizers (`release`). Every phase write goes
 //! through `chokepoint`.

@@ -1,4 +1,4 @@
-//! The marks cluster-autoscaler reads on a machine's node (NOTES 13 and 14):
+//! The marks cluster-autoscaler reads on a machine's node (docs/decisions.md, D13 and D14):
 //!
 //! - while the slot's claim is in its boot window, the node carries CA's startup taint
 //!   [`STARTUP_TAINT`], so CA counts a registered-but-not-ready machine as upcoming capacity
@@ -7,15 +7,14 @@
 //!   [`SCALE_DOWN_DISABLED`] annotation, so CA does not power off a machine someone started by
 //!   hand once its unneeded time runs out.
 //!
-//! [`wanted`] decides, [`patch`] says only what differs (the slot controller writes it with the
-//! rest of its node patch). The annotation is removed only where
+//! [`wanted`] decides, [`apply`] edits the node's taints and annotations (the slot controller
+//! writes them with the rest of its node patch). The annotation is removed only where
 //! the operator put it (it leaves [`PROTECTED_FOR`] beside it), so a person's own
 //! `scale-down-disabled` survives.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
-use serde_json::json;
+use k8s_openapi::api::core::v1::Taint;
 
 use crate::api::{ClaimCall, NodeClaim};
 use crate::phase;
@@ -48,63 +47,37 @@ pub fn wanted(live: Option<&NodeClaim>) -> Marks {
     }
 }
 
-/// The marks the node carries now.
-pub fn current(node: &CoreNode) -> Marks {
-    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+/// Takes a node's taints and annotations from the marks they carry to `want`, touching nothing
+/// else: the startup taint is added or removed, and the annotation only where the operator put
+/// it.
+pub fn apply(taints: &mut Vec<Taint>, annotations: &mut BTreeMap<String, String>, want: &Marks) {
+    let carries_taint = taints.iter().any(|t| t.key == STARTUP_TAINT);
+    if carries_taint && !want.startup_taint {
+        taints.retain(|t| t.key != STARTUP_TAINT);
+    } else if !carries_taint && want.startup_taint {
+        taints.push(Taint {
+            key: STARTUP_TAINT.into(),
+            value: Some("true".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+    }
     let operator_set = annotations.get(SCALE_DOWN_DISABLED).is_some_and(|v| v == "true");
-    Marks {
-        startup_taint: taints(node).iter().any(|t| t.key == STARTUP_TAINT),
-        protected_for: annotations.get(PROTECTED_FOR).filter(|_| operator_set).cloned(),
+    let protected_for = annotations.get(PROTECTED_FOR).filter(|_| operator_set).cloned();
+    if protected_for == want.protected_for {
+        return;
     }
-}
-
-fn taints(node: &CoreNode) -> Vec<Taint> {
-    node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default()
-}
-
-/// The merge patch that takes `node` from its marks to `want`, or None when they agree. The
-/// taint list is replaced whole, so the patch carries the resourceVersion it was computed from:
-/// a taint someone else added meanwhile makes it conflict instead of being dropped.
-pub fn patch(node: &CoreNode, want: &Marks) -> Option<serde_json::Value> {
-    let have = current(node);
-    let mut patch = serde_json::Map::new();
-    if have.startup_taint != want.startup_taint {
-        let mut list: Vec<Taint> =
-            taints(node).into_iter().filter(|t| t.key != STARTUP_TAINT).collect();
-        if want.startup_taint {
-            list.push(Taint {
-                key: STARTUP_TAINT.into(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
-                time_added: None,
-            });
+    match &want.protected_for {
+        Some(claim) => {
+            annotations.insert(SCALE_DOWN_DISABLED.into(), "true".into());
+            annotations.insert(PROTECTED_FOR.into(), claim.clone());
         }
-        patch.insert("spec".into(), json!({ "taints": list }));
-    }
-    if have.protected_for != want.protected_for {
-        let mut annotations = BTreeMap::new();
-        match &want.protected_for {
-            Some(claim) => {
-                annotations.insert(SCALE_DOWN_DISABLED, json!("true"));
-                annotations.insert(PROTECTED_FOR, json!(claim));
-            }
-            None => {
-                // Only ours is taken off: a person's own annotation has no PROTECTED_FOR.
-                annotations.insert(SCALE_DOWN_DISABLED, serde_json::Value::Null);
-                annotations.insert(PROTECTED_FOR, serde_json::Value::Null);
-            }
+        None => {
+            // Only ours is taken off: a person's own annotation has no PROTECTED_FOR.
+            annotations.remove(SCALE_DOWN_DISABLED);
+            annotations.remove(PROTECTED_FOR);
         }
-        patch.insert("metadata".into(), json!({ "annotations": annotations }));
     }
-    if patch.is_empty() {
-        return None;
-    }
-    let version = node.metadata.resource_version.clone();
-    let metadata = patch.entry("metadata").or_insert_with(|| json!({}));
-    if let Some(metadata) = metadata.as_object_mut() {
-        metadata.insert("resourceVersion".into(), json!(version));
-    }
-    Some(serde_json::Value::Object(patch))
 }
 
 #[cfg(test)]
@@ -112,8 +85,6 @@ mod tests {
     use super::*;
     use crate::api::NodeClaimPhase;
     use crate::fixtures;
-    use k8s_openapi::api::core::v1::NodeSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn claim(call: ClaimCall, phase: Option<NodeClaimPhase>, marked: bool) -> NodeClaim {
         let mut c = fixtures::claim("c1", "slot-a", "g");
@@ -125,33 +96,6 @@ mod tests {
                 Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
         }
         c
-    }
-
-    fn node(taints: &[&str], annotations: &[(&str, &str)]) -> CoreNode {
-        CoreNode {
-            metadata: ObjectMeta {
-                name: Some("slot-a".into()),
-                resource_version: Some("42".into()),
-                annotations: Some(
-                    annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                taints: Some(
-                    taints
-                        .iter()
-                        .map(|k| Taint {
-                            key: k.to_string(),
-                            effect: "NoSchedule".into(),
-                            ..Taint::default()
-                        })
-                        .collect(),
-                ),
-                ..NodeSpec::default()
-            }),
-            status: None,
-        }
     }
 
     #[test]
@@ -182,40 +126,48 @@ mod tests {
         assert_eq!(wanted(None), Marks::default());
     }
 
+    fn taints(keys: &[&str]) -> Vec<Taint> {
+        keys.iter()
+            .map(|k| Taint { key: k.to_string(), effect: "NoSchedule".into(), ..Taint::default() })
+            .collect()
+    }
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn keys(taints: &[Taint]) -> Vec<&str> {
+        taints.iter().map(|t| t.key.as_str()).collect()
+    }
+
     #[test]
-    fn patch_adds_and_removes_only_what_differs() {
+    fn apply_adds_and_removes_only_the_startup_taint() {
         let booting = Marks { startup_taint: true, protected_for: None };
-        // Adding the taint keeps the node's other taints and guards with the resourceVersion.
-        let p = patch(&node(&["node.cilium.io/agent-not-ready"], &[]), &booting).expect("patch");
-        let keys: Vec<&str> = p["spec"]["taints"]
-            .as_array()
-            .expect("taints")
-            .iter()
-            .filter_map(|t| t["key"].as_str())
-            .collect();
-        assert_eq!(keys, ["node.cilium.io/agent-not-ready", STARTUP_TAINT]);
-        assert_eq!(p["metadata"]["resourceVersion"], "42");
-        // Already there: nothing to write.
-        assert_eq!(patch(&node(&[STARTUP_TAINT], &[]), &booting), None);
-        // Gate passed: the taint leaves, the others stay.
-        let p = patch(&node(&["other", STARTUP_TAINT], &[]), &Marks::default()).expect("patch");
-        assert_eq!(p["spec"]["taints"].as_array().map(Vec::len), Some(1));
-        assert!(p.get("metadata").and_then(|m| m.get("annotations")).is_none());
+        let mut list = taints(&["node.cilium.io/agent-not-ready"]);
+        let mut none = BTreeMap::new();
+        apply(&mut list, &mut none, &booting);
+        assert_eq!(keys(&list), ["node.cilium.io/agent-not-ready", STARTUP_TAINT]);
+        apply(&mut list, &mut none, &booting);
+        assert_eq!(list.len(), 2, "already there: unchanged");
+        apply(&mut list, &mut none, &Marks::default());
+        assert_eq!(keys(&list), ["node.cilium.io/agent-not-ready"], "gate passed");
+        assert!(none.is_empty());
     }
 
     #[test]
     fn only_the_operators_scale_down_disabled_is_removed() {
         let manual = Marks { startup_taint: false, protected_for: Some("c1".into()) };
-        let p = patch(&node(&[], &[]), &manual).expect("patch");
-        assert_eq!(p["metadata"]["annotations"][SCALE_DOWN_DISABLED], "true");
-        assert_eq!(p["metadata"]["annotations"][PROTECTED_FOR], "c1");
-        assert!(p.get("spec").is_none());
+        let mut list = Vec::new();
+        let mut ours = BTreeMap::new();
+        apply(&mut list, &mut ours, &manual);
+        assert_eq!(ours, annotations(&[(SCALE_DOWN_DISABLED, "true"), (PROTECTED_FOR, "c1")]));
+        assert!(list.is_empty());
         // The operator's mark, claim gone: both annotations leave.
-        let ours = node(&[], &[(SCALE_DOWN_DISABLED, "true"), (PROTECTED_FOR, "c1")]);
-        let p = patch(&ours, &Marks::default()).expect("patch");
-        assert!(p["metadata"]["annotations"][SCALE_DOWN_DISABLED].is_null());
-        // A person's own annotation is theirs: nothing to write.
-        let theirs = node(&[], &[(SCALE_DOWN_DISABLED, "true")]);
-        assert_eq!(patch(&theirs, &Marks::default()), None);
+        apply(&mut list, &mut ours, &Marks::default());
+        assert!(ours.is_empty());
+        // A person's own annotation is theirs.
+        let mut theirs = annotations(&[(SCALE_DOWN_DISABLED, "true")]);
+        apply(&mut list, &mut theirs, &Marks::default());
+        assert_eq!(theirs, annotations(&[(SCALE_DOWN_DISABLED, "true")]));
     }
 }

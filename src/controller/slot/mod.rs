@@ -1,12 +1,16 @@
 //! The slot controller: the machine side. It powers a machine off when no claim wants it
-//! (`shutdown`), keeps the Kubernetes node tied to its slot (providerID, labels), marks the node
-//! for cluster-autoscaler while it boots or a person holds it (`autoscaler_marks`), and writes
-//! the slot's observed status and derived report (`observe`).
+//! (`shutdown`), removes the node of a machine that is confirmed off (`node_removal`), keeps
+//! the Kubernetes node tied to its slot and carrying what the slot declares (`node_sync`),
+//! marks the node for cluster-autoscaler while it boots or a person holds it
+//! (`autoscaler_marks`), and writes the slot's observed status and derived report (`observe`).
 
 mod autoscaler_marks;
 mod drain;
+mod node_removal;
+mod node_sync;
 mod observe;
 mod shutdown;
+mod undeclared;
 
 use std::sync::Arc;
 
@@ -52,27 +56,39 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         if slot.metadata.deletion_timestamp.is_some() {
             return Ok(Action::await_change());
         }
-        let node = ctx.core_node(&slot.spec.kubernetes_node_name);
+        let mut node = ctx.core_node(&slot.spec.kubernetes_node_name);
         let live = observe::live_claim(&ctx, &name);
-        if let Some(node) = &node {
-            // One write for everything the slot side wants of the node.
-            let mut patch = observe::identity_patch(&slot, node);
-            let marks = autoscaler_marks::wanted(live.as_deref());
-            let remarked = match autoscaler_marks::patch(node, &marks) {
-                Some(serde_json::Value::Object(more)) => {
-                    observe::extend_patch(&mut patch, more);
-                    true
+        let mut recheck = None;
+        if let Some(current) = node.clone() {
+            let removal = node_removal::decide_for(&ctx, &name, &current);
+            if let node_removal::Removal::Remove(why) = removal {
+                if node_removal::remove(&ctx, &slot, &current, why).await? {
+                    node = None;
                 }
-                _ => false,
-            };
-            observe::write_node(&ctx, node, patch).await?;
-            if remarked {
-                tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "cluster-autoscaler marks updated");
+            } else {
+                // One write for everything the slot side wants of the node.
+                let marks = autoscaler_marks::wanted(live.as_deref());
+                if let Some(patch) = node_sync::patch(&slot, &current, &marks) {
+                    observe::write_node(&ctx, &current, patch).await?;
+                    tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "node updated for its slot");
+                }
+            }
+            if let node_removal::Removal::RecheckAt(at) = removal {
+                recheck = Some(at);
             }
         }
         let action = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
         observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref()).await?;
-        Ok(action)
+        // A silent kubelet's grace is the one deadline no event announces. (The shutdown path
+        // only asks to be requeued while the machine is up or owed a shutdown, when there is
+        // no such deadline.)
+        Ok(match recheck {
+            Some(at) => {
+                let wait = at.duration_since(ctx.now()).as_secs_f64().max(1.0);
+                Action::requeue(std::time::Duration::from_secs_f64(wait))
+            }
+            None => action,
+        })
     }
     .instrument(span)
     .await

@@ -7,84 +7,25 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
+use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::api::{
-    GROUP_LABEL, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeStatus, ObservedPower,
-    SlotClaimDigest,
-};
+use super::undeclared;
+use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::params;
 use crate::machine;
 use crate::phase::{self, Observation, SlotReportInput};
 
-/// The providerID a slot's node carries.
-pub fn provider_id(slot: &Node) -> String {
-    slot.spec.provider_id.clone().unwrap_or_else(|| {
-        format!("homelab://{}", slot.metadata.name.as_deref().unwrap_or_default())
-    })
-}
-
-/// What ties a node to its slot, as a merge patch (empty when the node already says it): the
-/// providerID when the node has none, and the slot's group and name as labels, so
-/// cluster-autoscaler matches instances to nodes and people can select a pool's nodes.
-pub fn identity_patch(slot: &Node, node: &CoreNode) -> serde_json::Map<String, serde_json::Value> {
-    let slot_name = slot.metadata.name.clone().unwrap_or_default();
-    let group =
-        slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned().unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let mut patch = serde_json::Map::new();
-    let mut wanted_labels = serde_json::Map::new();
-    for (key, value) in [(LABEL_GROUP, &group), (LABEL_SLOT, &slot_name)] {
-        if labels.get(key) != Some(value) {
-            wanted_labels.insert(key.into(), json!(value));
-        }
-    }
-    if !wanted_labels.is_empty() {
-        patch.insert("metadata".into(), json!({ "labels": wanted_labels }));
-    }
-    let current_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or("");
-    if current_id.is_empty() {
-        patch.insert("spec".into(), json!({ "providerID": provider_id(slot) }));
-    }
-    patch
-}
-
-/// Writes what the slot side wants of its node (identity and cluster-autoscaler marks) in one
-/// merge patch, when there is anything to write.
-pub async fn write_node(
-    ctx: &Context,
-    node: &CoreNode,
-    patch: serde_json::Map<String, serde_json::Value>,
-) -> Result<()> {
-    if patch.is_empty() {
-        return Ok(());
-    }
+/// Writes what the slot side wants of its node (see `node_sync`) as one merge patch.
+pub async fn write_node(ctx: &Context, node: &CoreNode, patch: serde_json::Value) -> Result<()> {
     let node_name = node.metadata.name.clone().unwrap_or_default();
     Api::<CoreNode>::all(ctx.client.clone())
-        .patch(&node_name, &params(), &Patch::Merge(&serde_json::Value::Object(patch)))
+        .patch(&node_name, &params(), &Patch::Merge(&patch))
         .await
         .during(|| format!("updating node {node_name} for its slot"))?;
     Ok(())
-}
-
-/// Adds the merge patch `from` into `into`, object by object. Unlike applying one patch to the
-/// other, a `null` (delete this key) in `from` is kept.
-pub fn extend_patch(
-    into: &mut serde_json::Map<String, serde_json::Value>,
-    from: serde_json::Map<String, serde_json::Value>,
-) {
-    for (key, value) in from {
-        match (into.get_mut(&key), value) {
-            (Some(serde_json::Value::Object(inner)), serde_json::Value::Object(more)) => {
-                extend_patch(inner, more)
-            }
-            (_, value) => {
-                into.insert(key, value);
-            }
-        }
-    }
 }
 
 /// The slot's live claim (the newest, should a race have left two).
@@ -183,8 +124,10 @@ pub async fn write_status(
     let previous = slot.status.clone().unwrap_or_default();
     let last_claim =
         newest(claims.iter().map(AsRef::as_ref)).map(digest).or(previous.last_claim.clone());
+    const OWN: [&str; 3] = ["CapacityMatches", "ProviderIDMatches", "NodeLabelsDeclared"];
     let mut conditions: Vec<Condition> =
-        previous.conditions.iter().filter(|c| c.type_ != "CapacityMatches").cloned().collect();
+        previous.conditions.iter().filter(|c| !OWN.contains(&c.type_.as_str())).cloned().collect();
+    let kept = |type_: &str| previous.conditions.iter().find(|c| c.type_ == type_).cloned();
     if let Some(node) = node.filter(|_| !slot.spec.node_capacity.is_empty()) {
         let drift = capacity_drift(slot, node);
         let (ok, reason, message) = if drift.is_empty() {
@@ -204,16 +147,77 @@ pub async fn write_status(
             &previous.conditions,
             ctx.now(),
         ));
-    } else if let Some(kept) = previous.conditions.iter().find(|c| c.type_ == "CapacityMatches") {
-        conditions.push(kept.clone());
+    } else if let Some(kept) = kept("CapacityMatches") {
+        conditions.push(kept);
+    }
+    // What is known of the node outlives it: the machine is off most of the time.
+    let registered_id = node.and_then(machine::node_provider_id);
+    let mismatch = registered_id.and_then(|id| provider_id_mismatch(slot, id));
+    match (registered_id, &mismatch) {
+        (Some(_), Some(message)) => {
+            conditions.push(condition(
+                "ProviderIDMatches",
+                false,
+                "Mismatch",
+                message.clone(),
+                &previous.conditions,
+                ctx.now(),
+            ));
+        }
+        (Some(id), None) => {
+            let message = format!("the node registered with providerID {id}");
+            conditions.push(condition(
+                "ProviderIDMatches",
+                true,
+                "Matches",
+                message,
+                &previous.conditions,
+                ctx.now(),
+            ));
+        }
+        (None, _) => conditions.extend(kept("ProviderIDMatches")),
+    }
+    let lost = node.map(|n| undeclared::of(slot, n, &gate));
+    match &lost {
+        Some(lost) if !lost.is_empty() => {
+            let message = lost.message(&slot.spec.kubernetes_node_name);
+            conditions.push(condition(
+                "NodeLabelsDeclared",
+                false,
+                "Undeclared",
+                message,
+                &previous.conditions,
+                ctx.now(),
+            ));
+        }
+        Some(_) => {
+            let message =
+                "every label and taint on the node is declared or comes back at registration"
+                    .to_string();
+            conditions.push(condition(
+                "NodeLabelsDeclared",
+                true,
+                "Declared",
+                message,
+                &previous.conditions,
+                ctx.now(),
+            ));
+        }
+        None => conditions.extend(kept("NodeLabelsDeclared")),
     }
     let status = NodeStatus {
         observed_generation: slot.metadata.generation,
         power_state: Some(if observed.powered_on { ObservedPower::On } else { ObservedPower::Off }),
         phase: Some(report),
+        provider_id: registered_id.map(str::to_owned).or(previous.provider_id.clone()),
         last_claim,
         conditions,
     };
+    let was_mismatched =
+        previous.conditions.iter().any(|c| c.type_ == "ProviderIDMatches" && c.status == "False");
+    if let (Some(message), false) = (&mismatch, was_mismatched) {
+        ctx.publish(slot, EventType::Warning, "ProviderIDMismatch", message.clone()).await;
+    }
     if slot.status.as_ref() == Some(&status) {
         return Ok(());
     }
@@ -225,29 +229,33 @@ pub async fn write_status(
     Ok(())
 }
 
+/// The slot declares a providerID that its registered node does not carry: say which value to
+/// use. The operator follows the node either way; the declaration only misleads a reader.
+fn provider_id_mismatch(slot: &Node, registered: &str) -> Option<String> {
+    let declared = slot.spec.provider_id.as_deref().filter(|id| !id.is_empty())?;
+    (declared != registered).then(|| {
+        format!(
+            "spec.providerID is {declared} but node {} registered with {registered}: set spec.providerID to {registered} or remove it (cluster-autoscaler is told the node's own value)",
+            slot.spec.kubernetes_node_name
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn patches_extend_object_by_object_and_keep_deletions() {
-        let mut into =
-            json!({ "metadata": { "labels": { "a": "1" } }, "spec": { "providerID": "x" } });
-        let from = json!({
-            "metadata": { "annotations": { "gone": null }, "resourceVersion": "7" },
-            "spec": { "taints": [] },
-        });
-        let (Some(into_map), serde_json::Value::Object(from_map)) = (into.as_object_mut(), from)
-        else {
-            panic!("objects");
-        };
-        extend_patch(into_map, from_map);
-        assert_eq!(
-            into,
-            json!({
-                "metadata": { "labels": { "a": "1" }, "annotations": { "gone": null }, "resourceVersion": "7" },
-                "spec": { "providerID": "x", "taints": [] },
-            })
-        );
+    fn a_declared_provider_id_that_the_node_contradicts_says_what_to_use() {
+        let mut slot: Node = serde_json::from_value(json!({
+            "metadata": { "name": "m1" },
+            "spec": { "kubernetesNodeName": "m1" },
+        }))
+        .unwrap();
+        assert_eq!(provider_id_mismatch(&slot, "k3s://m1"), None, "nothing declared");
+        slot.spec.provider_id = Some("k3s://m1".into());
+        assert_eq!(provider_id_mismatch(&slot, "k3s://m1"), None);
+        let message = provider_id_mismatch(&slot, "homelab://m1").expect("mismatch");
+        assert!(message.contains("set spec.providerID to homelab://m1"), "{message}");
     }
 }

@@ -8,8 +8,8 @@
 //! - no Job left running, and no claim with more than one startup or shutdown Job;
 //! - no machine on (its Kubernetes node registered) without a wanted claim;
 //! - no slot with two booting claims, ever;
-//! - cluster-autoscaler's startup taint and scale-down-disabled annotation (NOTES 13/14) on no
-//!   node whose claim no longer needs them.
+//! - cluster-autoscaler's startup taint and scale-down-disabled annotation (docs/decisions.md,
+//!   D13 and D14) on no node whose claim no longer needs them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -27,9 +27,11 @@ use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-/// NOTES 13: the taint that makes cluster-autoscaler count a booting machine as not started.
+/// The taint that makes cluster-autoscaler count a booting machine as not started
+/// (docs/decisions.md, D13).
 pub const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/homelab-booting";
-/// NOTES 14: the annotation that keeps cluster-autoscaler off a machine started by hand.
+/// The annotation that keeps cluster-autoscaler off a machine started by hand
+/// (docs/decisions.md, D14).
 pub const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
 
 #[derive(Default)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use homelab_autoscaler::api::{Group, Node, NodeClaim};
 use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::clock::SystemClock;
-use homelab_autoscaler::controller::{self, Context};
+use homelab_autoscaler::controller::{self, Context, MachineSettings};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_autoscaler::simulator::{self, SimulateArgs};
 use k8s_openapi::api::batch::v1::Job;
@@ -67,7 +67,10 @@ async fn start_controllers(
         client.clone(),
         ns,
         timeouts,
-        Duration::from_secs(5),
+        MachineSettings {
+            drain_timeout: Duration::from_secs(5),
+            off_node_grace: Duration::from_secs(10),
+        },
         LAB_POWER_IMAGE.into(),
         Arc::new(SystemClock),
         &token,

@@ -19,7 +19,7 @@ use tokio::process::{Child, Command};
 use super::http_get;
 
 /// How cluster-autoscaler is run: the flags that shorten its clocks for a test, and the
-/// readiness taints it must treat as startup taints (NOTES 13).
+/// readiness taints it must treat as startup taints (docs/decisions.md, D13).
 #[derive(Clone, Debug)]
 pub struct AutoscalerSettings {
     pub startup_taints: Vec<String>,

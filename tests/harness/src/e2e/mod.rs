@@ -430,6 +430,8 @@ impl World {
             "--registration-timeout=30s".into(),
             "--readiness-gate-timeout=60s".into(),
             "--drain-timeout=10s".into(),
+            // The lab's kubelets go silent within seconds of a power-off (see docs/testing.md).
+            "--off-node-grace=15s".into(),
         ];
         let ca_pem = match &self.tls {
             WebhookTls::SelfMade => {

@@ -1,0 +1,327 @@
+//! A machine that is off has no Kubernetes node. A real machine keeps its node when it powers
+//! off (its kubelet just stops, and the node lifecycle marks it Unknown), but
+//! cluster-autoscaler reads such a node as an unready instance of its group, never as
+//! upcoming capacity once it is older than CA's startup time, and stops autoscaling the whole
+//! cluster once enough nodes are unready. So, as a cloud controller manager does for a
+//! terminated instance, the operator removes the node once the machine is confirmed off; the
+//! kubelet registers it again at boot, with its registration taints.
+//!
+//! Confirmed off means no claim wants the machine or is still on its way through a boot or a
+//! shutdown, the node is not Ready, and either a shutdown Job of the slot succeeded after the
+//! node registered, or the kubelet has been silent (Ready `Unknown`) for longer than the grace.
+//! A silent node whose machine a claim is booting is removed at once: its kubelet registers a
+//! fresh node, which cluster-autoscaler counts as upcoming.
+//! A Ready node is never removed, and the delete is guarded by the node's uid and
+//! resourceVersion, so a node that has just registered again is never the one deleted.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Node as CoreNode;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::events::EventType;
+
+use super::undeclared;
+use crate::api::{Node, NodeClaim};
+use crate::controller::Context;
+use crate::controller::claim::release::awaits_forced_shutdown;
+use crate::controller::error::{KubeContext, Result, is_not_found, is_stale_write};
+use crate::controller::jobs::Lifecycle;
+use crate::job_outcome::{JobOutcome, outcome};
+use crate::{machine, phase};
+
+/// Why a node is removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffBecause {
+    /// A shutdown Job succeeded and the kubelet stopped reporting Ready.
+    ShutDown,
+    /// The kubelet has been silent past the grace, and nothing wants the machine.
+    Silent { since: Timestamp },
+    /// The machine is being booted and its old node's kubelet is silent.
+    Rebooting,
+}
+
+/// What to do with the node of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    Keep,
+    /// Not yet: look again at this time.
+    RecheckAt(Timestamp),
+    Remove(OffBecause),
+}
+
+/// What the decision reads.
+pub struct Facts<'a> {
+    pub claims: &'a [&'a NodeClaim],
+    pub node: &'a CoreNode,
+    /// The outcomes of the slot's shutdown Jobs.
+    pub shutdowns: &'a [JobOutcome],
+    pub now: Timestamp,
+    /// How long a silent kubelet is given before its machine counts as off.
+    pub grace: SignedDuration,
+}
+
+/// Decides whether the node's machine is confirmed off. Pure.
+pub fn decide(facts: &Facts) -> Removal {
+    let Facts { claims, node, shutdowns, now, grace } = *facts;
+    if node.metadata.deletion_timestamp.is_some() {
+        return Removal::Keep;
+    }
+    let Some((ready, since)) = machine::ready_condition(node) else {
+        // Never reported: a kubelet in the middle of registering.
+        return Removal::Keep;
+    };
+    if ready == "True" {
+        return Removal::Keep;
+    }
+    let silent = ready == "Unknown";
+    let booting = |c: &&NodeClaim| phase::in_boot_window(Some(phase::of(c)));
+    // A machine on its way up whose old node is silent: the kubelet registers afresh, with its
+    // registration taints, and cluster-autoscaler counts the new node as upcoming. (A kubelet
+    // that has already found the old node has written to it, which the guarded delete sees.)
+    if silent && claims.iter().any(booting) {
+        return Removal::Remove(OffBecause::Rebooting);
+    }
+    let wanted_or_moving =
+        claims.iter().any(|c| phase::is_live(Some(phase::of(c))) || awaits_forced_shutdown(c));
+    if wanted_or_moving || shutdowns.contains(&JobOutcome::Running) {
+        return Removal::Keep;
+    }
+    let registered = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let shut_down_since_registration = shutdowns.iter().any(|o| match o {
+        JobOutcome::Succeeded { at } => registered.is_none_or(|r| at.unwrap_or(now) >= r),
+        JobOutcome::Running | JobOutcome::Failed => false,
+    });
+    if shut_down_since_registration {
+        return Removal::Remove(OffBecause::ShutDown);
+    }
+    // `False` is a kubelet that reports in and says it is not ready: the machine is up.
+    if !silent {
+        return Removal::Keep;
+    }
+    let since = since.unwrap_or(now);
+    match since.checked_add(grace) {
+        Ok(due) if due > now => Removal::RecheckAt(due),
+        _ => Removal::Remove(OffBecause::Silent { since }),
+    }
+}
+
+/// The facts of a slot from the caches, and the decision.
+pub fn decide_for(ctx: &Context, slot_name: &str, node: &CoreNode) -> Removal {
+    let owned = ctx.claims_of_slot(slot_name);
+    let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
+    let shutdowns: Vec<JobOutcome> = ctx
+        .lifecycle_jobs_of_slot(slot_name, Lifecycle::Shutdown)
+        .iter()
+        .map(|j| outcome(j))
+        .collect();
+    let grace = SignedDuration::try_from(ctx.off_node_grace).unwrap_or(SignedDuration::MAX);
+    decide(&Facts { claims: &claims, node, shutdowns: &shutdowns, now: ctx.now(), grace })
+}
+
+/// Removes the node of a machine that is off, after naming on the slot what is lost with it.
+/// Returns false when the node changed or went meanwhile (the next event decides again).
+pub async fn remove(ctx: &Context, slot: &Node, node: &CoreNode, why: OffBecause) -> Result<bool> {
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
+    let lost = undeclared::of(slot, node, &gate);
+    if !lost.is_empty() {
+        ctx.publish(slot, EventType::Warning, "UndeclaredNodeLabels", lost.message(&node_name))
+            .await;
+    }
+    let preconditions = Preconditions {
+        uid: node.metadata.uid.clone(),
+        resource_version: node.metadata.resource_version.clone(),
+    };
+    let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
+    match Api::<CoreNode>::all(ctx.client.clone()).delete(&node_name, &params).await {
+        Ok(_) => {}
+        Err(error) if is_stale_write(&error) || is_not_found(&error) => return Ok(false),
+        Err(error) => {
+            return Err(error)
+                .during(|| format!("removing node {node_name} of a machine that is off"));
+        }
+    }
+    let because = match why {
+        OffBecause::ShutDown => "its shutdown Job succeeded and its kubelet stopped".to_string(),
+        OffBecause::Silent { since } => {
+            format!("its kubelet has been silent since {since} and no claim wants it")
+        }
+        OffBecause::Rebooting => {
+            "its kubelet is silent and a claim is booting it: it registers afresh".to_string()
+        }
+    };
+    tracing::info!(node = %node_name, ?why, "removed the node of a machine that is off");
+    ctx.publish(
+        slot,
+        EventType::Normal,
+        "NodeRemoved",
+        format!(
+            "machine is off ({because}): removed node {node_name}; its kubelet registers it again at boot"
+        ),
+    )
+    .await;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::NodeClaimPhase::*;
+    use crate::api::NodeClaimStatus;
+    use crate::fixtures::{at, claim_in};
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn ts(s: &str) -> Timestamp {
+        at(s).0
+    }
+
+    fn node(ready: Option<(&str, &str)>) -> CoreNode {
+        CoreNode {
+            metadata: ObjectMeta {
+                name: Some("m1".into()),
+                creation_timestamp: Some(Time(ts("2026-03-04T09:00:00Z"))),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: ready.map(|(status, since)| NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    last_transition_time: Some(Time(ts(since))),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn removal_table() {
+        let now = ts("2026-03-04T10:00:00Z");
+        let grace = SignedDuration::from_mins(5);
+        let long_ago = "2026-03-04T09:30:00Z";
+        let just_now = "2026-03-04T09:59:00Z";
+        let ready = claim_in("ready", "m1", Some(Ready), "2026-03-04T09:00:00Z");
+        let booting = claim_in("booting", "m1", Some(Booting), "2026-03-04T09:00:00Z");
+        let completed = claim_in("done", "m1", Some(Completed), "2026-03-04T09:00:00Z");
+        let mut owed = claim_in("owed", "m1", Some(Failed), "2026-03-04T09:00:00Z");
+        owed.status.get_or_insert_with(NodeClaimStatus::default).boot_committed_at =
+            Some(at("2026-03-04T09:01:00Z"));
+        let shut_down = JobOutcome::Succeeded { at: Some(ts("2026-03-04T09:58:00Z")) };
+        let shut_down_before_registration =
+            JobOutcome::Succeeded { at: Some(ts("2026-03-04T08:00:00Z")) };
+        let mut deleting = node(Some(("Unknown", long_ago)));
+        deleting.metadata.deletion_timestamp = Some(Time(now));
+
+        type Row<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<JobOutcome>, Removal);
+        let silent = Removal::Remove(OffBecause::Silent { since: ts(long_ago) });
+        let table: Vec<Row> = vec![
+            (
+                "Ready is never removed",
+                vec![],
+                node(Some(("True", long_ago))),
+                vec![],
+                Removal::Keep,
+            ),
+            (
+                "Ready after a shutdown",
+                vec![],
+                node(Some(("True", just_now))),
+                vec![shut_down],
+                Removal::Keep,
+            ),
+            (
+                "silent past the grace, nothing wants it",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![],
+                silent,
+            ),
+            (
+                "silent, a finished claim",
+                vec![&completed],
+                node(Some(("Unknown", long_ago))),
+                vec![],
+                silent,
+            ),
+            (
+                "silent within the grace",
+                vec![],
+                node(Some(("Unknown", just_now))),
+                vec![],
+                Removal::RecheckAt(ts("2026-03-04T10:04:00Z")),
+            ),
+            (
+                "NotReady from a live kubelet",
+                vec![],
+                node(Some(("False", long_ago))),
+                vec![],
+                Removal::Keep,
+            ),
+            (
+                "shut down and NotReady",
+                vec![],
+                node(Some(("False", just_now))),
+                vec![shut_down],
+                Removal::Remove(OffBecause::ShutDown),
+            ),
+            (
+                "shut down and silent at once",
+                vec![],
+                node(Some(("Unknown", just_now))),
+                vec![Job::Failed, shut_down],
+                Removal::Remove(OffBecause::ShutDown),
+            ),
+            (
+                "a shutdown older than the node counts for nothing",
+                vec![],
+                node(Some(("False", just_now))),
+                vec![shut_down_before_registration],
+                Removal::Keep,
+            ),
+            (
+                "a ready claim wants it",
+                vec![&ready],
+                node(Some(("Unknown", long_ago))),
+                vec![],
+                Removal::Keep,
+            ),
+            (
+                "a boot in flight over a silent node",
+                vec![&booting],
+                node(Some(("Unknown", just_now))),
+                vec![shut_down],
+                Removal::Remove(OffBecause::Rebooting),
+            ),
+            (
+                "a boot in flight, kubelet back",
+                vec![&booting],
+                node(Some(("False", long_ago))),
+                vec![],
+                Removal::Keep,
+            ),
+            (
+                "a forced shutdown still owed",
+                vec![&owed],
+                node(Some(("Unknown", long_ago))),
+                vec![],
+                Removal::Keep,
+            ),
+            (
+                "a shutdown Job still running",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![JobOutcome::Running],
+                Removal::Keep,
+            ),
+            ("never reported", vec![], node(None), vec![], Removal::Keep),
+            ("already being deleted", vec![], deleting, vec![], Removal::Keep),
+        ];
+        for (name, claims, node, shutdowns, want) in table {
+            let facts = Facts { claims: &claims, node: &node, shutdowns: &shutdowns, now, grace };
+            assert_eq!(decide(&facts), want, "{name}");
+        }
+    }
+
+    use JobOutcome as Job;
+}
