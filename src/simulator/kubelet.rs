@@ -155,8 +155,9 @@ pub async fn boot(client: &Client, registration: Registration) -> Result<Boot, S
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let name = registration.node_name.clone();
     let existing = nodes.get_opt(&name).await.map_err(kube_err(format!("reading node {name}")))?;
-    if existing.is_some() {
-        resume(client, &name, registration.network_down).await?;
+    // The operator may delete the silent Node of a machine it boots between the read and the
+    // resume; then there is none to take over, and the kubelet registers a fresh one.
+    if existing.is_some() && resume(client, &name, registration.network_down).await? {
         return Ok(Boot::Resumed);
     }
     match nodes.create(&PostParams::default(), &registration.node()).await {
@@ -169,21 +170,27 @@ pub async fn boot(client: &Client, registration: Registration) -> Result<Boot, S
 
 /// The kubelet of an existing Node runs again: kwok's stages turn the node Ready (after its
 /// network, if `network_down`), and kube-controller-manager takes its unreachable taints off.
+/// Returns whether the Node existed.
 pub async fn resume(
     client: &Client,
     node_name: &str,
     network_down: bool,
-) -> Result<(), SimulatorError> {
+) -> Result<bool, SimulatorError> {
     let network = network_down.then_some("down");
     let patch = json!({ "metadata": { "annotations": {
         KUBELET_ANNOTATION: null,
         KUBELET_NETWORK_ANNOTATION: network,
     } } });
-    Api::<CoreNode>::all(client.clone())
+    match Api::<CoreNode>::all(client.clone())
         .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(kube_err(format!("starting the kubelet of {node_name}")))?;
-    mark_pods(client, node_name, None).await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+        Err(error) => return Err(kube_err(format!("starting the kubelet of {node_name}"))(error)),
+    }
+    mark_pods(client, node_name, None).await?;
+    Ok(true)
 }
 
 /// The kubelet stops (the machine powered off or crashed): its Node stays, its heartbeats

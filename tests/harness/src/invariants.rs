@@ -6,7 +6,7 @@
 //! - every claim ended ready, failed or completed, within its deadline (plus a margin);
 //! - no claim stuck Terminating;
 //! - no Job left running, and no claim with more than one startup or shutdown Job;
-//! - no machine on (its Kubernetes node registered) without a wanted claim;
+//! - no machine on (its Kubernetes node Ready) without a wanted claim;
 //! - no slot with two booting claims, ever;
 //! - cluster-autoscaler's startup taint and scale-down-disabled annotation (docs/decisions.md,
 //!   D13 and D14) on no node whose claim no longer needs them.

@@ -134,9 +134,11 @@ impl ControlPlane {
 
     /// Starts the kubelet of Node `name` again (its machine booted): kwok turns it Ready.
     pub async fn start_kubelet(&self, name: &str) -> Result<()> {
-        simulator::kubelet::resume(&self.client()?, name, false)
+        let existed = simulator::kubelet::resume(&self.client()?, name, false)
             .await
-            .with_context(|| format!("starting the kubelet of {name}"))
+            .with_context(|| format!("starting the kubelet of {name}"))?;
+        anyhow::ensure!(existed, "no Node {name} whose kubelet could start");
+        Ok(())
     }
 
     /// Waits until kube-controller-manager has marked Node `name` Ready=Unknown.
