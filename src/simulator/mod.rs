@@ -1,24 +1,36 @@
 //! `homelab-autoscaler simulate`: plays every slot's machine on a cluster whose nodes are kwok's,
-//! for the demo and the end-to-end tests. When a startup Job completes, the slot's node
-//! registers after a boot delay carrying the pool's bootstrap (readiness) taints, which are
-//! removed after a further delay; when a shutdown Job completes, the node goes away.
+//! for the demo and the end-to-end tests. A machine is played as a kubelet, not as a cloud: its
+//! Kubernetes Node outlives a power-off, as a real homelab machine's does.
+//!
+//! - **Boot** (a startup Job of the slot succeeded, then `--boot-delay`): the kubelet starts. If
+//!   the machine's Node exists, it takes it over as it is (no taints added); kwok turns it Ready
+//!   and kube-controller-manager takes its unreachable taints off. If no Node exists, it
+//!   registers one as a kubelet does: the kubelet's well-known labels plus its `--node-labels`
+//!   (the slot annotation `simulator.infra.homecluster.dev/node-labels`, comma-separated
+//!   `key=value`), its `--register-with-taints` (the Group's readiness taints and
+//!   cluster-autoscaler's startup taint), and, for the slot annotation
+//!   `simulator.infra.homecluster.dev/distribution: k3s`, `spec.providerID: k3s://<node>`.
+//!   The slot's declared `spec.nodeLabels`, `spec.nodeTaints` and `spec.providerID` are the
+//!   operator's to write, never the kubelet's. After `--gate-delay` the Group's readiness taints
+//!   go (the startup taint is the operator's to remove).
+//! - **Power-off** (a shutdown Job of the slot succeeded): the kubelet stops (see [`kubelet`]).
+//!   The Node stays; kube-controller-manager marks it Ready=Unknown and taints it unreachable.
 //!
 //! A slot can play a broken machine with the annotation `simulator.infra.homecluster.dev/behaviour`:
-//! `never-boots` (nothing registers), `never-clears-gate` (the bootstrap taints stay),
-//! `ignores-shutdown` (the node stays up after a shutdown Job), `registers-not-ready` (the node
-//! registers NotReady, as a kubelet does before its CNI is up, and turns Ready after
+//! `never-boots` (the kubelet never starts), `never-clears-gate` (the readiness taints stay),
+//! `ignores-shutdown` (the kubelet keeps running after a shutdown Job), `registers-not-ready`
+//! (the node is NotReady, as a kubelet's is before its CNI is up, and turns Ready after
 //! `simulator.infra.homecluster.dev/not-ready-for`, default 30s).
 
-use std::collections::{BTreeMap, HashSet};
+pub mod kubelet;
+
+use std::collections::HashSet;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    Node as CoreNode, NodeCondition, NodeSpec as CoreNodeSpec, NodeStatus as CoreNodeStatus, Taint,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -26,16 +38,16 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{GROUP_LABEL, Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_SLOT, Node};
 use crate::job_outcome::{JobOutcome, outcome};
 
+pub use kubelet::{
+    DISTRIBUTION_ANNOTATION, KUBELET_ANNOTATION, KUBELET_NETWORK_ANNOTATION, KUBELET_STOPPED,
+    KWOK_ANNOTATION, NODE_LABELS_ANNOTATION, STARTUP_TAINT,
+};
+
 /// The annotation that makes a slot play a broken machine.
 pub const BEHAVIOUR_ANNOTATION: &str = "simulator.infra.homecluster.dev/behaviour";
 /// How long a `registers-not-ready` machine stays NotReady (a duration such as `30s`).
 pub const NOT_READY_FOR_ANNOTATION: &str = "simulator.infra.homecluster.dev/not-ready-for";
 const DEFAULT_NOT_READY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
-/// While a node carries this annotation, kwok's stages leave it NotReady (a kubelet whose
-/// network is not up yet).
-pub const KUBELET_NETWORK_ANNOTATION: &str = "simulator.infra.homecluster.dev/kubelet-network";
-/// kwok plays nodes carrying this annotation.
-pub const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
 /// Settings of the simulator.
 #[derive(Clone, Debug, clap::Args)]
@@ -43,10 +55,10 @@ pub struct SimulateArgs {
     /// The namespace of the slots.
     #[arg(long, env = "HOMELAB_AUTOSCALER_NAMESPACE", default_value = crate::api::DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// How long a machine takes to register its node after its startup Job.
+    /// How long a machine takes to start its kubelet after its startup Job.
     #[arg(long, default_value = "3s", value_parser = crate::api::duration::parse_go_duration)]
     pub boot_delay: kube::core::Duration,
-    /// How long the node carries its bootstrap taints.
+    /// How long a registered node carries the Group's readiness taints.
     #[arg(long, default_value = "2s", value_parser = crate::api::duration::parse_go_duration)]
     pub gate_delay: kube::core::Duration,
 }
@@ -55,6 +67,10 @@ pub struct SimulateArgs {
 pub enum SimulatorError {
     #[error("{action}: {source}")]
     Kube { action: String, source: kube::Error },
+    #[error(
+        "annotation {NODE_LABELS_ANNOTATION}: entry {entry:?} is not key=value (the kubelet would refuse to start)"
+    )]
+    NodeLabels { entry: String },
 }
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> SimulatorError {
@@ -106,36 +122,35 @@ pub async fn run(client: Client, args: SimulateArgs, shutdown: CancellationToken
 }
 
 fn behaviour(slot: &Node) -> Option<&str> {
-    slot.metadata.annotations.as_ref()?.get(BEHAVIOUR_ANNOTATION).map(String::as_str)
+    annotation(slot, BEHAVIOUR_ANNOTATION)
 }
 
-/// How long the machine's kubelet reports NotReady after registering, if it plays a slow one.
+fn annotation<'a>(slot: &'a Node, key: &str) -> Option<&'a str> {
+    slot.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// How long the machine's kubelet reports NotReady after it starts, if it plays a slow one.
 fn not_ready_for(slot: &Node) -> Option<std::time::Duration> {
     if behaviour(slot) != Some("registers-not-ready") {
         return None;
     }
-    let configured = slot
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(NOT_READY_FOR_ANNOTATION))
+    let configured = annotation(slot, NOT_READY_FOR_ANNOTATION)
         .and_then(|d| crate::api::duration::parse_go_duration(d).ok())
         .filter(|d| !d.is_negative());
     Some(configured.map_or(DEFAULT_NOT_READY_FOR, Into::into))
 }
 
-/// A kubelet's first status before its network is up.
-fn not_ready_status() -> Vec<NodeCondition> {
-    vec![NodeCondition {
-        type_: "Ready".into(),
-        status: "False".into(),
-        reason: Some("KubeletNotReady".into()),
-        message: Some(
-            "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:cni plugin not initialized"
-                .into(),
-        ),
-        ..NodeCondition::default()
-    }]
+/// The kubelet's `--register-with-taints`: the Group's readiness taints, then
+/// cluster-autoscaler's startup taint.
+fn registration_taints(readiness: &[Taint]) -> Vec<Taint> {
+    let mut taints = readiness.to_vec();
+    taints.push(Taint {
+        key: STARTUP_TAINT.into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    });
+    taints
 }
 
 async fn power_on(
@@ -156,7 +171,7 @@ async fn power_on(
             .map_err(kube_err(format!("reading group {g}")))?,
         None => None,
     };
-    let bootstrap: Vec<Taint> = group
+    let readiness: Vec<Taint> = group
         .map(|g| g.spec.node_readiness_taints)
         .unwrap_or_default()
         .into_iter()
@@ -167,52 +182,33 @@ async fn power_on(
             time_added: None,
         })
         .collect();
+    let node_labels =
+        kubelet::parse_node_labels(annotation(&slot, NODE_LABELS_ANNOTATION).unwrap_or_default())?;
     tokio::time::sleep(args.boot_delay.into()).await;
 
     let node_name = slot.spec.kubernetes_node_name.clone();
-    let nodes: Api<CoreNode> = Api::all(client.clone());
-    let mut taints = slot.spec.node_taints.clone();
-    taints.extend(bootstrap.iter().cloned());
-    let mut labels: BTreeMap<String, String> = slot.spec.node_labels.clone();
-    labels.insert("kubernetes.io/hostname".into(), node_name.clone());
-    labels.insert("type".into(), "kwok".into());
     let capacity = (!slot.spec.node_capacity.is_empty()).then(|| slot.spec.node_capacity.clone());
     // A slow kubelet's node says its network is down; kwok's stages leave it NotReady until
     // the annotation goes (tests/harness/kwok/stages.yaml).
     let slow = not_ready_for(&slot);
-    let mut annotations = BTreeMap::from([(KWOK_ANNOTATION.0.into(), KWOK_ANNOTATION.1.into())]);
-    if slow.is_some() {
-        annotations.insert(KUBELET_NETWORK_ANNOTATION.into(), "down".into());
-    }
-    let node = CoreNode {
-        metadata: ObjectMeta {
-            name: Some(node_name.clone()),
-            labels: Some(labels),
-            annotations: Some(annotations),
-            ..ObjectMeta::default()
-        },
-        spec: Some(CoreNodeSpec {
-            taints: Some(taints),
-            provider_id: slot.spec.provider_id.clone(),
-            ..CoreNodeSpec::default()
-        }),
-        status: Some(CoreNodeStatus {
-            capacity: capacity.clone(),
-            allocatable: capacity,
-            conditions: slow.map(|_| not_ready_status()),
-            ..CoreNodeStatus::default()
-        }),
+    let registration = kubelet::Registration {
+        node_name: node_name.clone(),
+        labels: kubelet::kubelet_labels(&node_name, node_labels),
+        taints: registration_taints(&readiness),
+        provider_id: kubelet::provider_id(annotation(&slot, DISTRIBUTION_ANNOTATION), &node_name),
+        capacity,
+        network_down: slow.is_some(),
     };
-    match nodes.create(&PostParams::default(), &node).await {
-        Ok(_) => tracing::info!(
+    match kubelet::boot(client, registration).await? {
+        kubelet::Boot::Registered => tracing::info!(
             node = node_name,
-            "machine booted; node registered with its bootstrap taints"
+            "machine booted; its kubelet registered the node with its registration taints"
         ),
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            tracing::info!(node = node_name, "node already registered")
+        kubelet::Boot::Resumed => {
+            tracing::info!(node = node_name, "machine booted; its kubelet took over its node")
         }
-        Err(error) => return Err(kube_err(format!("registering node {node_name}"))(error)),
     }
+    let nodes: Api<CoreNode> = Api::all(client.clone());
     if let Some(delay) = slow {
         tokio::time::sleep(delay).await;
         let network_up =
@@ -223,19 +219,18 @@ async fn power_on(
             .map_err(kube_err(format!("bringing the kubelet of {node_name} up")))?;
         tracing::info!(node = node_name, "kubelet network up; node turns Ready");
     }
-    if behaviour(&slot) == Some("never-clears-gate") || bootstrap.is_empty() {
+    if behaviour(&slot) == Some("never-clears-gate") || readiness.is_empty() {
         return Ok(());
     }
     tokio::time::sleep(args.gate_delay.into()).await;
     let current =
         nodes.get(&node_name).await.map_err(kube_err(format!("reading node {node_name}")))?;
-    let kept: Vec<Taint> = current
-        .spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| !bootstrap.iter().any(|b| b.key == t.key))
-        .collect();
+    let taints = current.spec.and_then(|s| s.taints).unwrap_or_default();
+    if !taints.iter().any(|t| readiness.iter().any(|r| r.key == t.key)) {
+        return Ok(());
+    }
+    let kept: Vec<Taint> =
+        taints.into_iter().filter(|t| !readiness.iter().any(|r| r.key == t.key)).collect();
     nodes
         .patch(
             &node_name,
@@ -243,8 +238,8 @@ async fn power_on(
             &Patch::Merge(&json!({ "spec": { "taints": kept } })),
         )
         .await
-        .map_err(kube_err(format!("clearing the bootstrap taints of {node_name}")))?;
-    tracing::info!(node = node_name, "bootstrap taints cleared");
+        .map_err(kube_err(format!("clearing the readiness taints of {node_name}")))?;
+    tracing::info!(node = node_name, "readiness taints cleared");
     Ok(())
 }
 
@@ -262,10 +257,8 @@ async fn power_off(
         return Ok(());
     }
     let node_name = slot.spec.kubernetes_node_name;
-    match Api::<CoreNode>::all(client.clone()).delete(&node_name, &DeleteParams::default()).await {
-        Ok(_) => tracing::info!(node = node_name, "machine powered off"),
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(error) => return Err(kube_err(format!("removing node {node_name}"))(error)),
+    if kubelet::stop(client, &node_name).await? {
+        tracing::info!(node = node_name, "machine powered off; its kubelet stopped");
     }
     Ok(())
 }

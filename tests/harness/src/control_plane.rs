@@ -359,6 +359,12 @@ impl ControlPlane {
                         self.pki.service_account_private.display()
                     ),
                     format!("--root-ca-file={}", self.pki.ca_cert.display()),
+                    // A machine whose kubelet stopped (powered off, crashed) turns Ready=Unknown
+                    // within seconds rather than the default 50 s. kwok's heartbeat stages post
+                    // every 4 s, so a healthy node misses five before it is marked; the period
+                    // is how often the node lifecycle controller looks.
+                    "--node-monitor-grace-period=20s".into(),
+                    "--node-monitor-period=2s".into(),
                 ],
             )
             .await?;

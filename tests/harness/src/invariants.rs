@@ -6,7 +6,7 @@
 //! - every claim ended ready, failed or completed, within its deadline (plus a margin);
 //! - no claim stuck Terminating;
 //! - no Job left running, and no claim with more than one startup or shutdown Job;
-//! - no machine on (its Kubernetes node registered) without a wanted claim;
+//! - no machine on (its Kubernetes node Ready) without a wanted claim;
 //! - no slot with two booting claims, ever;
 //! - cluster-autoscaler's startup taint and scale-down-disabled annotation (docs/decisions.md,
 //!   D13 and D14) on no node whose claim no longer needs them.
@@ -266,7 +266,9 @@ pub async fn settled(client: &Client, ns: &str, bounds: Bounds) -> Result<Vec<St
                 )
         });
         let Some(node) = nodes.get_opt(node_name).await? else { continue };
-        if !wanted {
+        // A Node that is not Ready is a machine that is off (or not up yet); its Node may stay
+        // until the operator sees the machine confirmed off.
+        if !wanted && crate::is_ready(&node) {
             out.push(format!("machine {node_name} is on without a wanted claim"));
         }
         let in_gate = of_slot.iter().any(|c| {

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 pub use control_plane::{Components, ControlPlane};
 pub use failure_logs::FailureLogs;
-pub use kwok::{KWOK_NODE_ANNOTATION, is_ready};
+pub use kwok::{KWOK_NODE_ANNOTATION, is_ready, ready_status};
 pub use pki::CertAndKey;
 pub use plane::Plane;
 pub use resources::WebhookConfiguration;

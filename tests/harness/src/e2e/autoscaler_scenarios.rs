@@ -120,9 +120,9 @@ impl World {
         .await
     }
 
-    /// Waits until no claim of `group` is live and none of its machines is up.
+    /// Waits until no claim of `group` is live and none of its machines has a Node (the
+    /// operator deletes the Node of a machine it powered off).
     pub async fn pool_at_zero(&self, group: &str, within: Duration) -> Result<()> {
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
         eventually(&format!("group {group} back at zero"), within, || async {
             let live = self
                 .all_claims()
@@ -130,14 +130,8 @@ impl World {
                 .into_iter()
                 .filter(|c| c.spec.request.group == group && is_live(c))
                 .count();
-            let up = nodes
-                .list(
-                    &ListParams::default().labels(&format!("infra.homecluster.dev/group={group}")),
-                )
-                .await?
-                .items
-                .len();
-            ensure!(live == 0 && up == 0, "{live} live claims, {up} machines up");
+            let nodes = self.nodes_of_group(group).await?;
+            ensure!(live == 0 && nodes.is_empty(), "{live} live claims, Nodes left: {nodes:?}");
             Ok(())
         })
         .await

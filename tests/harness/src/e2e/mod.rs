@@ -21,7 +21,7 @@ use homelab_autoscaler::api::NodeClaim;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -589,6 +589,30 @@ impl World {
 
     fn claims(&self) -> Api<NodeClaim> {
         Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    /// Makes the machine of Node `node` crash: its kubelet stops without any Job, the Node
+    /// stays and kube-controller-manager marks it Ready=Unknown after its grace period.
+    pub async fn stop_kubelet(&self, node: &str) -> Result<()> {
+        self.plane.stop_kubelet(node).await
+    }
+
+    /// The Nodes of `group`'s slots that exist, Ready or not. The operator deletes the Node of
+    /// a machine it powered off, so a pool at zero has none.
+    pub async fn nodes_of_group(&self, group: &str) -> Result<Vec<String>> {
+        let slots: Api<homelab_autoscaler::api::Node> =
+            Api::namespaced(self.client.clone(), NAMESPACE);
+        let of_group = ListParams::default()
+            .labels(&format!("{}={group}", homelab_autoscaler::api::GROUP_LABEL));
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let mut present = Vec::new();
+        for slot in slots.list(&of_group).await?.items {
+            let name = slot.spec.kubernetes_node_name;
+            if nodes.get_opt(&name).await?.is_some() {
+                present.push(name);
+            }
+        }
+        Ok(present)
     }
 
     async fn kubectl(&self, args: &[&str]) -> Result<String> {

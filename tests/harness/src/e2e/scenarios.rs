@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use homelab_autoscaler::api::NodeClaimPhase;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -89,7 +89,6 @@ impl World {
                 &Patch::Merge(&json!({ "spec": { "replicas": 0 } })),
             )
             .await?;
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
         eventually("the pool back at zero", Duration::from_secs(240), || async {
             let live = claims.list(&ListParams::default()).await?.items.into_iter().filter(|c| {
                 matches!(
@@ -100,12 +99,8 @@ impl World {
                 )
             });
             let live = live.count();
-            let machines = nodes
-                .list(&ListParams::default().labels("infra.homecluster.dev/group=workers"))
-                .await?
-                .items
-                .len();
-            ensure!(live == 0 && machines == 0, "{live} live claims, {machines} machines up");
+            let nodes = self.nodes_of_group("workers").await?;
+            ensure!(live == 0 && nodes.is_empty(), "{live} live claims, Nodes left: {nodes:?}");
             Ok(())
         })
         .await?;
@@ -173,15 +168,10 @@ impl World {
 
         let t = Instant::now();
         self.kubectl(&["delete", "nodeclaim", "-n", NAMESPACE, &name, "--wait=false"]).await?;
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
-        eventually("the machine off and the claim released", ACT, || async {
+        eventually("the machine off, its Node deleted and the claim released", ACT, || async {
             let gone = claims.get_opt(&name).await?.is_none();
-            let up = nodes
-                .list(&ListParams::default().labels("infra.homecluster.dev/group=workers"))
-                .await?
-                .items
-                .len();
-            ensure!(gone && up == 0, "claim gone: {gone}, machines up: {up}");
+            let nodes = self.nodes_of_group("workers").await?;
+            ensure!(gone && nodes.is_empty(), "claim gone: {gone}, Nodes left: {nodes:?}");
             Ok(())
         })
         .await?;
