@@ -2,7 +2,13 @@
 //! controllers, the externalgrpc provider over mutual TLS), the machine simulator and
 //! cluster-autoscaler 1.36.1 as processes, each scenario on a control plane of its own.
 
-use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, World, operator_binary};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use homelab_harness::e2e::{
+    Autoscaler, AutoscalerSettings, REAL_MACHINE_SLOTS, World, operator_binary,
+};
+use homelab_harness::{Components, ControlPlane};
 
 /// Runs `scenario` against a fresh World and cluster-autoscaler; on failure, prints both logs.
 async fn with_autoscaler<F>(settings: AutoscalerSettings, scenario: F)
@@ -69,6 +75,82 @@ async fn a_machine_started_by_hand_stays_on_past_the_unneeded_time() {
     let unneeded = settings.scale_down_unneeded;
     with_autoscaler(settings, async move |world, ca| {
         world.autoscaler_leaves_a_manual_machine_on(ca, unneeded).await
+    })
+    .await;
+}
+
+// Machines that keep their Kubernetes Node, as real homelab machines do: the simulator's kubelet
+// stops when a machine is off and finds its Node again at boot (docs/testing.md).
+
+/// CA with `extra` flags on top of the defaults.
+fn settings_with(extra: &[&str]) -> AutoscalerSettings {
+    AutoscalerSettings {
+        extra: extra.iter().map(|f| f.to_string()).collect(),
+        ..AutoscalerSettings::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_over_machines_that_are_already_off() {
+    let bin = operator_binary(None).expect("operator binary");
+    let plane = ControlPlane::start(Components::CLUSTER).await.expect("control plane");
+    let off = REAL_MACHINE_SLOTS.map(|slot| plane.add_stopped_machine(slot, BTreeMap::new()));
+    for machine in futures::future::join_all(off).await {
+        machine.expect("a machine that joined long ago and is off now");
+    }
+    let mut world = World::start_for_autoscaler_on(plane, &bin, false).await.expect("world");
+    let _logs = world.plane.logs_on_failure();
+    let mut ca = None;
+    let settings = AutoscalerSettings::default();
+    if let Err(error) = world.autoscaler_over_machines_already_off(&mut ca, &settings).await {
+        let ca_log = ca.as_ref().map(|ca| ca.log_tail(80)).unwrap_or_default();
+        panic!(
+            "{error:#}\n--- cluster-autoscaler ---\n{ca_log}\n--- operator ---\n{}",
+            world.operator_log_tail(0, 60)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_boot_of_the_same_machine_is_upcoming_again() {
+    let startup = Duration::from_secs(45);
+    let flag = format!("--max-node-startup-time={}s", startup.as_secs());
+    with_autoscaler(settings_with(&[&flag]), async move |world, ca| {
+        world.autoscaler_second_boot_of_the_same_machine(ca, startup).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k3s_provider_ids_need_no_configuration() {
+    let provision = Duration::from_secs(30);
+    let flag = format!("--max-node-provision-time={}s", provision.as_secs());
+    with_autoscaler(settings_with(&[&flag]), async move |world, ca| {
+        world.autoscaler_on_k3s_provider_ids(ca, provision).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_while_machines_are_off_deletes_nothing() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_restarted_while_machines_are_off(ca).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_pod_of_a_machine_gone_is_recreated_elsewhere() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_replaces_a_statefulset_pod_of_a_machine_gone(ca).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_labels_come_back_at_every_boot() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        world.autoscaler_declared_labels_come_back(ca).await
     })
     .await;
 }

@@ -225,7 +225,18 @@ pub struct AutoscalerStatus {
     #[serde(default)]
     pub autoscaler_status: String,
     #[serde(default)]
+    pub cluster_wide: ClusterWide,
+    #[serde(default)]
     pub node_groups: Vec<NodeGroupStatus>,
+}
+
+/// The cluster-wide part: `health.status` is `Unhealthy` when too many nodes are unready, and
+/// then cluster-autoscaler scales no group at all.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterWide {
+    #[serde(default)]
+    pub health: NodeGroupHealth,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -267,6 +278,15 @@ pub struct RegisteredNodes {
     pub ready: i64,
     #[serde(default)]
     pub not_started: i64,
+    #[serde(default)]
+    pub unready: UnreadyNodes,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnreadyNodes {
+    #[serde(default)]
+    pub total: i64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -294,7 +314,7 @@ impl AutoscalerStatus {
 }
 
 /// Adds up every sample of `name` in a Prometheus text exposition.
-fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
+pub(crate) fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

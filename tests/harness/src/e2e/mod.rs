@@ -31,9 +31,11 @@ use crate::{Components, ControlPlane, Plane, WebhookConfiguration, eventually};
 
 pub mod autoscaler;
 mod autoscaler_scenarios;
+mod real_machines;
 pub mod prometheus;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 pub use autoscaler_scenarios::Workload;
+pub use real_machines::REAL_MACHINE_SLOTS;
 
 /// Every claim the World has seen, by name, as last seen (deleted ones stay).
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;
@@ -268,9 +270,21 @@ impl World {
     /// mutual TLS for the real cluster-autoscaler to dial ([`World::autoscaler`]). It needs a
     /// cluster of its own: cluster-autoscaler acts on every pending pod and node it sees.
     pub async fn start_for_autoscaler(bin: &Path, narrate: bool) -> Result<World> {
-        let started = Instant::now();
         let plane = ControlPlane::start(Components::CLUSTER).await?;
-        Self::start_from(plane.into(), bin, narrate, WebhookTls::SelfMade, true, started).await
+        Self::start_for_autoscaler_on(plane, bin, narrate).await
+    }
+
+    /// [`World::start_for_autoscaler`] on `plane`, a control plane of the test's own that may
+    /// already hold machines (say, machines that joined long ago and are off now).
+    pub async fn start_for_autoscaler_on(
+        plane: impl Into<Plane>,
+        bin: &Path,
+        narrate: bool,
+    ) -> Result<World> {
+        let started = Instant::now();
+        let plane = plane.into();
+        plane.ensure(Components::CLUSTER).await?;
+        Self::start_from(plane, bin, narrate, WebhookTls::SelfMade, true, started).await
     }
 
     /// [`World::start_with`] on `plane`: an owned control plane
