@@ -31,8 +31,8 @@ use crate::{Components, ControlPlane, Plane, WebhookConfiguration, eventually};
 
 pub mod autoscaler;
 mod autoscaler_scenarios;
-mod real_machines;
 pub mod prometheus;
+mod real_machines;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 pub use autoscaler_scenarios::Workload;
 pub use real_machines::REAL_MACHINE_SLOTS;

@@ -278,7 +278,11 @@ impl World {
         ca.restart().await?;
         self.quiet_loops(ca, 10).await?;
         let after = self.delete_nodes_calls().await?;
-        ensure!(after == deletes, "CA called DeleteNodes {} times after its restart", after - deletes);
+        ensure!(
+            after == deletes,
+            "CA called DeleteNodes {} times after its restart",
+            after - deletes
+        );
         self.autoscaler_unharmed(ca, since).await?;
         self.note("CA restarted: 10 loops, no DeleteNodes, nothing unready or unregistered", t);
 
