@@ -128,3 +128,24 @@ async fn kwok_keeps_playing_a_node_whose_annotation_goes() {
     pods.delete("web", &DeleteParams::default()).await.expect("delete pod");
     plane.remove_machine("unannotated-1").await.expect("remove machine");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_joined_long_ago_is_off_with_a_kubelets_labels() {
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let labels = BTreeMap::from([("homelab.test/zone".to_owned(), "attic".to_owned())]);
+    let node = plane.add_stopped_machine("long-ago-1", labels).await.expect("stopped machine");
+    assert_eq!(ready_status(&node), Some("Unknown"));
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    for (key, value) in [
+        ("kubernetes.io/hostname", "long-ago-1"),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("homelab.test/zone", "attic"),
+    ] {
+        assert_eq!(labels.get(key).map(String::as_str), Some(value), "{labels:?}");
+    }
+    let annotations = node.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get(KWOK_NODE_ANNOTATION).map(String::as_str), Some("fake"));
+    plane.remove_machine("long-ago-1").await.expect("remove machine");
+}
