@@ -17,8 +17,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// How long a test waits for the controllers to act.
-const ACT: Duration = Duration::from_secs(60);
+/// How long a test waits for the controllers to act: long enough for three shutdown attempts,
+/// each settling for the registration timeout plus kube-controller-manager's grace before the
+/// next (the lab's 8 s + 30 s).
+const ACT: Duration = Duration::from_secs(120);
 /// How long a machine takes to be off and its Node deleted: the drain and shutdown Job, then
 /// kube-controller-manager's grace period before the stopped kubelet's Node is Unknown.
 const OFF: Duration = Duration::from_secs(90);

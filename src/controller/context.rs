@@ -43,6 +43,9 @@ pub struct Context {
     /// How long a kubelet may be silent (its node Ready `Unknown`), with no claim wanting the
     /// machine, before the machine counts as off and its node is removed.
     pub off_node_grace: Duration,
+    /// kube-controller-manager's `--node-monitor-grace-period`: how long a powered-off machine's
+    /// node still reads Ready.
+    pub node_monitor_grace: Duration,
     /// The image power Jobs run (the operator's own).
     pub power_image: String,
     pub clock: Arc<dyn Clock>,
@@ -95,6 +98,10 @@ pub struct MachineSettings {
     pub drain_timeout: Duration,
     /// How long a silent kubelet is given before its machine counts as off.
     pub off_node_grace: Duration,
+    /// How long kube-controller-manager waits for a silent kubelet before it marks the node
+    /// Unknown (its `--node-monitor-grace-period`): until then a powered-off machine's node
+    /// still reads Ready.
+    pub node_monitor_grace: Duration,
 }
 
 /// Why the controllers' inputs could not be set up.
@@ -230,6 +237,7 @@ impl Context {
             timeouts,
             drain_timeout: machines.drain_timeout,
             off_node_grace: machines.off_node_grace,
+            node_monitor_grace: machines.node_monitor_grace,
             power_image,
             clock,
             stores,

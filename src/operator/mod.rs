@@ -132,6 +132,10 @@ pub struct RunArgs {
     /// machine the operator shut down is confirmed off sooner: by its shutdown Job.
     #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
     pub off_node_grace: kube::core::Duration,
+    /// kube-controller-manager's `--node-monitor-grace-period` (50s by default): a machine that
+    /// is powered off keeps a Ready node this long, so a shutdown is retried only after it.
+    #[arg(long, default_value = "50s", value_parser = crate::api::duration::parse_go_duration)]
+    pub node_monitor_grace_period: kube::core::Duration,
     /// How often the built-in scaler decides for each `builtin` pool (it also wakes on new
     /// pending pods).
     #[arg(long, default_value = "10s", value_parser = crate::api::duration::parse_go_duration)]
@@ -273,5 +277,6 @@ fn machine_settings(args: &RunArgs) -> MachineSettings {
     MachineSettings {
         drain_timeout: args.drain_timeout.into(),
         off_node_grace: args.off_node_grace.into(),
+        node_monitor_grace: args.node_monitor_grace_period.into(),
     }
 }

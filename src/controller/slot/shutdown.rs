@@ -162,12 +162,15 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         attempts = 0;
     }
     if attempts > 0 && on {
-        // A machine takes a while to go down after its script returns: give it as long as a
-        // machine is given to come up before the attempt counts as not landed.
+        // A machine takes a while to go down after its script returns (as long as a machine is
+        // given to come up), and its node a while longer to say so: a powered-off kubelet just
+        // goes silent, and its node stays Ready until kube-controller-manager's grace period
+        // has passed. Only then does the attempt count as not landed.
         let outcomes = shutdown_jobs.iter().map(|j| outcome(j));
         if let Some(finished) = last_attempt_ended(outcomes, last_at, now) {
             let settle =
-                SignedDuration::try_from(ctx.timeouts.registration).unwrap_or(SignedDuration::MAX);
+                SignedDuration::try_from(ctx.timeouts.registration + ctx.node_monitor_grace)
+                    .unwrap_or(SignedDuration::MAX);
             let settled = finished.checked_add(settle).unwrap_or(Timestamp::MAX);
             if now < settled {
                 let wait = settled.duration_since(now).as_secs_f64().max(1.0);

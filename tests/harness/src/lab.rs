@@ -70,6 +70,8 @@ async fn start_controllers(
         MachineSettings {
             drain_timeout: Duration::from_secs(5),
             off_node_grace: Duration::from_secs(10),
+            // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
+            node_monitor_grace: Duration::from_secs(30),
         },
         LAB_POWER_IMAGE.into(),
         Arc::new(SystemClock),

@@ -446,6 +446,9 @@ impl World {
             "--drain-timeout=10s".into(),
             // The lab's kubelets go silent within seconds of a power-off (see docs/testing.md).
             "--off-node-grace=15s".into(),
+            // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s
+            // (plus its 2 s period and kwok's 4 s heartbeat).
+            "--node-monitor-grace-period=30s".into(),
         ];
         let ca_pem = match &self.tls {
             WebhookTls::SelfMade => {
