@@ -159,7 +159,8 @@ pub struct LifecycleVolume {
     pub config_map_name: Option<String>,
 }
 
-/// What the operator observes of a slot. Reported, never read to decide.
+/// What the operator observes of a slot. Reported, never read to decide, except `providerID`:
+/// the machine's name to cluster-autoscaler, which outlives its node.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
