@@ -181,31 +181,34 @@ pub async fn resume(
         KUBELET_ANNOTATION: null,
         KUBELET_NETWORK_ANNOTATION: network,
     } } });
-    match Api::<CoreNode>::all(client.clone())
-        .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
-        Err(error) => return Err(kube_err(format!("starting the kubelet of {node_name}"))(error)),
-    }
-    mark_pods(client, node_name, None).await?;
-    Ok(true)
+    mark_node_and_pods(client, node_name, &patch, None, "starting").await
 }
 
 /// The kubelet stops (the machine powered off or crashed): its Node stays, its heartbeats
 /// stop, and its pods are left as they are. Returns whether the Node existed.
 pub async fn stop(client: &Client, node_name: &str) -> Result<bool, SimulatorError> {
     let patch = json!({ "metadata": { "annotations": { KUBELET_ANNOTATION: KUBELET_STOPPED } } });
+    mark_node_and_pods(client, node_name, &patch, Some(KUBELET_STOPPED), "stopping").await
+}
+
+/// Patches the Node's annotations, then marks (or unmarks) the pods bound to it. Returns
+/// whether the Node existed; `doing` names the step in an error ("stopping the kubelet of ...").
+async fn mark_node_and_pods(
+    client: &Client,
+    node_name: &str,
+    node_patch: &serde_json::Value,
+    pod_mark: Option<&str>,
+    doing: &str,
+) -> Result<bool, SimulatorError> {
     match Api::<CoreNode>::all(client.clone())
-        .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(node_name, &PatchParams::default(), &Patch::Merge(node_patch))
         .await
     {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
-        Err(error) => return Err(kube_err(format!("stopping the kubelet of {node_name}"))(error)),
+        Err(error) => return Err(kube_err(format!("{doing} the kubelet of {node_name}"))(error)),
     }
-    mark_pods(client, node_name, Some(KUBELET_STOPPED)).await?;
+    mark_pods(client, node_name, pod_mark).await?;
     Ok(true)
 }
 

@@ -269,7 +269,7 @@ mod tests {
                 "shut down and silent at once",
                 vec![],
                 node(Some(("Unknown", just_now))),
-                vec![Job::Failed, shut_down],
+                vec![JobOutcome::Failed, shut_down],
                 Removal::Remove(OffBecause::ShutDown),
             ),
             (
@@ -322,6 +322,4 @@ mod tests {
             assert_eq!(decide(&facts), want, "{name}");
         }
     }
-
-    use JobOutcome as Job;
 }
