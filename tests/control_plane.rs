@@ -8,7 +8,7 @@ use std::time::Duration;
 use homelab_autoscaler::api::{
     ClaimCall, Group, GroupSpec, Node, NodeClaim, NodeClaimSpec, NodeSpec, ScalingDriver,
 };
-use homelab_harness::{Components, ControlPlane, WebhookConfiguration, eventually, is_ready};
+use homelab_harness::{Components, ControlPlane, eventually, is_ready};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -279,7 +279,9 @@ webhooks:
   - {{ apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [configmaps] }}
 "#
     );
-    let configurations = WebhookConfiguration::from_yaml(&configuration).expect("parse");
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), &configuration).expect("write the configuration");
+    let configurations = plane.webhook_configurations(file.path()).await.expect("read");
     assert_eq!(configurations.len(), 1);
     let base = format!("https://127.0.0.1:{port}");
     plane.register_webhooks(configurations, &base, &plane.ca_pem()).await.expect("register");
@@ -332,8 +334,7 @@ async fn generated_webhook_configurations_register_with_the_test_url() {
     let _logs = plane.logs_on_failure();
     let client = plane.client().expect("client");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("webhooks/admission.yaml");
-    let text = std::fs::read_to_string(&path).expect("read webhooks/admission.yaml");
-    let configurations = WebhookConfiguration::from_yaml(&text).expect("parse");
+    let configurations = plane.webhook_configurations(&path).await.expect("kubectl reads it");
     assert_eq!(configurations.len(), 2, "one mutating and one validating configuration");
 
     // The real apiserver validates them; their namespaceSelector keeps them away from the

@@ -78,7 +78,7 @@ fn cases() -> Vec<Case> {
                         "privateKey": { "name": "ssh-key", "key": "ssh-privatekey" },
                         "knownHostKey": HOST_KEY,
                     },
-                    "off": "ssh",
+                    "offWith": "ssh",
                 }),
             ),
             on: (PowerDriverKind::Ipmi, &["ipmi-creds"]),
@@ -89,12 +89,12 @@ fn cases() -> Vec<Case> {
                 "plug",
                 json!({
                     "http": {
-                        "on": {
+                        "onRequest": {
                             "url": "http://ha.lan:8123/api/services/switch/turn_on",
                             "headers": [{ "name": "Authorization", "valueFrom": { "name": "ha-token", "key": "token" }, "valuePrefix": "Bearer " }],
                             "body": "{\"entity_id\":\"switch.rack_1\"}",
                         },
-                        "off": {
+                        "offRequest": {
                             "method": "GET", "url": "http://plug.lan/cm?cmnd=Power%20Off",
                             "basicAuth": { "secretName": "plug-login" },
                         },

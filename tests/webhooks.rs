@@ -760,7 +760,7 @@ async fn slot_rules_are_enforced() {
     let (code, message) = refused(w.slots.create(&post, &wol_only).await);
     assert_eq!(code, 422, "{message}");
     assert!(
-        message.contains("nothing powers the machine off: set spec.power.ssh, .redfish, .ipmi or .http.off or spec.shutdownPodSpec"),
+        message.contains("nothing powers the machine off: set spec.power.ssh, .redfish, .ipmi or .http.offRequest or spec.shutdownPodSpec"),
         "{message}"
     );
     let mut both = wol_only.clone();

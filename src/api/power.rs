@@ -7,19 +7,20 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Toleration;
 use serde::{Deserialize, Serialize};
 
-/// How a machine is powered on and off. Configure the drivers the machine has; `on` and `off`
-/// pick among them when more than one could do the job (say, a BMC that can do both, and SSH
-/// for a clean shutdown).
+/// How a machine is powered on and off. Configure the drivers the machine has; `onWith` and
+/// `offWith` pick among them when more than one could do the job (say, a BMC that can do both,
+/// and SSH for a clean shutdown). No field is named `on` or `off`: YAML readers in the 1.1
+/// style, kubectl's and Helm's among them, take an unquoted `on:` or `off:` for a boolean.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PowerSpec {
     /// The driver that powers the machine on. Unset: the one configured driver that can
     /// (wakeOnLan, redfish, ipmi, http).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "onWith", skip_serializing_if = "Option::is_none")]
     pub on: Option<PowerDriverKind>,
     /// The driver that powers the machine off. Unset: the one configured driver that can
-    /// (ssh, redfish, ipmi, http with an `off` request).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// (ssh, redfish, ipmi, http with an `offRequest`).
+    #[serde(default, rename = "offWith", skip_serializing_if = "Option::is_none")]
     pub off: Option<PowerDriverKind>,
     /// Wake-on-LAN: a magic packet to the machine's MAC (power on only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +88,22 @@ impl PowerAction {
         match self {
             PowerAction::On => "on",
             PowerAction::Off => "off",
+        }
+    }
+
+    /// The field of `spec.power` that picks this direction's driver.
+    pub fn driver_field(self) -> &'static str {
+        match self {
+            PowerAction::On => "onWith",
+            PowerAction::Off => "offWith",
+        }
+    }
+
+    /// The field of `spec.power.http` with this direction's request.
+    pub fn request_field(self) -> &'static str {
+        match self {
+            PowerAction::On => "onRequest",
+            PowerAction::Off => "offRequest",
         }
     }
 }
@@ -222,10 +239,10 @@ pub enum IpmiOffMethod {
 #[serde(rename_all = "camelCase")]
 pub struct HttpPower {
     /// The request that switches the machine on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "onRequest", skip_serializing_if = "Option::is_none")]
     pub on: Option<HttpRequest>,
     /// The request that switches the machine off (a hard cut: prefer an SSH shutdown first).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "offRequest", skip_serializing_if = "Option::is_none")]
     pub off: Option<HttpRequest>,
     /// Accept any TLS certificate of the device.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -304,9 +321,9 @@ pub enum DriverChoice {
     Chosen(PowerDriverKind),
     /// No configured driver can.
     None,
-    /// `on`/`off` names a driver that is not configured or cannot go that way.
+    /// `onWith`/`offWith` names a driver that is not configured or cannot go that way.
     Unusable(PowerDriverKind),
-    /// Several could; `on`/`off` must pick.
+    /// Several could; `onWith`/`offWith` must pick.
     Ambiguous(Vec<PowerDriverKind>),
 }
 

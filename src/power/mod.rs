@@ -104,8 +104,8 @@ pub fn driver_for(spec: &PowerSpec, action: PowerAction) -> Result<PowerDriverKi
             action.as_str()
         ))),
         DriverChoice::Unusable(kind) => Err(PowerError::Settings(format!(
-            "{} is {}, but {} is not configured or cannot power a machine {}",
-            action.as_str(),
+            "spec.power.{} is {}, but {} is not configured or cannot power a machine {}",
+            action.driver_field(),
             kind.field(),
             kind.field(),
             action.as_str()
@@ -114,7 +114,7 @@ pub fn driver_for(spec: &PowerSpec, action: PowerAction) -> Result<PowerDriverKi
             "{} drivers could power the machine {}: set spec.power.{} to one of them",
             kinds.iter().map(|k| k.field()).collect::<Vec<_>>().join(", "),
             action.as_str(),
-            action.as_str()
+            action.driver_field()
         ))),
     }
 }

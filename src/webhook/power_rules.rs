@@ -40,8 +40,9 @@ pub fn check(slot: &Node, findings: &mut Findings) {
                     "nothing powers the machine {}: set {} or {pod_field}",
                     action.as_str(),
                     match action {
-                        PowerAction::On => "spec.power.wakeOnLan, .redfish, .ipmi or .http.on",
-                        PowerAction::Off => "spec.power.ssh, .redfish, .ipmi or .http.off",
+                        PowerAction::On =>
+                            "spec.power.wakeOnLan, .redfish, .ipmi or .http.onRequest",
+                        PowerAction::Off => "spec.power.ssh, .redfish, .ipmi or .http.offRequest",
                     }
                 ),
             ),
@@ -91,9 +92,12 @@ fn check_settings(spec: &PowerSpec, findings: &mut Findings) {
     }
     if let Some(http) = &spec.http {
         if http.on.is_none() && http.off.is_none() {
-            findings.invalid("power_driver_settings", "spec.power.http: set on, off or both");
+            findings.invalid(
+                "power_driver_settings",
+                "spec.power.http: set onRequest, offRequest or both",
+            );
         }
-        for (direction, request) in [("on", &http.on), ("off", &http.off)] {
+        for (direction, request) in [("onRequest", &http.on), ("offRequest", &http.off)] {
             for (i, header) in request.iter().flat_map(|r| r.headers.iter()).enumerate() {
                 if header.value.is_some() == header.value_from.is_some() {
                     findings.invalid(
@@ -211,7 +215,7 @@ mod tests {
                         ..Default::default()
                     })
                 },
-                Some("ipmi, ssh drivers could power the machine off: set spec.power.off"),
+                Some("ipmi, ssh drivers could power the machine off: set spec.power.offWith"),
             ),
             (
                 "a BMC and SSH, SSH chosen",
@@ -234,7 +238,9 @@ mod tests {
                         ..Default::default()
                     })
                 },
-                Some("on is ssh, but ssh is not configured or cannot power a machine on"),
+                Some(
+                    "spec.power.onWith is ssh, but ssh is not configured or cannot power a machine on",
+                ),
             ),
             (
                 "a bad host key",

@@ -37,6 +37,7 @@ mod process;
 mod resources;
 mod test_namespace;
 mod wait;
+pub mod yaml_readers;
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,7 @@
 //! Installing the product's API into the test control plane: the CRDs from crds/, and webhook
-//! configurations pointed at a server the test runs on 127.0.0.1.
+//! configurations pointed at a server the test runs on 127.0.0.1. Files reach the apiserver
+//! through kubectl, never through a YAML parser of ours: kubectl reads YAML as Go does, where an
+//! unquoted `on` is a boolean, and that is what a user's cluster gets.
 
 use std::path::Path;
 
@@ -12,7 +14,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Resource, ResourceExt};
-use serde::Deserialize;
 
 use crate::control_plane::ControlPlane;
 use crate::wait;
@@ -28,40 +29,43 @@ pub enum WebhookConfiguration {
 }
 
 impl WebhookConfiguration {
-    /// Every Validating/MutatingWebhookConfiguration in a (multi-document) YAML text; other
-    /// kinds are skipped.
-    pub fn from_yaml(text: &str) -> Result<Vec<Self>> {
-        let mut found = Vec::new();
-        for document in serde_yaml::Deserializer::from_str(text) {
-            let value = serde_yaml::Value::deserialize(document).context("parsing YAML")?;
-            match value.get("kind").and_then(|kind| kind.as_str()) {
-                Some("ValidatingWebhookConfiguration") => found.push(Self::Validating(
-                    serde_yaml::from_value(value).context("a ValidatingWebhookConfiguration")?,
-                )),
-                Some("MutatingWebhookConfiguration") => found.push(Self::Mutating(
-                    serde_yaml::from_value(value).context("a MutatingWebhookConfiguration")?,
-                )),
-                _ => {}
-            }
-        }
-        Ok(found)
+    /// The configuration as the apiserver would take it from `object` (JSON that kubectl
+    /// produced); other kinds give `None`.
+    fn from_json(object: serde_json::Value) -> Result<Option<Self>> {
+        Ok(match object.get("kind").and_then(|kind| kind.as_str()) {
+            Some("ValidatingWebhookConfiguration") => Some(Self::Validating(
+                serde_json::from_value(object).context("a ValidatingWebhookConfiguration")?,
+            )),
+            Some("MutatingWebhookConfiguration") => Some(Self::Mutating(
+                serde_json::from_value(object).context("a MutatingWebhookConfiguration")?,
+            )),
+            _ => None,
+        })
     }
 }
 
 impl ControlPlane {
-    /// Applies every CRD in the repository's crds/ (server-side apply, so it is idempotent and
-    /// tests may call it concurrently) and waits until each is Established. Returns the names.
+    /// Applies the repository's crds/ with kubectl, as a user installs them (server-side, so it
+    /// is idempotent and tests may call it concurrently), and waits until each is Established.
+    /// Returns the names.
     pub async fn install_crds(&self) -> Result<Vec<String>> {
-        let dir = crate::repo_path("crds");
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client()?);
-        let mut names = Vec::new();
-        for crd in read_crds(&dir)? {
-            let name = crd.name_any();
-            crds.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
-                .await
-                .with_context(|| format!("applying CRD {name}"))?;
-            names.push(name);
+        let dir = crate::repo_path("crds").display().to_string();
+        let out = self
+            .kubectl(["apply", "--server-side", "--force-conflicts", "-o", "name", "-f", &dir])
+            .await?;
+        ensure!(
+            out.status.success(),
+            "kubectl apply -f crds/: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.rsplit_once('/').map(|(_, name)| name.to_owned()))
+            .collect();
+        if names.is_empty() {
+            bail!("no CRDs found in {dir}");
         }
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client()?);
         for name in &names {
             let established = await_condition(crds.clone(), name, conditions::is_crd_established());
             tokio::time::timeout(wait::start_timeout(), established)
@@ -70,6 +74,16 @@ impl ControlPlane {
                 .with_context(|| format!("watching CRD {name}"))?;
         }
         Ok(names)
+    }
+
+    /// The webhook configurations of the YAML file `path`, read by kubectl; other kinds are
+    /// skipped.
+    pub async fn webhook_configurations(&self, path: &Path) -> Result<Vec<WebhookConfiguration>> {
+        let mut found = Vec::new();
+        for object in crate::yaml_readers::read_as_go(path).await? {
+            found.extend(WebhookConfiguration::from_json(object)?);
+        }
+        Ok(found)
     }
 
     /// Registers webhook configurations so the apiserver calls `url_base` (for example
@@ -102,30 +116,6 @@ impl ControlPlane {
         }
         Ok(())
     }
-}
-
-fn read_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .map(|entry| entry.map(|entry| entry.path()))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("listing {}", dir.display()))?;
-    files.retain(|path| path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"));
-    files.sort();
-    let mut crds = Vec::new();
-    for path in &files {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        for document in serde_yaml::Deserializer::from_str(&text) {
-            let crd = CustomResourceDefinition::deserialize(document)
-                .with_context(|| format!("parsing a CRD in {}", path.display()))?;
-            crds.push(crd);
-        }
-    }
-    if crds.is_empty() {
-        bail!("no CRDs found in {}", dir.display());
-    }
-    Ok(crds)
 }
 
 /// Rewrites a webhook's client config to call `url_base` with the path it had.

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use crate::{Components, ControlPlane, Plane, WebhookConfiguration, eventually};
+use crate::{Components, ControlPlane, Plane, eventually};
 
 pub mod autoscaler;
 mod autoscaler_scenarios;
@@ -583,8 +583,8 @@ impl World {
 
     /// Registers the generated admission configurations with `url: https://localhost:<port>`.
     pub async fn point_webhooks_at(&self, port: u16, ca_pem: &str) -> Result<()> {
-        let admission = std::fs::read_to_string(crate::repo_path("webhooks/admission.yaml"))?;
-        let configurations = WebhookConfiguration::from_yaml(&admission)?;
+        let admission = crate::repo_path("webhooks/admission.yaml");
+        let configurations = self.plane.webhook_configurations(&admission).await?;
         self.plane
             .register_webhooks(configurations, &format!("https://localhost:{port}"), ca_pem)
             .await
