@@ -91,11 +91,20 @@ pub struct RunArgs {
     /// with `--grpc-self-managed-tls`, and watched for `--cluster-autoscaler-deployment`.
     #[arg(long, default_value = crate::tls::client_secret::CLIENT_SECRET_NAME)]
     pub grpc_client_secret: String,
-    /// A Deployment (in `--namespace`) running cluster-autoscaler with the certificate in
-    /// `--grpc-client-secret`. cluster-autoscaler reads its certificate files only when it
-    /// starts, so when the Secret changes (renewed, or a rotated CA) its pods are restarted.
+    /// A Deployment (in `--cluster-autoscaler-namespace`) running cluster-autoscaler with the
+    /// certificate in `--grpc-client-secret`. cluster-autoscaler reads its certificate files only
+    /// when it starts, so when the Secret changes (renewed, or a rotated CA) its pods are
+    /// restarted.
     #[arg(long)]
     pub cluster_autoscaler_deployment: Option<String>,
+    /// The namespace of `--cluster-autoscaler-deployment` (default: `--namespace`).
+    #[arg(long, requires = "cluster_autoscaler_deployment")]
+    pub cluster_autoscaler_namespace: Option<String>,
+    /// The Secret in `--cluster-autoscaler-namespace` that cluster-autoscaler's pods mount
+    /// (default: the name of `--grpc-client-secret`). Unless it is `--grpc-client-secret` itself,
+    /// the operator keeps it a copy of that Secret's `tls.crt`, `tls.key` and `ca.crt`.
+    #[arg(long, requires = "cluster_autoscaler_deployment")]
+    pub cluster_autoscaler_client_secret: Option<String>,
     /// The node label naming a node's GPU type (GPULabel).
     #[arg(long, default_value = "accelerator")]
     pub gpu_label: String,
@@ -144,6 +153,20 @@ pub struct RunArgs {
     /// `spec.power`): the operator's own image. The Helm chart passes its image here.
     #[arg(long, env = "HOMELAB_POWER_IMAGE", default_value = DEFAULT_POWER_IMAGE)]
     pub power_image: String,
+    /// The PriorityClass of every startup and shutdown Job's pod, so that a full cluster
+    /// preempts lower-priority pods rather than leave a boot pending. Unset: none (the
+    /// cluster's default priority).
+    #[arg(long, value_parser = non_empty)]
+    pub power_job_priority_class: Option<String>,
+}
+
+/// A flag value that must not be empty (leave the flag out instead).
+fn non_empty(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        Err("must not be empty: leave the flag out for none".into())
+    } else {
+        Ok(value.to_string())
+    }
 }
 
 /// The operator's published image at this version.
@@ -160,6 +183,22 @@ impl RunArgs {
             readiness_gate: self.readiness_gate_timeout.into(),
             ..Timeouts::default()
         }
+    }
+
+    /// The cluster-autoscaler Deployment kept on the current client certificate, if any.
+    pub fn autoscaler_target(&self) -> Option<autoscaler_restart::Target> {
+        let deployment = self.cluster_autoscaler_deployment.clone()?;
+        Some(autoscaler_restart::Target {
+            namespace: self
+                .cluster_autoscaler_namespace
+                .clone()
+                .unwrap_or_else(|| self.namespace.clone()),
+            deployment,
+            secret: self
+                .cluster_autoscaler_client_secret
+                .clone()
+                .unwrap_or_else(|| self.grpc_client_secret.clone()),
+        })
     }
 
     fn operator_usernames(&self) -> Vec<String> {
@@ -208,12 +247,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    if let Some(deployment) = &args.cluster_autoscaler_deployment {
+    if let Some(target) = args.autoscaler_target() {
         let restart = autoscaler_restart::AutoscalerRestart::new(
             &client,
             &args.namespace,
             args.grpc_client_secret.clone(),
-            deployment.clone(),
+            target,
         );
         tokio::spawn(restart.run(args.tls_reload_interval.into(), shutdown.clone()));
     }
