@@ -89,9 +89,8 @@ impl AutoscalerRestart {
     /// cluster-autoscaler runs.
     pub fn new(client: &Client, namespace: &str, secret: String, target: Target) -> Self {
         let same = target.namespace == namespace && target.secret == secret;
-        let copy = (!same).then(|| {
-            (Api::namespaced(client.clone(), &target.namespace), target.secret.clone())
-        });
+        let copy = (!same)
+            .then(|| (Api::namespaced(client.clone(), &target.namespace), target.secret.clone()));
         Self {
             secrets: Api::namespaced(client.clone(), namespace),
             source: format!("{namespace}/{secret}"),
