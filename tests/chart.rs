@@ -522,3 +522,156 @@ async fn the_chart_rbac_has_no_wildcards_and_no_cluster_wide_secrets() {
     }
     assert!(checked > 20, "the check saw the chart's rules ({checked})");
 }
+
+/// The values of `values_file` as Helm reads them (Go's YAML reader, as the upstream chart's
+/// Helm would), through a throwaway chart that renders its values as JSON.
+async fn values_as_helm_reads_them(values_file: &std::path::Path) -> serde_json::Value {
+    let chart = tempfile::tempdir().expect("tempdir");
+    std::fs::write(chart.path().join("Chart.yaml"), "apiVersion: v2\nname: read\nversion: 0.0.0\n")
+        .expect("Chart.yaml");
+    std::fs::create_dir(chart.path().join("templates")).expect("templates");
+    std::fs::write(chart.path().join("templates/values.json"), "{{ .Values | toJson }}\n")
+        .expect("template");
+    let dir = chart.path().display().to_string();
+    let file = values_file.display().to_string();
+    let out = helm(&["template", "read", dir.as_str(), "-f", file.as_str()]).await.expect("helm");
+    let json: String =
+        out.lines().filter(|l| !l.starts_with("---") && !l.starts_with('#')).collect();
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The recipe for the upstream cluster-autoscaler chart: every flag it passes is one the real
+/// cluster-autoscaler parses with that value, its volumes hold what its cloud-config names, and
+/// it mounts the Secret and is the Deployment that this chart's values say.
+#[tokio::test]
+async fn the_upstream_chart_recipe_is_what_cluster_autoscaler_and_this_chart_expect() {
+    let values = values_as_helm_reads_them(&homelab_harness::repo_path(
+        "examples/upstream-cluster-autoscaler-values.yaml",
+    ))
+    .await;
+    assert_eq!(values["cloudProvider"], "externalgrpc");
+
+    // The flags the upstream chart renders: `--key=value`, the key up to its first `_`.
+    let extra = values["extraArgs"].as_object().expect("extraArgs");
+    let mut flags: Vec<String> = extra
+        .iter()
+        .map(|(key, value)| {
+            let flag = key.split('_').next().unwrap_or_default();
+            match value {
+                serde_json::Value::String(s) => format!("--{flag}={s}"),
+                serde_json::Value::Null => format!("--{flag}"),
+                other => format!("--{flag}={other}"),
+            }
+        })
+        .collect();
+    assert!(
+        flags.contains(
+            &"--startup-taint=startup-taint.cluster-autoscaler.kubernetes.io/homelab-booting"
+                .to_string()
+        ),
+        "the operator's startup taint: {flags:?}"
+    );
+    // The real binary parses every flag and value, then stops at a kubeconfig that is not there.
+    let binary = homelab_harness::e2e::autoscaler::binary().await.expect("cluster-autoscaler");
+    flags.extend([
+        format!("--cloud-provider={}", values["cloudProvider"].as_str().unwrap_or_default()),
+        "--kubeconfig=/nonexistent/kubeconfig".to_string(),
+    ]);
+    let out = tokio::process::Command::new(&binary)
+        .args(&flags)
+        .output()
+        .await
+        .expect("run cluster-autoscaler");
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        said.contains("Failed to build config") && !said.contains("invalid argument"),
+        "cluster-autoscaler takes {flags:?}:\n{}",
+        said.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+
+    // The cloud-config file is where the ConfigMap is mounted.
+    let cloud_config_path = extra["cloud-config"].as_str().expect("cloud-config flag");
+    let mounts = values["extraVolumeMounts"].as_array().expect("extraVolumeMounts");
+    let volumes = values["extraVolumes"].as_array().expect("extraVolumes");
+    let mount = mounts
+        .iter()
+        .find(|m| cloud_config_path.starts_with(m["mountPath"].as_str().unwrap_or("-")))
+        .expect("a mount holding the cloud-config");
+    let volume = volumes.iter().find(|v| v["name"] == mount["name"]).expect("its volume");
+    let file_name = cloud_config_path.rsplit('/').next().unwrap_or_default();
+
+    // The ConfigMap as the API server stores it.
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
+    let ns = plane.fresh_namespace("recipe").await.expect("namespace");
+    let path = homelab_harness::repo_path("examples/upstream-cluster-autoscaler-cloud-config.yaml")
+        .display()
+        .to_string();
+    let out = plane
+        .kubectl([
+            "apply",
+            "--dry-run=server",
+            "-n",
+            ns.as_str(),
+            "-f",
+            path.as_str(),
+            "-o",
+            "json",
+        ])
+        .await
+        .expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let config_map: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(config_map["metadata"]["name"], volume["configMap"]["name"]);
+    let cloud_config = config_map["data"][file_name].as_str().expect("the cloud-config key");
+
+    // Its certificate paths are files of the mounted client Secret, the one this chart's
+    // operator copies into cluster-autoscaler's namespace.
+    let secret = &values["extraVolumeSecrets"]["grpc-client"];
+    let secret_dir = secret["mountPath"].as_str().expect("mountPath");
+    let mut keys = Vec::new();
+    for line in cloud_config.lines() {
+        let (key, value) = line.split_once(':').expect("key: value");
+        keys.push(key.trim().to_string());
+        if ["cert", "key", "cacert"].contains(&key.trim()) {
+            let file = value.trim().strip_prefix(secret_dir).expect("inside the Secret's mount");
+            assert!(["/tls.crt", "/tls.key", "/ca.crt"].contains(&file), "{line}");
+        }
+    }
+    // The keys the harness's cluster-autoscaler runs with against the real provider.
+    assert_eq!(keys, ["address", "cert", "key", "cacert", "grpc_timeout"]);
+    assert!(
+        cloud_config
+            .contains("address: \"homelab-autoscaler-grpc.homelab-autoscaler-system.svc:8086\""),
+        "{cloud_config}"
+    );
+
+    let ours = documents(
+        &render(
+            "homelab-autoscaler-system",
+            &[
+                "clusterAutoscaler.external.deployment=cluster-autoscaler",
+                "clusterAutoscaler.external.namespace=kube-system",
+            ],
+        )
+        .await
+        .expect("render"),
+    )
+    .expect("documents");
+    let operator = ours
+        .iter()
+        .find(|d| {
+            kind(d) == "Deployment" && d["metadata"]["name"].as_str() == Some("homelab-autoscaler")
+        })
+        .expect("the operator");
+    let args = format!("{:?}", operator["spec"]["template"]["spec"]["containers"][0]["args"]);
+    let copy = format!(
+        "--cluster-autoscaler-client-secret={}",
+        secret["name"].as_str().unwrap_or_default()
+    );
+    let deployment = format!(
+        "--cluster-autoscaler-deployment={}",
+        values["fullnameOverride"].as_str().unwrap_or_default()
+    );
+    assert!(args.contains(&copy) && args.contains(&deployment), "{copy}, {deployment} in {args}");
+}

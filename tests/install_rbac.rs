@@ -239,7 +239,7 @@ async fn the_charts_service_account_restarts_cluster_autoscaler_in_another_names
     );
     for (verb, what) in [
         ("patch", "deployment/other"),
-        ("get", "deployment/other"),
+        ("update", "deployment/other"),
         ("delete", "deployment/cluster-autoscaler"),
         ("get", "secret/another"),
         ("list", "secrets"),
