@@ -319,3 +319,63 @@ fn machine_settings(args: &RunArgs) -> MachineSettings {
         node_monitor_grace: args.node_monitor_grace_period.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied())).map(|c| c.run)
+    }
+
+    #[test]
+    fn cluster_autoscaler_is_found_in_its_own_namespace() {
+        let target = |args: &[&str]| parse(args).expect("parses").autoscaler_target();
+        assert_eq!(target(&["--namespace=hla"]), None, "no Deployment, no restart");
+        assert_eq!(
+            target(&["--namespace=hla", "--cluster-autoscaler-deployment=ca"]),
+            Some(autoscaler_restart::Target {
+                namespace: "hla".into(),
+                deployment: "ca".into(),
+                secret: crate::tls::client_secret::CLIENT_SECRET_NAME.into(),
+            }),
+            "by default beside the operator, mounting the client Secret itself"
+        );
+        assert_eq!(
+            target(&[
+                "--namespace=hla",
+                "--grpc-client-secret=client",
+                "--cluster-autoscaler-deployment=ca",
+                "--cluster-autoscaler-namespace=kube-system",
+                "--cluster-autoscaler-client-secret=copy",
+            ]),
+            Some(autoscaler_restart::Target {
+                namespace: "kube-system".into(),
+                deployment: "ca".into(),
+                secret: "copy".into(),
+            })
+        );
+        let alone = parse(&["--cluster-autoscaler-namespace=kube-system"]);
+        assert!(alone.is_err(), "a namespace without a Deployment is refused");
+    }
+
+    #[test]
+    fn the_power_job_priority_class_is_a_name_or_absent() {
+        let class = |args: &[&str]| parse(args).map(|a| a.power_job_priority_class);
+        assert_eq!(class(&[]).expect("parses"), None);
+        assert_eq!(
+            class(&["--power-job-priority-class=homelab-power"]).expect("parses"),
+            Some("homelab-power".into())
+        );
+        let empty = class(&["--power-job-priority-class="]).expect_err("refused");
+        assert!(empty.to_string().contains("leave the flag out"), "{empty}");
+    }
+}
