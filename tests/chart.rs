@@ -2,7 +2,8 @@
 //! mode is accepted by the real kube-apiserver in a server-side dry run (cert-manager's CRDs
 //! installed, so its Issuers and Certificates are checked against their schemas too); and the
 //! chart's RBAC is least privilege: no wildcard verb, resource or API group, and Secrets only in
-//! the release namespace, by name where the verb allows it.
+//! Roles (the release namespace, and cluster-autoscaler's for the copy of its client Secret), by
+//! name where the verb allows it.
 
 use homelab_harness::install::{documents, helm, kind, render};
 use homelab_harness::{Components, ControlPlane, cert_manager};
