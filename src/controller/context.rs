@@ -48,6 +48,8 @@ pub struct Context {
     pub node_monitor_grace: Duration,
     /// The image power Jobs run (the operator's own).
     pub power_image: String,
+    /// The PriorityClass of every lifecycle Job's pod (None: the cluster's default).
+    pub power_priority_class: Option<String>,
     pub clock: Arc<dyn Clock>,
     pub recorder: Recorder,
     pub stores: Stores,
@@ -102,6 +104,20 @@ pub struct MachineSettings {
     /// Unknown (its `--node-monitor-grace-period`): until then a powered-off machine's node
     /// still reads Ready.
     pub node_monitor_grace: Duration,
+}
+
+/// How lifecycle Jobs' pods are run: the image power Jobs run (the operator's own), and the
+/// PriorityClass of every lifecycle pod.
+#[derive(Clone, Debug, Default)]
+pub struct PowerPods {
+    pub image: String,
+    pub priority_class: Option<String>,
+}
+
+impl From<&str> for PowerPods {
+    fn from(image: &str) -> Self {
+        PowerPods { image: image.to_string(), priority_class: None }
+    }
 }
 
 /// Why the controllers' inputs could not be set up.
@@ -189,7 +205,7 @@ impl Context {
         namespace: &str,
         timeouts: Timeouts,
         machines: MachineSettings,
-        power_image: String,
+        power: PowerPods,
         clock: Arc<dyn Clock>,
         shutdown: &CancellationToken,
     ) -> std::result::Result<(Arc<Self>, Subscriptions), StartError> {
@@ -238,7 +254,8 @@ impl Context {
             drain_timeout: machines.drain_timeout,
             off_node_grace: machines.off_node_grace,
             node_monitor_grace: machines.node_monitor_grace,
-            power_image,
+            power_image: power.image,
+            power_priority_class: power.priority_class,
             clock,
             stores,
             boot_locks: std::sync::Mutex::default(),

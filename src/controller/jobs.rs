@@ -81,6 +81,9 @@ pub struct JobContext<'a> {
     pub max_run_time: std::time::Duration,
     /// The operator's own image, which power Jobs run as `homelab-autoscaler power on|off`.
     pub power_image: &'a str,
+    /// The PriorityClass of the Job's pod, so that a full cluster preempts something else
+    /// rather than leave a boot pending (`--power-job-priority-class`; None: the default).
+    pub priority_class: Option<&'a str>,
 }
 
 /// Why a slot cannot be turned into a Job (admission refuses such a slot; an object stored
@@ -182,12 +185,13 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
         env_var("HOMELAB_ATTEMPT", &attempt.to_string()),
         env_var("HOMELAB_LIFECYCLE", ctx.lifecycle.as_str()),
     ];
-    let (pod, run) = match source {
+    let (mut pod, run) = match source {
         Source::Pod(spec) => (pod_from_spec(ctx, spec, env), JobRun::of(spec)),
         Source::Power { spec, kind, action } => {
             (power_pod(ctx, spec, kind, action, env), JobRun::default())
         }
     };
+    pod.priority_class_name = ctx.priority_class.map(str::to_string);
 
     let ceiling = i64::try_from(ctx.max_run_time.as_secs()).unwrap_or(i64::MAX).max(1);
     let active_deadline = run.active_deadline_seconds.map_or(ceiling, |s| s.min(ceiling));
@@ -465,6 +469,7 @@ mod tests {
             name: startup_job_name("m1-abcde"),
             max_run_time: std::time::Duration::from_secs(300),
             power_image: "operator:1",
+            priority_class: None,
         })
         .unwrap();
         let owners = job.metadata.owner_references.clone().unwrap();
@@ -484,5 +489,35 @@ mod tests {
             env.iter()
                 .any(|e| e.name == "HOMELAB_NODECLAIM" && e.value.as_deref() == Some("m1-abcde"))
         );
+    }
+
+    #[test]
+    fn every_lifecycle_pod_carries_the_priority_class() {
+        let from_spec = slot("m1", "pool");
+        let mut powered = slot("m2", "pool");
+        powered.spec.startup_pod_spec = None;
+        powered.spec.power = Some(PowerSpec {
+            wake_on_lan: Some(
+                serde_json::from_value(serde_json::json!({ "mac": "aa:bb:cc:dd:ee:ff" })).unwrap(),
+            ),
+            ..PowerSpec::default()
+        });
+        for s in [&from_spec, &powered] {
+            for class in [None, Some("homelab-autoscaler-power")] {
+                let job = build(&JobContext {
+                    slot: s,
+                    group: "pool",
+                    claim: None,
+                    lifecycle: Lifecycle::Startup,
+                    name: "job".into(),
+                    max_run_time: std::time::Duration::from_secs(300),
+                    power_image: "operator:1",
+                    priority_class: class,
+                })
+                .unwrap();
+                let pod = job.spec.unwrap().template.spec.unwrap();
+                assert_eq!(pod.priority_class_name.as_deref(), class, "{:?}", s.metadata.name);
+            }
+        }
     }
 }

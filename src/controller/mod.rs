@@ -11,7 +11,7 @@ pub mod jobs;
 pub mod slot;
 
 pub use context::{
-    ClaimInputs, Context, GroupInputs, MachineSettings, SlotInputs, StartError, Stores,
+    ClaimInputs, Context, GroupInputs, MachineSettings, PowerPods, SlotInputs, StartError, Stores,
     Subscriptions,
 };
 pub use error::{Error, Result};

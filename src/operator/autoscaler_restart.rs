@@ -7,29 +7,49 @@
 //! So every replica stamps a digest of the client Secret into the Deployment's pod template; a
 //! different digest is a rollout. The stamp is the same from every replica, so two replicas
 //! writing it cause one rollout, not two.
+//!
+//! cluster-autoscaler may run in another namespace (the upstream chart in kube-system, say). A
+//! pod mounts Secrets of its own namespace only, so there the operator keeps a copy of the client
+//! Secret, written before the stamp so the new pods mount the new certificate.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, Patch};
+use kube::api::{Api, Patch, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::LABEL_MANAGED_BY;
 use crate::clock::Ticks;
 use crate::controller::params;
 
 /// The pod-template annotation holding the digest of the client certificate Secret.
 pub const CERTIFICATE_DIGEST: &str = "infra.homecluster.dev/grpc-client-certificate";
 
+/// The annotation on a copied client Secret naming its source (`namespace/name`).
+pub const COPIED_FROM: &str = "infra.homecluster.dev/copied-from";
+
+/// The keys of the client Secret cluster-autoscaler reads (cloud-config `cert`, `key`, `cacert`).
+const CLIENT_KEYS: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum RestartError {
     #[error("reading the client certificate Secret {name}: {source}")]
     Secret { name: String, source: kube::Error },
-    #[error("restarting the Deployment {name}: {source}")]
-    Deployment { name: String, source: kube::Error },
+    #[error("copying the client certificate into the Secret {namespace}/{name}: {source}")]
+    Copy { namespace: String, name: String, source: kube::Error },
+    #[error(
+        "the Secret {namespace}/{name} exists and is not a copy the operator made; delete it, or \
+         name another Secret for the copy (--cluster-autoscaler-client-secret)"
+    )]
+    NotOurCopy { namespace: String, name: String },
+    #[error("restarting the Deployment {namespace}/{name}: {source}")]
+    Deployment { namespace: String, name: String, source: kube::Error },
 }
 
 /// What one check did.
@@ -43,41 +63,69 @@ pub enum Checked {
     Restarted { digest: String },
 }
 
-/// Keeps the Deployment `deployment` running with the certificate in the Secret `secret`.
+/// The cluster-autoscaler Deployment to keep current, and the client Secret its pods mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub namespace: String,
+    pub deployment: String,
+    /// The Secret (in `namespace`) the pods mount: the client Secret itself when it is the same
+    /// Secret, otherwise a copy the operator keeps.
+    pub secret: String,
+}
+
+/// Keeps the Deployment of `target` running with the certificate in the Secret `secret`.
 pub struct AutoscalerRestart {
     secrets: Api<Secret>,
-    deployments: Api<Deployment>,
     secret: String,
-    deployment: String,
+    /// The copy to keep, when the pods mount another Secret than `secret`.
+    copy: Option<(Api<Secret>, String)>,
+    source: String,
+    deployments: Api<Deployment>,
+    target: Target,
 }
 
 impl AutoscalerRestart {
-    pub fn new(client: &Client, namespace: &str, secret: String, deployment: String) -> Self {
+    /// `namespace`/`secret` is the client Secret as issued (or given); `target` is where
+    /// cluster-autoscaler runs.
+    pub fn new(client: &Client, namespace: &str, secret: String, target: Target) -> Self {
+        let same = target.namespace == namespace && target.secret == secret;
+        let copy = (!same)
+            .then(|| (Api::namespaced(client.clone(), &target.namespace), target.secret.clone()));
         Self {
             secrets: Api::namespaced(client.clone(), namespace),
-            deployments: Api::namespaced(client.clone(), namespace),
+            source: format!("{namespace}/{secret}"),
             secret,
-            deployment,
+            copy,
+            deployments: Api::namespaced(client.clone(), &target.namespace),
+            target,
         }
     }
 
     /// Stamps the Deployment when the Secret's certificate differs from the one it was last
-    /// stamped with.
-    #[tracing::instrument(skip(self), fields(secret = %self.secret, deployment = %self.deployment))]
+    /// stamped with (after bringing the copy, if any, up to date).
+    #[tracing::instrument(skip(self), fields(secret = %self.source, namespace = %self.target.namespace, deployment = %self.target.deployment))]
     pub async fn check(&self) -> Result<Checked, RestartError> {
         let secret = self
             .secrets
             .get_opt(&self.secret)
             .await
-            .map_err(|source| RestartError::Secret { name: self.secret.clone(), source })?;
-        let Some(digest) = secret.as_ref().and_then(|s| certificate_digest(s.data.as_ref()?))
-        else {
+            .map_err(|source| RestartError::Secret { name: self.source.clone(), source })?;
+        let Some(secret) = secret else {
             return Ok(Checked::Absent);
         };
-        let deployment_error =
-            |source| RestartError::Deployment { name: self.deployment.clone(), source };
+        let Some(digest) = secret.data.as_ref().and_then(certificate_digest) else {
+            return Ok(Checked::Absent);
+        };
+        if let Some((copies, name)) = &self.copy {
+            self.keep_copy(copies, name, &secret).await?;
+        }
+        let deployment_error = |source| RestartError::Deployment {
+            namespace: self.target.namespace.clone(),
+            name: self.target.deployment.clone(),
+            source,
+        };
         let Some(deployment) =
-            self.deployments.get_opt(&self.deployment).await.map_err(deployment_error)?
+            self.deployments.get_opt(&self.target.deployment).await.map_err(deployment_error)?
         else {
             return Ok(Checked::Absent);
         };
@@ -94,11 +142,78 @@ impl AutoscalerRestart {
             "spec": { "template": { "metadata": { "annotations": { CERTIFICATE_DIGEST: digest } } } }
         });
         self.deployments
-            .patch(&self.deployment, &params(), &Patch::Merge(&patch))
+            .patch(&self.target.deployment, &params(), &Patch::Merge(&patch))
             .await
             .map_err(deployment_error)?;
         tracing::info!(%digest, "restarting cluster-autoscaler: its client certificate changed");
         Ok(Checked::Restarted { digest })
+    }
+
+    /// Makes the Secret `name` (in cluster-autoscaler's namespace) hold what cluster-autoscaler
+    /// reads from `source`. Only a Secret the operator made is overwritten.
+    async fn keep_copy(
+        &self,
+        copies: &Api<Secret>,
+        name: &str,
+        source: &Secret,
+    ) -> Result<(), RestartError> {
+        let copy_error = |source| RestartError::Copy {
+            namespace: self.target.namespace.clone(),
+            name: name.to_string(),
+            source,
+        };
+        let data: BTreeMap<String, ByteString> = source
+            .data
+            .iter()
+            .flatten()
+            .filter(|(key, _)| CLIENT_KEYS.contains(&key.as_str()))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        let existing = copies.get_opt(name).await.map_err(copy_error)?;
+        let Some(mut existing) = existing else {
+            let copy = Secret {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    namespace: Some(self.target.namespace.clone()),
+                    labels: Some(BTreeMap::from([(
+                        LABEL_MANAGED_BY.0.to_string(),
+                        LABEL_MANAGED_BY.1.to_string(),
+                    )])),
+                    annotations: Some(BTreeMap::from([(
+                        COPIED_FROM.to_string(),
+                        self.source.clone(),
+                    )])),
+                    ..ObjectMeta::default()
+                },
+                type_: source.type_.clone(),
+                data: Some(data),
+                ..Secret::default()
+            };
+            copies.create(&PostParams::default(), &copy).await.map_err(copy_error)?;
+            tracing::info!("copied the client certificate into cluster-autoscaler's namespace");
+            return Ok(());
+        };
+        let ours = existing
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(COPIED_FROM))
+            .is_some_and(|from| *from == self.source);
+        if !ours {
+            return Err(RestartError::NotOurCopy {
+                namespace: self.target.namespace.clone(),
+                name: name.to_string(),
+            });
+        }
+        if existing.data.as_ref() == Some(&data) {
+            return Ok(());
+        }
+        existing.data = Some(data);
+        // A replace carries the resourceVersion read above: a concurrent writer makes it fail
+        // and the next tick retries.
+        copies.replace(name, &PostParams::default(), &existing).await.map_err(copy_error)?;
+        tracing::info!("updated the client certificate copy in cluster-autoscaler's namespace");
+        Ok(())
     }
 
     /// Checks every `interval` until `shutdown`.

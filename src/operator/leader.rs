@@ -32,7 +32,10 @@ async fn run_controllers(
         &args.namespace,
         args.timeouts(),
         super::machine_settings(args),
-        args.power_image.clone(),
+        crate::controller::PowerPods {
+            image: args.power_image.clone(),
+            priority_class: args.power_job_priority_class.clone(),
+        },
         Arc::new(SystemClock),
         &stop,
     )

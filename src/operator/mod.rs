@@ -91,11 +91,20 @@ pub struct RunArgs {
     /// with `--grpc-self-managed-tls`, and watched for `--cluster-autoscaler-deployment`.
     #[arg(long, default_value = crate::tls::client_secret::CLIENT_SECRET_NAME)]
     pub grpc_client_secret: String,
-    /// A Deployment (in `--namespace`) running cluster-autoscaler with the certificate in
-    /// `--grpc-client-secret`. cluster-autoscaler reads its certificate files only when it
-    /// starts, so when the Secret changes (renewed, or a rotated CA) its pods are restarted.
+    /// A Deployment (in `--cluster-autoscaler-namespace`) running cluster-autoscaler with the
+    /// certificate in `--grpc-client-secret`. cluster-autoscaler reads its certificate files only
+    /// when it starts, so when the Secret changes (renewed, or a rotated CA) its pods are
+    /// restarted.
     #[arg(long)]
     pub cluster_autoscaler_deployment: Option<String>,
+    /// The namespace of `--cluster-autoscaler-deployment` (default: `--namespace`).
+    #[arg(long, requires = "cluster_autoscaler_deployment")]
+    pub cluster_autoscaler_namespace: Option<String>,
+    /// The Secret in `--cluster-autoscaler-namespace` that cluster-autoscaler's pods mount
+    /// (default: the name of `--grpc-client-secret`). Unless it is `--grpc-client-secret` itself,
+    /// the operator keeps it a copy of that Secret's `tls.crt`, `tls.key` and `ca.crt`.
+    #[arg(long, requires = "cluster_autoscaler_deployment")]
+    pub cluster_autoscaler_client_secret: Option<String>,
     /// The node label naming a node's GPU type (GPULabel).
     #[arg(long, default_value = "accelerator")]
     pub gpu_label: String,
@@ -144,6 +153,20 @@ pub struct RunArgs {
     /// `spec.power`): the operator's own image. The Helm chart passes its image here.
     #[arg(long, env = "HOMELAB_POWER_IMAGE", default_value = DEFAULT_POWER_IMAGE)]
     pub power_image: String,
+    /// The PriorityClass of every startup and shutdown Job's pod, so that a full cluster
+    /// preempts lower-priority pods rather than leave a boot pending. Unset: none (the
+    /// cluster's default priority).
+    #[arg(long, value_parser = non_empty)]
+    pub power_job_priority_class: Option<String>,
+}
+
+/// A flag value that must not be empty (leave the flag out instead).
+fn non_empty(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        Err("must not be empty: leave the flag out for none".into())
+    } else {
+        Ok(value.to_string())
+    }
 }
 
 /// The operator's published image at this version.
@@ -160,6 +183,22 @@ impl RunArgs {
             readiness_gate: self.readiness_gate_timeout.into(),
             ..Timeouts::default()
         }
+    }
+
+    /// The cluster-autoscaler Deployment kept on the current client certificate, if any.
+    pub fn autoscaler_target(&self) -> Option<autoscaler_restart::Target> {
+        let deployment = self.cluster_autoscaler_deployment.clone()?;
+        Some(autoscaler_restart::Target {
+            namespace: self
+                .cluster_autoscaler_namespace
+                .clone()
+                .unwrap_or_else(|| self.namespace.clone()),
+            deployment,
+            secret: self
+                .cluster_autoscaler_client_secret
+                .clone()
+                .unwrap_or_else(|| self.grpc_client_secret.clone()),
+        })
     }
 
     fn operator_usernames(&self) -> Vec<String> {
@@ -208,12 +247,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    if let Some(deployment) = &args.cluster_autoscaler_deployment {
+    if let Some(target) = args.autoscaler_target() {
         let restart = autoscaler_restart::AutoscalerRestart::new(
             &client,
             &args.namespace,
             args.grpc_client_secret.clone(),
-            deployment.clone(),
+            target,
         );
         tokio::spawn(restart.run(args.tls_reload_interval.into(), shutdown.clone()));
     }
@@ -278,5 +317,65 @@ fn machine_settings(args: &RunArgs) -> MachineSettings {
         drain_timeout: args.drain_timeout.into(),
         off_node_grace: args.off_node_grace.into(),
         node_monitor_grace: args.node_monitor_grace_period.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied())).map(|c| c.run)
+    }
+
+    #[test]
+    fn cluster_autoscaler_is_found_in_its_own_namespace() {
+        let target = |args: &[&str]| parse(args).expect("parses").autoscaler_target();
+        assert_eq!(target(&["--namespace=hla"]), None, "no Deployment, no restart");
+        assert_eq!(
+            target(&["--namespace=hla", "--cluster-autoscaler-deployment=ca"]),
+            Some(autoscaler_restart::Target {
+                namespace: "hla".into(),
+                deployment: "ca".into(),
+                secret: crate::tls::client_secret::CLIENT_SECRET_NAME.into(),
+            }),
+            "by default beside the operator, mounting the client Secret itself"
+        );
+        assert_eq!(
+            target(&[
+                "--namespace=hla",
+                "--grpc-client-secret=client",
+                "--cluster-autoscaler-deployment=ca",
+                "--cluster-autoscaler-namespace=kube-system",
+                "--cluster-autoscaler-client-secret=copy",
+            ]),
+            Some(autoscaler_restart::Target {
+                namespace: "kube-system".into(),
+                deployment: "ca".into(),
+                secret: "copy".into(),
+            })
+        );
+        let alone = parse(&["--cluster-autoscaler-namespace=kube-system"]);
+        assert!(alone.is_err(), "a namespace without a Deployment is refused");
+    }
+
+    #[test]
+    fn the_power_job_priority_class_is_a_name_or_absent() {
+        let class = |args: &[&str]| parse(args).map(|a| a.power_job_priority_class);
+        assert_eq!(class(&[]).expect("parses"), None);
+        assert_eq!(
+            class(&["--power-job-priority-class=homelab-power"]).expect("parses"),
+            Some("homelab-power".into())
+        );
+        let empty = class(&["--power-job-priority-class="]).expect_err("refused");
+        assert!(empty.to_string().contains("leave the flag out"), "{empty}");
     }
 }

@@ -50,3 +50,37 @@ kind: Issuer
 name: homelab-autoscaler-ca
 {{- end }}
 {{- end }}
+
+{{/* The cluster-autoscaler Deployment the operator restarts on a new client certificate ("" for
+none): the chart's own, or one installed otherwise (clusterAutoscaler.external). */}}
+{{- define "homelab-autoscaler.caDeployment" -}}
+{{- if and .Values.clusterAutoscaler.enabled .Values.clusterAutoscaler.external.deployment -}}
+{{- fail "clusterAutoscaler.enabled and clusterAutoscaler.external.deployment both name a cluster-autoscaler: set one" -}}
+{{- end -}}
+{{- if .Values.clusterAutoscaler.enabled -}}homelab-autoscaler-cluster-autoscaler
+{{- else if .Values.clusterAutoscaler.external.deployment -}}
+{{- if not (and .Values.grpc.enabled (include "homelab-autoscaler.grpcClientSecret" .)) -}}
+{{- fail "clusterAutoscaler.external needs the gRPC provider with mutual TLS: grpc.enabled, and tls.mode=certManager or selfManaged, or tls.secrets.grpc and tls.secrets.grpcClient" -}}
+{{- end -}}
+{{- .Values.clusterAutoscaler.external.deployment -}}
+{{- end -}}
+{{- end }}
+
+{{/* The namespace cluster-autoscaler runs in. */}}
+{{- define "homelab-autoscaler.caNamespace" -}}
+{{- if .Values.clusterAutoscaler.enabled -}}{{ .Release.Namespace }}
+{{- else -}}{{ .Values.clusterAutoscaler.external.namespace | default .Release.Namespace }}
+{{- end -}}
+{{- end }}
+
+{{/* The client certificate Secret cluster-autoscaler's pods mount, in its namespace. */}}
+{{- define "homelab-autoscaler.caClientSecret" -}}
+{{- if .Values.clusterAutoscaler.enabled -}}{{ include "homelab-autoscaler.grpcClientSecret" . }}
+{{- else -}}{{ .Values.clusterAutoscaler.external.clientSecret | default (include "homelab-autoscaler.grpcClientSecret" .) }}
+{{- end -}}
+{{- end }}
+
+{{/* "true" when the operator keeps a copy of the client Secret for cluster-autoscaler. */}}
+{{- define "homelab-autoscaler.caClientCopy" -}}
+{{- if and (include "homelab-autoscaler.caDeployment" .) (or (ne (include "homelab-autoscaler.caNamespace" .) .Release.Namespace) (ne (include "homelab-autoscaler.caClientSecret" .) (include "homelab-autoscaler.grpcClientSecret" .))) -}}true{{- end -}}
+{{- end }}

@@ -232,6 +232,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         name: job_name.clone(),
         max_run_time: ctx.timeouts.job_timeout,
         power_image: &ctx.power_image,
+        priority_class: ctx.power_priority_class.as_deref(),
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
     let created = ctx.create_job(&job).await?;
