@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use homelab_harness::install::render;
-use homelab_harness::yaml_readers::{differences, read_as_go, read_as_yaml_1_2};
+use homelab_harness::yaml_readers::{
+    differences, read_as_go, read_as_yaml_1_2, read_values_as_helm,
+};
 use homelab_harness::{Components, ControlPlane};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -58,11 +60,17 @@ fn yaml_files(dir: &str) -> Vec<PathBuf> {
     files
 }
 
-/// The objects of `path` as kubectl reads them, and where a YAML 1.2 reader disagrees.
+/// The objects of `path` as kubectl reads them (Helm, for a values file: documents without a
+/// `kind`), and where a YAML 1.2 reader disagrees.
 async fn disagreements(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).expect("read the file");
     let yaml_1_2 = read_as_yaml_1_2(&text).expect("a YAML 1.2 reader reads it");
-    let go = read_as_go(path).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let go = if yaml_1_2.iter().all(|document| document.get("kind").is_some()) {
+        read_as_go(path).await
+    } else {
+        read_values_as_helm(path).await.map(|values| vec![values])
+    }
+    .unwrap_or_else(|e| panic!("{e:#}"));
     if go.len() != yaml_1_2.len() {
         return vec![format!("kubectl reads {} objects, YAML 1.2 {}", go.len(), yaml_1_2.len())];
     }
@@ -81,6 +89,7 @@ async fn every_shipped_manifest_means_the_same_to_kubectl_and_to_yaml_1_2() {
     for dir in ["crds", "webhooks", "examples", "charts/homelab-autoscaler/templates/crds"] {
         files.extend(yaml_files(dir));
     }
+    files.push(root().join("charts/homelab-autoscaler/values.yaml"));
     // The chart as Helm renders it, in each TLS mode.
     let rendered = tempfile::tempdir().expect("tempdir");
     for mode in ["selfManaged", "certManager"] {

@@ -45,6 +45,35 @@ pub async fn read_as_go(path: &Path) -> Result<Vec<Value>> {
     Ok(objects)
 }
 
+/// The Helm values file `path` as Helm reads it (in JSON), through a chart of one template that
+/// prints `.Values`: the way the file reaches a chart it is given to.
+pub async fn read_values_as_helm(path: &Path) -> Result<Value> {
+    let helm = binaries(Profile::E2e).await?.path("helm");
+    let chart = tempfile::tempdir().context("a temporary chart")?;
+    std::fs::write(
+        chart.path().join("Chart.yaml"),
+        "apiVersion: v2\nname: values\nversion: 0.0.0\n",
+    )?;
+    std::fs::create_dir(chart.path().join("templates"))?;
+    std::fs::write(chart.path().join("templates/values.json"), "{{ toJson .Values }}\n")?;
+    let shown = path.display().to_string();
+    let out = tokio::process::Command::new(&helm)
+        .arg("template")
+        .arg("values")
+        .arg(chart.path())
+        .args(["-f", &shown])
+        .env_clear()
+        .env("HOME", chart.path())
+        .output()
+        .await
+        .with_context(|| format!("running helm on {shown}"))?;
+    ensure!(out.status.success(), "helm reading {shown}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text.lines().filter(|line| !line.starts_with('#') && line.trim() != "---");
+    serde_json::from_str(&json.collect::<Vec<_>>().join("\n"))
+        .with_context(|| format!("helm's JSON for {shown}"))
+}
+
 /// `object` without the annotation kubectl was asked to add.
 fn unmark(mut object: Value) -> Value {
     if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
