@@ -513,6 +513,21 @@ async fn ipmi_wrong_password_without_the_rmcp_pong_is_a_clear_refusal() {
     assert!(message.ends_with("check Secret ipmi-creds"), "{message}");
     assert!(started.elapsed() < Duration::from_secs(10), "quick: {:?}", started.elapsed());
     assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is off");
+
+    // No BMC on the port: the host refuses it, and the error says so rather than "no pong".
+    let closed =
+        std::net::UdpSocket::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let mut spec = fakebmc_spec(&peer, "127.0.0.1", IpmiOffMethod::Hard);
+    spec.ipmi.as_mut().expect("ipmi").port = Some(closed.port());
+    let error = power::status(&spec, &secrets).await.expect_err("closed");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "BMC at 127.0.0.1:{0}: UDP port {0} is closed: is IPMI over LAN enabled on the BMC, on \
+             this port?",
+            closed.port()
+        )
+    );
 }
 
 /// A nameserver on port 53 of a loopback address (a resolv.conf cannot name a port), for the
