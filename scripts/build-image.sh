@@ -3,7 +3,10 @@
 # (x86_64-unknown-linux-gnu with crt-static; the musl target is not needed), one layer holding
 # it, packed with crane into an OCI image layout tarball (`oci-archive`: podman load, skopeo,
 # ctr import, docker load on Docker 25+). Same image as the Dockerfile: scratch, non-root,
-# entrypoint the binary, OCI labels.
+# entrypoint the binary, OCI labels. linux/amd64 only. A static glibc binary cannot load NSS
+# modules, so getaddrinfo resolves no names in it: the power drivers ask the nameservers in
+# /etc/resolv.conf themselves (src/power/resolve.rs; the kubelet writes that file into every
+# pod), and the operator reaches the API server by the IP address in KUBERNETES_SERVICE_HOST.
 #
 #   scripts/build-image.sh [OUT.tar]     (default: $CARGO_TARGET_DIR/image/homelab-autoscaler.tar)
 #

@@ -1,6 +1,7 @@
 //! The power drivers against real protocol peers on 127.0.0.1: sushy-emulator (Redfish),
-//! ipmi_sim (IPMI over RMCP+), sshd, a UDP listener (Wake-on-LAN) and an in-test HTTP endpoint
-//! (smart-plug presets). The peers come from tests/harness/install-power-peers.sh.
+//! ipmi_sim and pyghmi's fakebmc (IPMI over RMCP+), sshd, a UDP listener (Wake-on-LAN) and an
+//! in-test HTTP endpoint (smart-plug presets); names resolved by an in-test nameserver on
+//! 127.0.0.153:53. The peers come from tests/harness/install-power-peers.sh.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use homelab_autoscaler::api::{
     PowerSpec, Redfish, RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
 };
 use homelab_autoscaler::power::{self, PowerError, PowerState, Secrets};
-use homelab_harness::power_peers::{IpmiPeer, RedfishPeer, SshPeer};
+use homelab_harness::power_peers::{FakeBmcPeer, IpmiPeer, RedfishPeer, SshPeer};
 
 /// Writes Secrets the way a power Job's pod sees them: `<dir>/<secret>/<key>`.
 fn secrets(dir: &Path, entries: &[(&str, &str, &str)]) -> Secrets {
@@ -412,4 +413,268 @@ async fn redfish_over_tls_trusts_the_ca_bundle_from_its_secret() {
     let redfish = spec.redfish.as_mut().expect("redfish");
     redfish.tls = Some(RedfishTls { ca_bundle: None, insecure_skip_verify: true });
     assert_eq!(power::status(&spec, &secrets).await.expect("unverified"), Some(PowerState::Off));
+}
+
+fn fakebmc_spec(peer: &FakeBmcPeer, host: &str, off: IpmiOffMethod) -> PowerSpec {
+    PowerSpec {
+        ipmi: Some(Ipmi {
+            host: host.into(),
+            port: Some(peer.port),
+            credentials: CredentialsRef { secret_name: "ipmi-creds".into() },
+            cipher_suite: None,
+            privilege_level: None,
+            off_method: Some(off),
+        }),
+        confirm_timeout_seconds: Some(20),
+        ..PowerSpec::default()
+    }
+}
+
+/// What the binary did: success, stdout, stderr, and the termination message.
+struct Ran {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    termination: String,
+}
+
+/// Runs `homelab-autoscaler power <action>` as a power Job's pod does: the settings in
+/// `HOMELAB_POWER_SPEC`, the Secrets mounted under `secrets`, names resolved with the
+/// nameservers in `resolv_conf` (the pod's /etc/resolv.conf).
+fn power_binary(action: &str, spec: &PowerSpec, secrets: &Path, resolv_conf: &Path) -> Ran {
+    let log = tempfile::NamedTempFile::new().expect("termination log");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_homelab-autoscaler"))
+        .args(["power", action])
+        .env("HOMELAB_POWER_SPEC", serde_json::to_string(spec).expect("json"))
+        .env("HOMELAB_POWER_SECRETS_DIR", secrets)
+        .env("HOMELAB_POWER_TERMINATION_LOG", log.path())
+        .env(power::resolve::RESOLV_CONF_ENV, resolv_conf)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run the binary");
+    Ran {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        termination: std::fs::read_to_string(log.path()).unwrap_or_default(),
+    }
+}
+
+#[tokio::test]
+async fn ipmi_goes_on_when_the_bmc_does_not_answer_the_rmcp_ping() {
+    let peer = FakeBmcPeer::start().await.expect("fakebmc");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("ipmi-creds", &peer.user, &peer.password));
+    let spec = fakebmc_spec(&peer, "127.0.0.1", IpmiOffMethod::Hard);
+    assert_eq!(power::status(&spec, &secrets).await.expect("status"), Some(PowerState::Off));
+    let on = power::power(&spec, PowerAction::On, &secrets).await.expect("power on");
+    assert!(on.summary.contains("reports On"), "{}", on.summary);
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is on");
+    let off = power::power(&spec, PowerAction::Off, &secrets).await.expect("hard off");
+    assert!(off.summary.contains("reports Off"), "{}", off.summary);
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is off");
+
+    // The pod's way, through the binary: status, on, and the default soft off, which fakebmc's
+    // machine obeys.
+    let resolv_conf = dir.path().join("resolv.conf");
+    std::fs::write(&resolv_conf, "# IP literals only: no nameserver is asked\n").expect("write");
+    let soft = fakebmc_spec(&peer, "127.0.0.1", IpmiOffMethod::Soft);
+    let status = power_binary("status", &soft, dir.path(), &resolv_conf);
+    assert!(status.ok, "{}", status.stderr);
+    assert_eq!(status.stdout, "on: ipmi\noff: ipmi\npower state: Off\n");
+    let on = power_binary("on", &soft, dir.path(), &resolv_conf);
+    assert!(on.ok, "{}", on.stderr);
+    assert!(
+        on.stdout.starts_with(&format!("on (ipmi): BMC at 127.0.0.1:{} reports On", peer.port)),
+        "{}",
+        on.stdout
+    );
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is on");
+    let off = power_binary("off", &soft, dir.path(), &resolv_conf);
+    assert!(off.ok, "{}", off.stderr);
+    assert!(off.stdout.contains("reports Off"), "{}", off.stdout);
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is off");
+}
+
+#[tokio::test]
+async fn ipmi_wrong_password_without_the_rmcp_pong_is_a_clear_refusal() {
+    let peer = FakeBmcPeer::start().await.expect("fakebmc");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets_owned(dir.path(), &login("ipmi-creds", &peer.user, "wrong"));
+    let spec = fakebmc_spec(&peer, "127.0.0.1", IpmiOffMethod::Hard);
+    let started = std::time::Instant::now();
+    let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(matches!(error, PowerError::Unauthorized { .. }), "{message}");
+    assert!(
+        message.starts_with(&format!("BMC at 127.0.0.1:{} refused the login", peer.port)),
+        "{message}"
+    );
+    assert!(message.ends_with("check Secret ipmi-creds"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10), "quick: {:?}", started.elapsed());
+    assert_eq!(peer.reference_status().expect("ipmitool"), "Chassis Power is off");
+
+    // No BMC on the port: the host refuses it, and the error says so rather than "no pong".
+    let closed =
+        std::net::UdpSocket::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let mut spec = fakebmc_spec(&peer, "127.0.0.1", IpmiOffMethod::Hard);
+    spec.ipmi.as_mut().expect("ipmi").port = Some(closed.port());
+    let error = power::status(&spec, &secrets).await.expect_err("closed");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "BMC at 127.0.0.1:{0}: UDP port {0} is closed: is IPMI over LAN enabled on the BMC, on \
+             this port?",
+            closed.port()
+        )
+    );
+}
+
+/// A nameserver on port 53 of a loopback address (a resolv.conf cannot name a port), for the
+/// whole test binary: `bmc.homelab.test` and `nas.homelab.test` are 127.0.0.1, every other name
+/// does not exist. It counts the questions it was asked, by name.
+mod nameserver {
+    use std::collections::BTreeMap;
+    use std::net::{Ipv4Addr, UdpSocket};
+    use std::sync::{Mutex, OnceLock};
+
+    use hickory_proto::op::{Message, MessageType, ResponseCode};
+    use hickory_proto::rr::{RData, Record, RecordType, rdata::A};
+
+    pub const ADDRESS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 153);
+    const NAMES: [&str; 2] = ["bmc.homelab.test.", "nas.homelab.test."];
+
+    static ASKED: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+
+    /// Starts the nameserver once; a resolv.conf naming it.
+    pub fn start(dir: &std::path::Path) -> std::path::PathBuf {
+        static STARTED: OnceLock<()> = OnceLock::new();
+        STARTED.get_or_init(|| {
+            let socket = UdpSocket::bind((ADDRESS, 53)).unwrap_or_else(|e| {
+                panic!("binding {ADDRESS}:53 for the test nameserver (needs root): {e}")
+            });
+            std::thread::spawn(move || serve(socket));
+        });
+        let path = dir.join("resolv.conf");
+        std::fs::write(&path, format!("nameserver {ADDRESS}\noptions timeout:2 attempts:1\n"))
+            .expect("resolv.conf");
+        path
+    }
+
+    pub fn asked(name: &str) -> usize {
+        ASKED.lock().expect("lock").get(name).copied().unwrap_or(0)
+    }
+
+    fn serve(socket: UdpSocket) {
+        let mut buf = [0u8; 512];
+        loop {
+            let Ok((len, from)) = socket.recv_from(&mut buf) else { continue };
+            let Ok(query) = Message::from_vec(&buf[..len]) else { continue };
+            let mut answer = Message::new();
+            answer
+                .set_id(query.id())
+                .set_message_type(MessageType::Response)
+                .set_op_code(query.op_code())
+                .set_recursion_desired(query.recursion_desired())
+                .set_recursion_available(true)
+                .set_authoritative(true);
+            let mut code = ResponseCode::NoError;
+            for question in query.queries() {
+                answer.add_query(question.clone());
+                let name = question.name().to_ascii().to_lowercase();
+                *ASKED.lock().expect("lock").entry(name.clone()).or_default() += 1;
+                if !NAMES.contains(&name.as_str()) {
+                    code = ResponseCode::NXDomain;
+                } else if question.query_type() == RecordType::A {
+                    answer.add_answer(Record::from_rdata(
+                        question.name().clone(),
+                        60,
+                        RData::A(A(Ipv4Addr::LOCALHOST)),
+                    ));
+                }
+            }
+            answer.set_response_code(code);
+            if let Ok(bytes) = answer.to_vec() {
+                let _ = socket.send_to(&bytes, from);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn drivers_reach_machines_by_name_through_resolv_conf() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let resolv_conf = nameserver::start(dir.path());
+    let (redfish, sshd, bmc) =
+        tokio::join!(RedfishPeer::start(), SshPeer::start(), FakeBmcPeer::start());
+    let (redfish, sshd, bmc) =
+        (redfish.expect("sushy-emulator"), sshd.expect("sshd"), bmc.expect("fakebmc"));
+    let mut entries = login("bmc-login", &redfish.user, &redfish.password);
+    entries.extend(login("ipmi-creds", &bmc.user, &bmc.password));
+    entries.push(("ssh-key".into(), "ssh-privatekey".into(), sshd.client_key.clone()));
+    let secrets = dir.path().join("secrets");
+    secrets_owned(&secrets, &entries);
+
+    // Redfish (reqwest): the endpoint's name.
+    let mut spec = redfish_spec(&redfish, "bmc-login");
+    let by_name = format!("http://bmc.homelab.test:{}", redfish.port);
+    spec.redfish.as_mut().expect("redfish").endpoint = by_name;
+    let status = power_binary("status", &spec, &secrets, &resolv_conf);
+    assert!(status.ok, "{}", status.stderr);
+    assert!(status.stdout.ends_with("power state: Off\n"), "{}", status.stdout);
+    let on = power_binary("on", &spec, &secrets, &resolv_conf);
+    assert!(on.ok, "{}", on.stderr);
+    assert!(
+        on.stdout.starts_with("on (redfish): BMC at bmc.homelab.test reports On"),
+        "{}",
+        on.stdout
+    );
+    assert!(nameserver::asked("bmc.homelab.test.") > 0, "the test nameserver answered");
+
+    // IPMI (UDP): the BMC's name.
+    let spec = fakebmc_spec(&bmc, "bmc.homelab.test", IpmiOffMethod::Hard);
+    let on = power_binary("on", &spec, &secrets, &resolv_conf);
+    assert!(on.ok, "{}", on.stderr);
+    assert!(
+        on.stdout
+            .starts_with(&format!("on (ipmi): BMC at bmc.homelab.test:{} reports On", bmc.port)),
+        "{}",
+        on.stdout
+    );
+    assert_eq!(bmc.reference_status().expect("ipmitool"), "Chassis Power is on");
+
+    // SSH (russh): the machine's name.
+    let marker = sshd.dir.join("powered-off");
+    let mut spec = ssh_spec(&sshd, format!("touch {}", marker.display()), sshd.host_key.clone());
+    spec.ssh.as_mut().expect("ssh").host = "nas.homelab.test".into();
+    let off = power_binary("off", &spec, &secrets, &resolv_conf);
+    assert!(off.ok, "{}", off.stderr);
+    assert!(marker.exists(), "the command ran on nas.homelab.test");
+    assert!(nameserver::asked("nas.homelab.test.") > 0);
+
+    // A name that does not resolve: the error names it, in the termination message too.
+    let resolv = resolv_conf.display();
+    let cases = [
+        ("status", {
+            let mut spec = redfish_spec(&redfish, "bmc-login");
+            spec.redfish.as_mut().expect("redfish").endpoint =
+                format!("http://nothing.homelab.test:{}", redfish.port);
+            spec
+        }),
+        ("on", fakebmc_spec(&bmc, "nothing.homelab.test", IpmiOffMethod::Hard)),
+        ("off", {
+            let mut spec = ssh_spec(&sshd, "true".into(), sshd.host_key.clone());
+            spec.ssh.as_mut().expect("ssh").host = "nothing.homelab.test".into();
+            spec
+        }),
+    ];
+    for (action, spec) in cases {
+        let started = std::time::Instant::now();
+        let ran = power_binary(action, &spec, &secrets, &resolv_conf);
+        assert!(!ran.ok, "{action}: {}", ran.stdout);
+        let want = format!("cannot resolve nothing.homelab.test with the nameservers in {resolv}");
+        assert!(ran.termination.contains(&want), "{action}: {}", ran.termination);
+        assert!(ran.stderr.contains(&want), "{action}: {}", ran.stderr);
+        assert!(started.elapsed() < Duration::from_secs(10), "{action}: {:?}", started.elapsed());
+    }
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::resolve::Resolver;
 use super::{PowerError, Secrets, with_causes};
 use crate::api::{HttpPower, HttpRequest, PowerAction};
 
@@ -22,6 +23,7 @@ pub async fn send(
     .ok_or_else(|| PowerError::Settings(format!("http.{} is not set", action.as_str())))?;
     let client = reqwest::Client::builder()
         .timeout(TIMEOUT)
+        .dns_resolver(std::sync::Arc::new(Resolver::new()))
         .danger_accept_invalid_certs(settings.insecure_skip_verify)
         .build()
         .map_err(|e| PowerError::protocol(&request.url, with_causes(&e)))?;

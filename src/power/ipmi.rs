@@ -2,13 +2,17 @@
 //! AES-CBC-128 confidentiality) from the `ipmi-rs` crate, and the two chassis commands it does
 //! not ship, written here: Set Session Privilege Level (§22.18), Get Chassis Status and Chassis
 //! Control (§28.2, §28.3).
-//! `ipmi-rs` is blocking, so each call runs on tokio's blocking pool with a fresh session.
+//! `ipmi-rs` is blocking, so each call runs on tokio's blocking pool with a fresh session, through
+//! the relay in `rmcp_ping` (a BMC need not answer the RMCP ping).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ipmi_rs::connection::{IpmiCommand, Message, NetFn, NotEnoughData};
 use ipmi_rs::rmcp::{ActivationError, Rmcp, V2_0ActivationError};
 
+use super::resolve::Resolver;
+use super::rmcp_ping::{Relay, Seen};
 use super::{PowerError, PowerState, Reads, Secrets};
 use crate::api::{Ipmi, IpmiOffMethod, PowerAction};
 
@@ -42,22 +46,30 @@ impl Bmc {
         })
     }
 
-    /// Opens a session and sends `command`, on the blocking pool.
+    /// Opens a session and sends `command`, on the blocking pool, through the relay that lets
+    /// a BMC skip the RMCP pong.
     async fn send<C>(&self, command: C) -> Result<C::Output, PowerError>
     where
         C: IpmiCommand + Send + 'static,
         C::Output: Send + 'static,
         C::Error: std::fmt::Debug,
     {
-        let (host, port, user, password) =
-            (self.host.clone(), self.port, self.user.clone(), self.password.clone());
         let peer = self.peer();
-        let secret = self.secret.clone();
+        let addrs = Resolver::new()
+            .lookup(&self.host, self.port)
+            .await
+            .map_err(|e| PowerError::protocol(&peer, e))?;
+        let bmc = addrs[0];
+        let relay = Relay::start(bmc)
+            .await
+            .map_err(|e| PowerError::protocol(&peer, format!("opening a UDP socket: {e}")))?;
+        let (local, user, password) = (relay.local, self.user.clone(), self.password.clone());
+        let (secret, seen, port) = (self.secret.clone(), relay.seen.clone(), self.port);
         let joined = tokio::task::spawn_blocking(move || {
-            let mut rmcp = Rmcp::new((host.as_str(), port), TIMEOUT)
+            let mut rmcp = Rmcp::new(local, TIMEOUT)
                 .map_err(|e| PowerError::protocol(&peer, format!("opening a UDP socket: {e}")))?;
             rmcp.activate(true, Some(&user), Some(password.as_bytes()))
-                .map_err(|e| activation_error(&peer, &secret, e))?;
+                .map_err(|e| activation_error(&peer, &secret, port, &seen, e))?;
             let mut ipmi = ipmi_rs::Ipmi::new(rmcp);
             // A new RMCP+ session runs at User privilege whatever it asked for; chassis control
             // needs the level raised, as ipmitool does.
@@ -70,6 +82,7 @@ impl Bmc {
             ipmi.send_recv(command).map_err(|e| PowerError::protocol(&peer, format!("{e:?}")))
         })
         .await;
+        drop(relay);
         joined.map_err(|e| {
             PowerError::protocol(self.peer(), format!("the IPMI call panicked: {e}"))
         })?
@@ -77,7 +90,13 @@ impl Bmc {
 }
 
 /// Tells a refused login from a BMC that does not answer.
-fn activation_error(peer: &str, secret: &str, error: ActivationError) -> PowerError {
+fn activation_error(
+    peer: &str,
+    secret: &str,
+    port: u16,
+    seen: &Seen,
+    error: ActivationError,
+) -> PowerError {
     use V2_0ActivationError as V2;
     match error {
         ActivationError::V2_0(
@@ -92,9 +111,19 @@ fn activation_error(peer: &str, secret: &str, error: ActivationError) -> PowerEr
             secret: secret.into(),
             detail: format!("RMCP+ session refused: {e:?}"),
         },
-        ActivationError::PongReceive(e) => PowerError::protocol(
+        _ if seen.refused.load(Ordering::Relaxed) => PowerError::protocol(
             peer,
-            format!("no answer to the RMCP ping ({e}): is IPMI over LAN enabled on the BMC?"),
+            format!(
+                "UDP port {port} is closed: is IPMI over LAN enabled on the BMC, on this port?"
+            ),
+        ),
+        _ if !seen.answered.load(Ordering::Relaxed) => PowerError::protocol(
+            peer,
+            format!(
+                "no answer within {TIMEOUT:?}, neither to the RMCP ping nor to Get Channel \
+                 Authentication Capabilities: is IPMI over LAN enabled on the BMC, and UDP port \
+                 {port} reachable?"
+            ),
         ),
         other => PowerError::protocol(peer, format!("opening an RMCP+ session: {other:?}")),
     }

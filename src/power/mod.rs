@@ -7,6 +7,8 @@ pub mod cli;
 pub mod http;
 pub mod ipmi;
 pub mod redfish;
+pub mod resolve;
+mod rmcp_ping;
 pub mod secrets;
 pub mod ssh;
 pub mod wol;

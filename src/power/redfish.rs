@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::resolve::Resolver;
 use super::{PowerError, PowerState, Reads, Secrets, with_causes};
 use crate::api::{PowerAction, Redfish};
 
@@ -38,7 +39,9 @@ impl Bmc {
             .ok_or_else(|| {
                 PowerError::Settings(format!("redfish.endpoint {base:?} is not a URL"))
             })?;
-        let mut builder = reqwest::Client::builder().timeout(TIMEOUT);
+        let mut builder = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .dns_resolver(std::sync::Arc::new(Resolver::new()));
         if let Some(tls) = &settings.tls {
             if let Some(ca) = &tls.ca_bundle {
                 let pem = secrets.bytes(ca)?;

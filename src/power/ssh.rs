@@ -9,6 +9,7 @@ use russh::ChannelMsg;
 use russh::client;
 use russh::keys::{PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
 
+use super::resolve::Resolver;
 use super::{PowerError, Secrets, with_causes};
 use crate::api::{DEFAULT_SSH_COMMAND, SshShutdown};
 
@@ -79,7 +80,11 @@ pub async fn shutdown(settings: &SshShutdown, secrets: &Secrets) -> Result<Strin
     let handler = PinnedHost { expected, offered: offered.clone() };
     let config =
         Arc::new(client::Config { inactivity_timeout: Some(TIMEOUT), ..client::Config::default() });
-    let connect = client::connect(config, (settings.host.as_str(), port), handler);
+    let addrs = Resolver::new()
+        .lookup(&settings.host, port)
+        .await
+        .map_err(|e| PowerError::protocol(&peer, e))?;
+    let connect = client::connect(config, &addrs[..], handler);
     let mut session = match tokio::time::timeout(TIMEOUT, connect).await {
         Err(_) => return Err(PowerError::protocol(&peer, "no SSH handshake within 30s")),
         Ok(Ok(session)) => session,

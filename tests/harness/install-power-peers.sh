@@ -2,13 +2,15 @@
 # Installs the real protocol peers the power-driver tests talk to (tests/power_*.rs):
 #   - ipmi_sim and ipmitool (Debian `openipmi`, `ipmitool`): an IPMI BMC over RMCP+;
 #   - sshd (Debian `openssh-server`): the SSH shutdown;
-#   - sushy-emulator (PyPI `sushy-tools`, in a virtualenv under the cache): a Redfish BMC.
+#   - sushy-emulator (PyPI `sushy-tools`, in a virtualenv under the cache): a Redfish BMC;
+#   - fakebmc (PyPI `pyghmi`, same virtualenv): an IPMI BMC that does not answer the RMCP ping.
 # Idempotent and quick when everything is there. Nothing lands in the repository.
 set -euo pipefail
 
 CACHE="${HOMELAB_TEST_CACHE:-$HOME/.cache/homelab-autoscaler}"
 PEERS="$CACHE/peers"
 SUSHY_VERSION="2.2.0"
+PYGHMI_VERSION="1.6.19"
 
 missing=()
 command -v ipmi_sim >/dev/null 2>&1 || missing+=(openipmi)
@@ -37,4 +39,10 @@ if ! installed; then
   # bcrypt: the tests hash the emulator's htpasswd with it (sushy-tools needs it too).
   "$PEERS/venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_VERSION" bcrypt
 fi
-echo "install-power-peers: ready (ipmi_sim, ipmitool, sshd, $PEERS/venv/bin/sushy-emulator)"
+# pyghmi is checked on its own, so adding it to an existing virtualenv does not rebuild it.
+if ! [ -x "$PEERS/venv/bin/fakebmc" ] \
+  || ! compgen -G "$PEERS/venv/lib/python3*/site-packages/pyghmi-$PYGHMI_VERSION.dist-info" >/dev/null; then
+  echo "install-power-peers: installing pyghmi $PYGHMI_VERSION into $PEERS/venv"
+  "$PEERS/venv/bin/pip" install -q --disable-pip-version-check "pyghmi==$PYGHMI_VERSION"
+fi
+echo "install-power-peers: ready (ipmi_sim, ipmitool, sshd, $PEERS/venv/bin/sushy-emulator, $PEERS/venv/bin/fakebmc)"

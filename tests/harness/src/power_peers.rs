@@ -1,6 +1,7 @@
 //! Real protocol peers for the power-driver tests, on 127.0.0.1: `sushy-emulator` (Redfish),
-//! `ipmi_sim` (an IPMI BMC), and `sshd`. tests/harness/install-power-peers.sh installs them
-//! (`make test` runs it); a missing one fails its test with the command that installs it.
+//! `ipmi_sim` and pyghmi's `fakebmc` (IPMI BMCs), and `sshd`.
+//! tests/harness/install-power-peers.sh installs them (`make test` runs it); a missing one fails
+//! its test with the command that installs it.
 //! Each peer runs in its own temporary directory and stops when dropped.
 
 use std::net::{TcpListener, UdpSocket};
@@ -266,27 +267,7 @@ impl IpmiPeer {
     }
 
     fn ipmitool(&self, ipmitool: &Path, args: &[&str]) -> Result<String> {
-        let port = self.port.to_string();
-        let mut all = vec![
-            "-I",
-            "lanplus",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-U",
-            &self.user,
-            "-P",
-            &self.password,
-            "-C",
-            "3",
-            "-N",
-            "1",
-            "-R",
-            "1",
-        ];
-        all.extend_from_slice(args);
-        run(ipmitool, &all)
+        ipmitool_lanplus(ipmitool, self.port, &self.user, &self.password, args)
     }
 
     /// What `ipmitool chassis power status` says: an independent reading of the chassis.
@@ -300,6 +281,89 @@ impl IpmiPeer {
     /// The chassis power as the simulated machine holds it (`0` or `1`).
     pub fn power_file(&self) -> Result<String> {
         Ok(std::fs::read_to_string(&self.power_file)?.trim().to_string())
+    }
+}
+
+/// `ipmitool -I lanplus -C 3` against a BMC on 127.0.0.1.
+fn ipmitool_lanplus(
+    ipmitool: &Path,
+    port: u16,
+    user: &str,
+    password: &str,
+    args: &[&str],
+) -> Result<String> {
+    let port = port.to_string();
+    let mut all = vec![
+        "-I",
+        "lanplus",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-U",
+        user,
+        "-P",
+        password,
+        "-C",
+        "3",
+        "-N",
+        "1",
+        "-R",
+        "1",
+    ];
+    all.extend_from_slice(args);
+    run(ipmitool, &all)
+}
+
+/// pyghmi's `fakebmc` (the BMC behind virtualbmc): RMCP+ without an answer to the RMCP ping. Its
+/// login is fixed (`admin` / `password`), its machine starts off, and a soft off powers it off.
+pub struct FakeBmcPeer {
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    pub process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl FakeBmcPeer {
+    pub async fn start() -> Result<Self> {
+        let fakebmc = require(&peers_dir().join("venv/bin/fakebmc").display().to_string())?;
+        let ipmitool = require("ipmitool")?;
+        let dir = tempfile::tempdir()?;
+        let port = free_udp_port()?;
+        let process = Process::spawn(
+            "fakebmc",
+            &fakebmc,
+            &["--port".into(), port.to_string()],
+            &dir.path().join("home"),
+            dir.path(),
+        )?;
+        let peer =
+            Self { port, user: "admin".into(), password: "password".into(), process, _dir: dir };
+        until(
+            "fakebmc to answer ipmitool",
+            start_timeout(),
+            || peer.process.ensure_running(),
+            || {
+                let ipmitool = ipmitool.clone();
+                let peer = &peer;
+                async move { peer.reference_status_with(&ipmitool).map(|_| ()) }
+            },
+        )
+        .await?;
+        Ok(peer)
+    }
+
+    fn reference_status_with(&self, ipmitool: &Path) -> Result<String> {
+        let args = ["chassis", "power", "status"];
+        Ok(ipmitool_lanplus(ipmitool, self.port, &self.user, &self.password, &args)?
+            .trim()
+            .to_string())
+    }
+
+    /// What `ipmitool chassis power status` says.
+    pub fn reference_status(&self) -> Result<String> {
+        self.reference_status_with(&require("ipmitool")?)
     }
 }
 
