@@ -462,11 +462,20 @@ async fn a_slot_takes_one_live_claim_at_a_time() {
     let (code, message) = refused(w.create_claim("second", "machine-1", "pool").await);
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("live claim \"first\" (phase booting)"), "{message}");
+    assert!(
+        message.contains("delete it to release the machine: its boot runs to the end"),
+        "{message}"
+    );
 
     w.set_claim_status("first", json!({ "phase": "ready", "readyAt": now_seconds() })).await;
     let (code, message) = refused(w.create_claim("second", "machine-1", "pool").await);
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("live claim \"first\" (phase ready)"), "{message}");
+    assert!(
+        message.contains("delete it to release the machine: it is cordoned, drained"),
+        "{message}"
+    );
+    assert!(!message.contains("to cancel it"), "a ready claim is not cancelled: {message}");
 
     w.set_claim_status("first", json!({ "phase": "completed", "finishedAt": now_seconds() })).await;
     let second = w.create_claim("second", "machine-1", "pool").await.expect("allowed once ended");

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use super::{PowerError, SPEC_ENV, Secrets, driver_for, power, status};
-use crate::api::{Node, PowerAction, PowerSpec};
+use crate::api::{GROUP_LABEL, Node, NodeClaim, PowerAction, PowerSpec};
+use crate::phase;
 
 /// What `power` does.
 #[derive(Clone, Debug, clap::Subcommand)]
@@ -68,9 +69,16 @@ pub async fn run(command: PowerCommand) -> Result<(), CliError> {
 }
 
 async fn execute(action: Option<PowerAction>, target: &PowerTarget) -> Result<(), CliError> {
-    let (spec, secrets) = settings(action, target).await?;
+    let (spec, secrets, slot) = settings(action, target).await?;
     match action {
         Some(action) => {
+            if let Some((client, node)) = &slot {
+                // A person at a terminal: say what the operator will do about it before acting.
+                if let Some(warning) = claim_warning(client, node, &target.namespace, action).await
+                {
+                    eprintln!("{warning}");
+                }
+            }
             let done = power(&spec, action, &secrets).await?;
             println!("{} ({}): {}", action.as_str(), done.driver.field(), done.summary);
         }
@@ -91,11 +99,12 @@ async fn execute(action: Option<PowerAction>, target: &PowerTarget) -> Result<()
     Ok(())
 }
 
-/// The settings and Secrets: the slot's through the API, or the pod's.
+/// The settings and Secrets: the slot's through the API (with the client and the slot), or the
+/// pod's.
 async fn settings(
     action: Option<PowerAction>,
     target: &PowerTarget,
-) -> Result<(PowerSpec, Secrets), CliError> {
+) -> Result<(PowerSpec, Secrets, Option<(kube::Client, Node)>), CliError> {
     if let Some(slot) = &target.slot {
         let client = kube::Client::try_default().await?;
         let slots: kube::Api<Node> = kube::Api::namespaced(client.clone(), &target.namespace);
@@ -103,7 +112,7 @@ async fn settings(
             .get(slot)
             .await
             .map_err(|source| CliError::Slot { slot: slot.clone(), source })?;
-        let spec = node.spec.power.ok_or_else(|| {
+        let spec = node.spec.power.clone().ok_or_else(|| {
             CliError::Usage(format!(
                 "slot {slot} has no spec.power: it is powered by its startupPodSpec and \
                  shutdownPodSpec, which only run as Jobs"
@@ -118,13 +127,92 @@ async fn settings(
         for kind in needed {
             names.extend(spec.secrets_of(kind));
         }
-        let secrets = Secrets::load(client, &target.namespace, names).await?;
-        return Ok((spec, secrets));
+        let secrets = Secrets::load(client.clone(), &target.namespace, names).await?;
+        return Ok((spec, secrets, Some((client, node))));
     }
     let json = target.spec.as_deref().ok_or_else(|| {
         CliError::Usage(format!("name a slot with --slot NAME (or pass --spec / {SPEC_ENV})"))
     })?;
     let spec: PowerSpec = serde_json::from_str(json)
         .map_err(|e| CliError::Usage(format!("{SPEC_ENV} is not a spec.power: {e}")))?;
-    Ok((spec, Secrets::mounted(&target.secrets_dir)))
+    Ok((spec, Secrets::mounted(&target.secrets_dir), None))
+}
+
+/// A warning when switching the machine by hand goes against what its claims say: a machine is
+/// wanted if and only if a live claim holds its slot, and the operator acts on that, not on the
+/// power state. `None` when the action agrees with the claims, or when the claims cannot be read
+/// (the warning is advice; it never stands in the way of the action).
+async fn claim_warning(
+    client: &kube::Client,
+    slot: &Node,
+    namespace: &str,
+    action: PowerAction,
+) -> Option<String> {
+    let slot_name = slot.metadata.name.clone().unwrap_or_default();
+    let claims: kube::Api<NodeClaim> = kube::Api::namespaced(client.clone(), namespace);
+    let listed = match claims.list(&kube::api::ListParams::default()).await {
+        Ok(listed) => listed,
+        Err(error) => {
+            tracing::debug!(%error, slot = %slot_name, "cannot list claims; no claim warning");
+            return None;
+        }
+    };
+    let wanting = listed.items.into_iter().find(|c| {
+        c.spec.slot_ref.name == slot_name
+            && phase::wants_machine(Some(phase::of(c)), phase::is_marked(c))
+    });
+    match (action, wanting) {
+        (PowerAction::On, None) => Some(power_on_warning(slot, namespace)),
+        (PowerAction::Off, Some(claim)) => Some(power_off_warning(&claim, &slot_name, namespace)),
+        _ => None,
+    }
+}
+
+/// `power on` with no live claim: the operator powers an unwanted machine off again.
+fn power_on_warning(slot: &Node, namespace: &str) -> String {
+    let slot_name = slot.metadata.name.as_deref().unwrap_or_default();
+    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
+    format!(
+        "warning: no live NodeClaim holds slot {slot_name}, so nothing wants this machine: once \
+         the operator sees it up, it drains it and powers it off again. To keep it on, create a \
+         Manual claim instead of powering it on by hand (the operator then boots it itself, and \
+         deleting the claim powers it off):\n\n{}",
+        manual_claim_command(
+            slot_name,
+            group.map_or("<group of the slot>", String::as_str),
+            namespace
+        )
+    )
+}
+
+/// `power off` under a live claim: the claim still counts the machine as capacity.
+fn power_off_warning(claim: &NodeClaim, slot_name: &str, namespace: &str) -> String {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let phase = serde_json::to_value(phase::of(claim))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    format!(
+        "warning: live NodeClaim {name} (phase {phase}) holds slot {slot_name}, so this machine is \
+         still wanted: powering it off by hand does not release it. The claim fails once the \
+         machine stays off, and its pool's scaler may boot the machine again for the same pods. \
+         To power it off for good, delete the claim; the operator then drains the machine and \
+         powers it off:\n\n  kubectl delete nodeclaim {name} -n {namespace}\n"
+    )
+}
+
+/// A ready-to-run command creating the Manual claim for a slot (docs/api.md).
+fn manual_claim_command(slot: &str, group: &str, namespace: &str) -> String {
+    format!(
+        "  kubectl create -f - <<'EOF'\n\
+         apiVersion: infra.homecluster.dev/v2alpha1\n\
+         kind: NodeClaim\n\
+         metadata:\n\
+         \x20 generateName: {slot}-\n\
+         \x20 namespace: {namespace}\n\
+         spec:\n\
+         \x20 slotRef: {{ name: {slot} }}\n\
+         \x20 request: {{ call: Manual, group: {group}, reason: started by hand }}\n\
+         EOF\n"
+    )
 }

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::verdict::{Findings, Verdict};
-use crate::api::{GROUP_LABEL, Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim};
+use crate::api::{GROUP_LABEL, Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{self, AttemptSeed, DEFAULT_CLAIM_TTL_SECONDS};
 use crate::phase;
 
@@ -182,9 +182,10 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
             "one_live_claim_per_slot",
             format!(
                 "slot {slot_name:?} already has live claim {:?} (phase {}); a slot takes one live \
-             claim at a time: wait for it to end, or delete it to cancel it",
+             claim at a time: wait for it to end, or {}",
                 other.metadata.name.as_deref().unwrap_or(""),
-                phase_name(other)
+                phase_name(other),
+                deletion_effect(phase::of(other))
             ),
         );
     }
@@ -233,6 +234,22 @@ pub fn validate_update(old: &NodeClaim, new: &NodeClaim, is_operator: bool) -> V
         }
     }
     findings.verdict()
+}
+
+/// What deleting a live claim does, so a person knows what a delete costs before running it.
+fn deletion_effect(phase: NodeClaimPhase) -> &'static str {
+    match phase {
+        NodeClaimPhase::Pending => "delete it to cancel it (nothing has started yet)",
+        NodeClaimPhase::Booting => {
+            "delete it to release the machine: its boot runs to the end, then the machine is \
+             drained and powered off, and the slot takes a new claim once it is off"
+        }
+        // Terminal claims are not live; listed so the match stays exhaustive.
+        NodeClaimPhase::Ready | NodeClaimPhase::Completed | NodeClaimPhase::Failed => {
+            "delete it to release the machine: it is cordoned, drained (its pods are evicted) \
+             and powered off, and the slot takes a new claim once it is off"
+        }
+    }
 }
 
 fn phase_name(claim: &NodeClaim) -> String {
