@@ -368,16 +368,16 @@ async fn apply_homelab(expected: Expected) {
     }
     let rack = item(&slots, "rack-1");
     let power = &rack["spec"]["power"];
-    // Quoted keys in the file: `on`/`off` must arrive as these fields, holding strings.
-    assert_eq!(power["on"], json!("redfish"), "{power}");
-    assert_eq!(power["off"], json!("ssh"), "{power}");
+    // The driver choices arrive as strings under their own names.
+    assert_eq!(power["onWith"], json!("redfish"), "{power}");
+    assert_eq!(power["offWith"], json!("ssh"), "{power}");
     assert_eq!(power["redfish"]["credentials"]["secretName"], json!("rack-1-bmc"), "{power}");
     assert!(power.get("wakeOnLan").is_none(), "{power}");
     for mini in ["mini-1", "mini-2"] {
         let power = &item(&slots, mini)["spec"]["power"];
         let mac = power["wakeOnLan"]["mac"].as_str().expect("a MAC string");
         assert!(mac.starts_with("52:54:00:"), "{mini}: {power}");
-        assert!(power.get("redfish").is_none() && power.get("on").is_none(), "{mini}: {power}");
+        assert!(power.get("redfish").is_none() && power.get("onWith").is_none(), "{mini}: {power}");
     }
     assert_secret_refs_resolve(plane, expected.ns, &slots).await;
 
