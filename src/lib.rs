@@ -22,6 +22,7 @@ pub mod operator;
 pub mod phase;
 pub mod power;
 pub mod provider;
+pub mod quantity;
 pub mod savings;
 pub mod scaler;
 pub mod simulator;

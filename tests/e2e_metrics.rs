@@ -1,8 +1,10 @@
 //! Operability end to end: a real Prometheus scrapes the operator binary every second while the
 //! real cluster-autoscaler scales a pool up and down; promtool lints the exposition; the
 //! counters and histograms moved as the scenario says; every query of the Grafana dashboard in
-//! the chart returns data. And `/ready` says no until the caches have synced.
+//! the chart returns data; the metric table of docs/operations.md is exactly what `/metrics`
+//! exposes. And `/ready` says no until the caches have synced.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
@@ -29,6 +31,44 @@ async fn expect_value(prometheus: &Prometheus, expr: &str, want: impl Fn(f64) ->
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// The metric names of docs/operations.md's metric table (its rows start with the name).
+fn documented_metrics() -> BTreeSet<String> {
+    let path = homelab_harness::repo_path("docs/operations.md");
+    let text = std::fs::read_to_string(&path).expect("docs/operations.md");
+    let names: BTreeSet<String> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `homelab_autoscaler_"))
+        .filter_map(|rest| rest.split_once('`'))
+        .map(|(name, _)| format!("homelab_autoscaler_{name}"))
+        .collect();
+    assert!(names.len() >= 20, "the metric table lost its rows: {names:?}");
+    names
+}
+
+/// The `homelab_autoscaler_` families of a Prometheus text exposition with at least one sample,
+/// named as their `# TYPE` line names them (counters with `_total`, as the docs write them); a
+/// histogram's samples add `_bucket`, `_sum` and `_count`.
+fn scraped_families(exposition: &str) -> BTreeSet<String> {
+    let declared: BTreeSet<&str> = exposition
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split(' ').next())
+        .collect();
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with("homelab_autoscaler_"))
+        .map(|line| {
+            let sample = line.split(['{', ' ']).next().unwrap_or_default();
+            ["", "_bucket", "_sum", "_count", "_created"]
+                .iter()
+                .filter_map(|suffix| sample.strip_suffix(suffix))
+                .find(|name| declared.contains(name))
+                .unwrap_or(sample)
+                .to_string()
+        })
+        .collect()
 }
 
 /// Every `expr` of the dashboard's panels, with Grafana's variables as Grafana would fill them
@@ -85,6 +125,19 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
     .await
     .expect("the HasSlots condition");
 
+    // A group admission refuses, so the denial counter has a series to compare with the docs.
+    let refused: Group = serde_json::from_value(json!({
+        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+        "metadata": { "name": "refused" },
+        "spec": { "driver": "builtin", "minSize": 2, "builtin": { "maxNodes": 1 } },
+    }))
+    .unwrap();
+    let denied = groups.create(&PostParams::default(), &refused).await;
+    assert!(
+        matches!(&denied, Err(kube::Error::Api(e)) if e.message.contains("spec.builtin.maxNodes")),
+        "minSize above maxNodes: {denied:?}"
+    );
+
     let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
     if let Err(error) = world.autoscaler_scale_up_and_down(&ca, 3).await {
         panic!(
@@ -98,6 +151,17 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
     // The exposition passes upstream's linter.
     let exposition = world.admin_get(0, "/metrics").await.expect("GET /metrics");
     promtool_check_metrics(&exposition).await.unwrap_or_else(|e| panic!("{e:#}\n{exposition}"));
+
+    // Every metric the docs list is in the scrape (a family is exposed once it has a series,
+    // so the scenario produces one of each), and every family scraped is in the docs.
+    let (documented, scraped) = (documented_metrics(), scraped_families(&exposition));
+    let unscraped: Vec<_> = documented.difference(&scraped).collect();
+    let undocumented: Vec<_> = scraped.difference(&documented).collect();
+    assert!(
+        unscraped.is_empty() && undocumented.is_empty(),
+        "docs/operations.md's metric table against /metrics:\n  documented, not exposed: \
+         {unscraped:?}\n  exposed, not documented: {undocumented:?}\n{exposition}"
+    );
 
     // The counters and histograms moved as the scenario says: three machines came up on the
     // first attempt and were scaled down, on cluster-autoscaler's calls.

@@ -8,16 +8,13 @@ use jiff::Timestamp;
 
 /// The startup Job's timeout (its activeDeadlineSeconds ceiling).
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(5 * 60);
-/// The interval the Job monitor re-checks a Job on when no event arrives.
-pub const JOB_MONITOR_POLL_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a machine whose startup Job completed has to register its node object.
-pub const DEFAULT_UNCORDON_TIMEOUT: Duration = Duration::from_secs(90);
+pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a registered node has to become Ready and clear the readiness taints.
 pub const DEFAULT_READINESS_GATE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
-/// The longest sleep between two uncordon retries.
-pub const MAX_UNCORDON_RETRY_INTERVAL: Duration = Duration::from_secs(10);
-/// Slack for API latency and a reconcile pass.
-pub const BUDGET_MARGIN: Duration = Duration::from_secs(60);
+/// Slack for what the deadlines above do not time: API latency, the watch events that report a
+/// Job's end or a node's change, a reconcile pass, and uncordoning the ready node.
+pub const BUDGET_MARGIN: Duration = Duration::from_secs(100);
 
 /// One named member of the budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,16 +25,17 @@ pub struct BudgetConstant {
 
 /// The set the budget is the sum of. Growing a deadline without listing it here, or dropping a
 /// member, fails the budget tests.
-pub fn budget_constants() -> [BudgetConstant; 6] {
+pub fn budget_constants() -> [BudgetConstant; 4] {
     [
         BudgetConstant { name: "DEFAULT_JOB_TIMEOUT", value: DEFAULT_JOB_TIMEOUT },
-        BudgetConstant { name: "JOB_MONITOR_POLL_INTERVAL", value: JOB_MONITOR_POLL_INTERVAL },
-        BudgetConstant { name: "DEFAULT_UNCORDON_TIMEOUT", value: DEFAULT_UNCORDON_TIMEOUT },
+        BudgetConstant {
+            name: "DEFAULT_REGISTRATION_TIMEOUT",
+            value: DEFAULT_REGISTRATION_TIMEOUT,
+        },
         BudgetConstant {
             name: "DEFAULT_READINESS_GATE_TIMEOUT",
             value: DEFAULT_READINESS_GATE_TIMEOUT,
         },
-        BudgetConstant { name: "MAX_UNCORDON_RETRY_INTERVAL", value: MAX_UNCORDON_RETRY_INTERVAL },
         BudgetConstant { name: "BUDGET_MARGIN", value: BUDGET_MARGIN },
     ]
 }
@@ -45,10 +43,8 @@ pub fn budget_constants() -> [BudgetConstant; 6] {
 /// The boot budget, 12m10s.
 pub const BOOT_BUDGET: Duration = Duration::from_secs(
     DEFAULT_JOB_TIMEOUT.as_secs()
-        + JOB_MONITOR_POLL_INTERVAL.as_secs()
-        + DEFAULT_UNCORDON_TIMEOUT.as_secs()
+        + DEFAULT_REGISTRATION_TIMEOUT.as_secs()
         + DEFAULT_READINESS_GATE_TIMEOUT.as_secs()
-        + MAX_UNCORDON_RETRY_INTERVAL.as_secs()
         + BUDGET_MARGIN.as_secs(),
 );
 
@@ -57,11 +53,9 @@ pub const BOOT_BUDGET: Duration = Duration::from_secs(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
     pub job_timeout: Duration,
-    pub job_monitor_poll: Duration,
     /// How long a machine has to register its node after the startup Job completed.
     pub registration: Duration,
     pub readiness_gate: Duration,
-    pub uncordon_retry_max: Duration,
     pub margin: Duration,
 }
 
@@ -69,10 +63,8 @@ impl Default for Timeouts {
     fn default() -> Self {
         Self {
             job_timeout: DEFAULT_JOB_TIMEOUT,
-            job_monitor_poll: JOB_MONITOR_POLL_INTERVAL,
-            registration: DEFAULT_UNCORDON_TIMEOUT,
+            registration: DEFAULT_REGISTRATION_TIMEOUT,
             readiness_gate: DEFAULT_READINESS_GATE_TIMEOUT,
-            uncordon_retry_max: MAX_UNCORDON_RETRY_INTERVAL,
             margin: BUDGET_MARGIN,
         }
     }
@@ -81,12 +73,7 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The boot budget: every deadline of an attempt in series, plus the margin.
     pub fn budget(&self) -> Duration {
-        self.job_timeout
-            + self.job_monitor_poll
-            + self.registration
-            + self.readiness_gate
-            + self.uncordon_retry_max
-            + self.margin
+        self.job_timeout + self.registration + self.readiness_gate + self.margin
     }
 
     /// The end of a claim's boot window: `requestedAt + max(budget, maxNodeProvisionTime)`.
@@ -133,10 +120,8 @@ mod tests {
         let members = budget_constants();
         let expect = [
             ("DEFAULT_JOB_TIMEOUT", DEFAULT_JOB_TIMEOUT),
-            ("JOB_MONITOR_POLL_INTERVAL", JOB_MONITOR_POLL_INTERVAL),
-            ("DEFAULT_UNCORDON_TIMEOUT", DEFAULT_UNCORDON_TIMEOUT),
+            ("DEFAULT_REGISTRATION_TIMEOUT", DEFAULT_REGISTRATION_TIMEOUT),
             ("DEFAULT_READINESS_GATE_TIMEOUT", DEFAULT_READINESS_GATE_TIMEOUT),
-            ("MAX_UNCORDON_RETRY_INTERVAL", MAX_UNCORDON_RETRY_INTERVAL),
             ("BUDGET_MARGIN", BUDGET_MARGIN),
         ];
         assert_eq!(members.len(), expect.len());
@@ -148,8 +133,8 @@ mod tests {
 
     #[test]
     fn no_proper_subset_adds_up_to_the_budget() {
-        // The 7m10s bug was a budget that forgot the Job's timeout: dropping any member must
-        // fall short of the budget.
+        // The clock starts before the Job exists, so a budget without the Job's timeout (7m10s)
+        // would fail boots that are on time: dropping any member must fall short.
         let members = budget_constants();
         let n = members.len();
         for mask in 0..(1u32 << n) - 1 {

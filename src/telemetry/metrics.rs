@@ -120,6 +120,18 @@ impl Metrics {
             m.request_to_ready.clone(),
         );
         r.register_with_unit("claim_boot_to_ready", "Time from a committed boot to a ready machine: the startup Job, registration and the readiness gate", Unit::Seconds, m.boot_to_ready.clone());
+        r.register_with_unit(
+            "startup_job_duration",
+            "Time a boot's startup Job ran, from its start to its completion",
+            Unit::Seconds,
+            m.startup_job.clone(),
+        );
+        r.register_with_unit(
+            "readiness_gate_duration",
+            "Time from a booting machine's node appearing to it passing the readiness gate",
+            Unit::Seconds,
+            m.readiness_gate.clone(),
+        );
         r.register(
             "webhook_requests",
             "Admission requests by webhook and verdict",

@@ -52,9 +52,10 @@ pub const VALIDATE_GROUPS: &str = "groups.infra.homecluster.dev";
 ///   anyway; cluster-autoscaler's IncreaseSize is served by the same process, so a claim
 ///   creation waits on the webhook only inside a call whose caller retries, hence the short
 ///   timeout.
-/// - Slots: `Fail`, 10 s. The rules (no `powerState`, no group change under a live claim, a
-///   well-formed reset) protect a machine's power; slots are edited by people, who can retry,
-///   and the rules read the slot's claims, so the timeout leaves room for a slow apiserver.
+/// - Slots: `Fail`, 10 s. The rules (no `powerState`, a pool that exists, no providerID change
+///   under a live claim, a well-formed reset) protect a machine's power; slots are edited by
+///   people, who can retry, and the rules read the slot's group and claims, so the timeout
+///   leaves room for a slow apiserver.
 /// - Groups: `Fail`, 10 s. A driver switch under live claims would hand a pool's boots to a
 ///   second scaler; edited by people, as slots.
 pub const POLICIES: [WebhookPolicy; 4] = [

@@ -17,6 +17,7 @@ use crate::controller::error::{KubeContext, Result};
 use crate::controller::params;
 use crate::machine;
 use crate::phase::{self, Observation, SlotReportInput};
+use crate::quantity;
 
 /// Writes what the slot side wants of its node (see `node_sync`) as one merge patch.
 pub async fn write_node(ctx: &Context, node: &CoreNode, patch: serde_json::Value) -> Result<()> {
@@ -63,6 +64,8 @@ fn digest(claim: &NodeClaim) -> SlotClaimDigest {
 }
 
 /// Declared capacity that the node's allocatable contradicts, as `name: declared vs seen`.
+/// Amounts compare as quantities (`16Gi` is `16777216Ki`); one that is not a quantity is drift,
+/// said with why.
 fn capacity_drift(slot: &Node, node: &CoreNode) -> Vec<String> {
     let allocatable: BTreeMap<String, _> =
         node.status.as_ref().and_then(|s| s.allocatable.clone()).unwrap_or_default();
@@ -71,8 +74,16 @@ fn capacity_drift(slot: &Node, node: &CoreNode) -> Vec<String> {
         .iter()
         .filter_map(|(name, declared)| {
             let seen = allocatable.get(name)?;
-            (seen.0 != declared.0)
-                .then(|| format!("{name}: declared {} vs allocatable {}", declared.0, seen.0))
+            match quantity::same(&declared.0, &seen.0) {
+                Ok(true) => None,
+                Ok(false) => {
+                    Some(format!("{name}: declared {} vs allocatable {}", declared.0, seen.0))
+                }
+                Err(error) => Some(format!(
+                    "{name}: declared {} vs allocatable {} cannot be compared ({error})",
+                    declared.0, seen.0
+                )),
+            }
         })
         .collect()
 }
@@ -257,5 +268,39 @@ mod tests {
         assert_eq!(provider_id_mismatch(&slot, "k3s://m1"), None);
         let message = provider_id_mismatch(&slot, "homelab://m1").expect("mismatch");
         assert!(message.contains("set spec.providerID to homelab://m1"), "{message}");
+    }
+
+    #[test]
+    fn capacity_drifts_by_amount_not_by_spelling() {
+        let slot: Node = serde_json::from_value(json!({
+            "metadata": { "name": "m1" },
+            "spec": { "kubernetesNodeName": "m1", "nodeCapacity": {
+                "memory": "16Gi", "cpu": "4", "pods": "110", "ephemeral-storage": "100G",
+                "example.com/gpu": "one",
+            } },
+        }))
+        .unwrap();
+        let node = |allocatable: serde_json::Value| -> CoreNode {
+            serde_json::from_value(json!({
+                "metadata": { "name": "m1" }, "status": { "allocatable": allocatable },
+            }))
+            .unwrap()
+        };
+        let same = node(json!({
+            "memory": "16777216Ki", "cpu": "4000m", "pods": "110", "ephemeral-storage": "1e11",
+        }));
+        assert_eq!(capacity_drift(&slot, &same), Vec::<String>::new());
+        let drifted = node(json!({
+            "memory": "16G", "cpu": "3500m", "pods": "110", "example.com/gpu": "1",
+        }));
+        assert_eq!(
+            capacity_drift(&slot, &drifted),
+            [
+                "cpu: declared 4 vs allocatable 3500m",
+                "example.com/gpu: declared one vs allocatable 1 cannot be compared \
+                 (\"one\" is not a quantity: no digits)",
+                "memory: declared 16Gi vs allocatable 16G",
+            ]
+        );
     }
 }

@@ -22,15 +22,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Components, FailureLogs, TestNamespace, test_namespace};
 
-/// Short timeouts so an attempt's budget is seconds, not minutes: 10+1+8+8+1+1 = 29 s.
+/// Short timeouts so an attempt's budget is seconds, not minutes: 10+8+8+3 = 29 s.
 pub fn timeouts() -> Timeouts {
     Timeouts {
         job_timeout: Duration::from_secs(10),
-        job_monitor_poll: Duration::from_secs(1),
         registration: Duration::from_secs(8),
         readiness_gate: Duration::from_secs(8),
-        uncordon_retry_max: Duration::from_secs(1),
-        margin: Duration::from_secs(1),
+        margin: Duration::from_secs(3),
     }
 }
 
