@@ -4,7 +4,6 @@
 //! for the Secret's value (raw and base64), the private keys the processes hold (the webhook's
 //! and the admin kubeconfig's), and anything shaped like a token or a key.
 
-
 use homelab_harness::ControlPlane;
 use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
 use k8s_openapi::api::core::v1::Secret;
