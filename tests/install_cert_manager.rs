@@ -1,9 +1,10 @@
 //! The chart's cert-manager mode against the real cert-manager (controller and cainjector as
-//! processes) on a control plane of its own: the chart rendered by helm and applied, with each
-//! webhook's Service clientConfig pointed at the operator on loopback (as the e2e World does);
-//! cert-manager issues the webhook's, the gRPC server's and cluster-autoscaler's client
+//! processes) on a control plane of its own: the chart installed with `helm install`, then each
+//! live webhook's Service clientConfig pointed at the operator on loopback (as the e2e World
+//! does); cert-manager issues the webhook's, the gRPC server's and cluster-autoscaler's client
 //! certificates from the chart's CA, and cainjector fills both caBundles. The operator runs with
-//! the issued Secrets written the way the kubelet mounts them, and
+//! the installed Deployment's arguments (listen addresses on loopback, the Secret mounts where
+//! the test writes them the way the kubelet mounts them), as the chart's ServiceAccount, and
 //! - admission answers through the injected CA (a slot with `spec.powerState` is refused with our
 //!   message);
 //! - a renewal is served without a restart while kubectl keeps working;
@@ -11,7 +12,9 @@
 //!   client without one is refused;
 //! - the chart's cluster-autoscaler Deployment is stamped with that certificate, and
 //!   cert-manager's renewal of it restamps the Deployment (a rollout: cluster-autoscaler reads
-//!   its certificate only when it starts).
+//!   its certificate only when it starts);
+//! - a pool goes 0 -> 1 -> 0 by hand (a `Manual` NodeClaim applied, then deleted, with kubectl),
+//!   each state read from `kubectl get slot`'s printed columns.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,9 +25,10 @@ use homelab_autoscaler::operator::autoscaler_restart::certificate_digest;
 use homelab_harness::cert_manager::{CertManager, ISSUE_TIMEOUT};
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
-    Operator, apply, apply_repo_file, certificate_stamp, documents, first_certificate, free_port,
-    issued_secret, mount_secret, point_webhooks_at, refused_with_our_message, render,
-    served_certificate, slot_with_power_state, without_client_certificate,
+    Operator, apply_repo_file, certificate_stamp, deployment_args, first_certificate, free_port,
+    helm_install, issued_secret, mount_secret, on_loopback, point_webhooks_at, pool,
+    refused_with_our_message, served_certificate, service_account_kubeconfig,
+    slot_with_power_state, without_client_certificate,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::{
@@ -49,10 +53,12 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
     let out = plane.kubectl(["create", "namespace", NS]).await.expect("kubectl");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    // The chart, with the webhooks pointed at the operator's loopback port and `localhost` on
-    // the certificates (the name the apiserver and cluster-autoscaler dial here).
+    // The chart as a user installs it, `localhost` on the certificates (the name the apiserver
+    // and cluster-autoscaler dial here); then, before anything it admits is created, the live
+    // webhooks pointed at the operator's loopback port.
     let (webhook_port, grpc_port) = (free_port().expect("port"), free_port().expect("port"));
-    let rendered = render(
+    helm_install(
+        &plane,
         NS,
         &[
             "tls.mode=certManager",
@@ -62,10 +68,10 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
         ],
     )
     .await
-    .expect("helm template");
-    let mut docs = documents(&rendered).expect("documents");
-    point_webhooks_at(&mut docs, &format!("https://localhost:{webhook_port}"));
-    apply(&plane, &docs).await.expect("apply the chart");
+    .expect("helm install");
+    point_webhooks_at(&client, &format!("https://localhost:{webhook_port}"))
+        .await
+        .expect("point the webhooks at loopback");
 
     let webhook = issued_secret(&client, NS, "homelab-autoscaler-webhook-tls")
         .await
@@ -109,25 +115,33 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
     mount_secret(&webhook_dir, &data(&webhook)).expect("mount");
     mount_secret(&grpc_dir, &data(&grpc)).expect("mount");
     mount_secret(&client_dir, &data(&grpc_client)).expect("mount");
-    let mut operator = Operator::start(
-        bin,
-        plane.kubeconfig_path(),
+    // The installed Deployment's arguments, on loopback, as the chart's ServiceAccount; Secrets
+    // re-read every second so the renewal below is quick.
+    let installed = deployment_args(&client, NS).await.expect("the Deployment's args");
+    let mut args = on_loopback(
+        &installed,
         &[
-            format!("--namespace={NS}"),
-            format!("--webhook-addr=127.0.0.1:{webhook_port}"),
-            format!("--webhook-cert-dir={}", webhook_dir.display()),
-            format!("--grpc-addr=127.0.0.1:{grpc_port}"),
-            format!("--grpc-cert-dir={}", grpc_dir.display()),
-            "--grpc-client-secret=homelab-autoscaler-grpc-client-tls".into(),
-            format!("--cluster-autoscaler-deployment={AUTOSCALER}"),
-            "--tls-reload-interval=1s".into(),
-            "--no-leader-election".into(),
-            "--operator-usernames=admin".into(),
+            ("--webhook-addr", format!("127.0.0.1:{webhook_port}")),
+            ("--webhook-cert-dir", webhook_dir.display().to_string()),
+            ("--grpc-addr", format!("127.0.0.1:{grpc_port}")),
+            ("--grpc-cert-dir", grpc_dir.display().to_string()),
         ],
-        &mounts.path().join("operator.log"),
     )
-    .await
-    .expect("operator");
+    .expect("the Deployment's args on loopback");
+    assert!(
+        args.contains(&format!("--cluster-autoscaler-deployment={AUTOSCALER}"))
+            && args.contains(&"--grpc-client-secret=homelab-autoscaler-grpc-client-tls".into()),
+        "the chart wires cluster-autoscaler's certificate: {args:?}"
+    );
+    args.push("--tls-reload-interval=1s".into());
+    let kubeconfig = mounts.path().join("service-account.kubeconfig");
+    service_account_kubeconfig(&plane, NS, "homelab-autoscaler", &kubeconfig)
+        .await
+        .expect("a kubeconfig of the chart's ServiceAccount");
+    let mut operator =
+        Operator::start(bin, &kubeconfig, &args, &mounts.path().join("operator.log"))
+            .await
+            .expect("operator");
 
     let slot = mounts.path().join("slot.yaml");
     std::fs::write(&slot, slot_with_power_state(NS)).expect("write slot");
@@ -267,5 +281,16 @@ async fn cert_manager_issues_injects_and_renews_and_cluster_autoscaler_dials_wit
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", operator.log_tail(30), cert_manager.log_tails(20)));
+
+    // A pool 0 -> 1 -> 0 by hand, read from `kubectl get slot` (cluster-autoscaler is gone, so
+    // nothing else claims a machine): the power Jobs run on a kwok lab node, the simulator plays
+    // the machine.
+    let _simulator = pool::start_machines(&plane, bin, NS, &mounts.path().join("simulator.log"))
+        .await
+        .expect("the lab's machines");
+    let timings = pool::zero_one_zero(&plane, NS, mounts.path())
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(40)));
+    eprintln!("the pool by hand through `kubectl get slot`: {timings:?}");
     cert_manager.ensure_running().expect("cert-manager kept running");
 }

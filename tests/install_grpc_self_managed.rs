@@ -1,5 +1,6 @@
-//! The chart's self-managed mode for the gRPC provider, with two replicas (the chart's default)
-//! running as the chart's ServiceAccount (a TokenRequest token, never admin) on a control plane
+//! The chart's self-managed mode for the gRPC provider, installed with `helm install`, with two
+//! replicas (the chart's default) running with the installed Deployment's arguments (on
+//! loopback) as the chart's ServiceAccount (a TokenRequest token, never admin) on a control plane
 //! of their own, and the real cluster-autoscaler:
 //! - both replicas serve gRPC certificates of their own, signed by the one shared CA;
 //! - exactly one of them issues cluster-autoscaler's client certificate into one Secret;
@@ -14,8 +15,8 @@ use std::time::Duration;
 use homelab_autoscaler::operator::autoscaler_restart::certificate_digest;
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
-    Operator, ServiceProxy, apply, apply_repo_file, certificate_stamp, count_in_logs, documents,
-    free_port, mount_secret, point_webhooks_at, render, served_certificate,
+    Operator, ServiceProxy, apply_repo_file, certificate_stamp, count_in_logs, deployment_args,
+    free_port, helm_install, mount_secret, on_loopback, point_webhooks_at, served_certificate,
     service_account_kubeconfig, without_client_certificate,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
@@ -79,31 +80,39 @@ async fn two_replicas_serve_grpc_from_the_shared_ca_and_keep_cluster_autoscaler_
     let grpc_ports = [free_port().expect("port"), free_port().expect("port")];
     let webhooks = ServiceProxy::start(webhook_ports.to_vec()).await.expect("proxy");
     let grpc = ServiceProxy::start(grpc_ports.to_vec()).await.expect("proxy");
-    let rendered = render(NS, &["tls.mode=selfManaged", "clusterAutoscaler.enabled=true"])
+    helm_install(&plane, NS, &["tls.mode=selfManaged", "clusterAutoscaler.enabled=true"])
         .await
-        .expect("helm template");
-    let mut docs = documents(&rendered).expect("documents");
-    point_webhooks_at(&mut docs, &format!("https://localhost:{}", webhooks.port));
-    apply(&plane, &docs).await.expect("apply the chart");
+        .expect("helm install");
+    point_webhooks_at(&client, &format!("https://localhost:{}", webhooks.port))
+        .await
+        .expect("point the webhooks at the stand-in Service");
+    let installed = deployment_args(&client, NS).await.expect("the Deployment's args");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("service-account.kubeconfig");
     service_account_kubeconfig(&plane, NS, "homelab-autoscaler", &kubeconfig)
         .await
         .expect("a kubeconfig of the chart's ServiceAccount");
-    // The chart's arguments for this mode, on loopback.
+    // The Deployment's arguments, on loopback (`localhost` the Services' name here).
     let (mut a, b) = Operator::start_two(bin, &kubeconfig, dir.path(), |i| {
-        vec![
-            format!("--namespace={NS}"),
-            format!("--webhook-addr=127.0.0.1:{}", webhook_ports[i]),
-            "--webhook-dns-names=localhost".into(),
-            format!("--grpc-addr=127.0.0.1:{}", grpc_ports[i]),
-            "--grpc-self-managed-tls".into(),
-            "--grpc-dns-names=localhost".into(),
-            format!("--grpc-client-secret={CLIENT_SECRET}"),
-            format!("--cluster-autoscaler-deployment={AUTOSCALER}"),
-            "--tls-reload-interval=1s".into(),
-        ]
+        let mut args = on_loopback(
+            &installed,
+            &[
+                ("--webhook-addr", format!("127.0.0.1:{}", webhook_ports[i])),
+                ("--webhook-dns-names", "localhost".into()),
+                ("--grpc-addr", format!("127.0.0.1:{}", grpc_ports[i])),
+                ("--grpc-dns-names", "localhost".into()),
+            ],
+        )
+        .expect("the Deployment's args on loopback");
+        assert!(
+            args.contains(&"--grpc-self-managed-tls".to_string())
+                && args.contains(&format!("--grpc-client-secret={CLIENT_SECRET}"))
+                && args.contains(&format!("--cluster-autoscaler-deployment={AUTOSCALER}")),
+            "the chart's self-managed gRPC wiring: {args:?}"
+        );
+        args.push("--tls-reload-interval=1s".into());
+        args
     })
     .await
     .expect("two replicas");

@@ -3,7 +3,7 @@
 //! is why the runbook deletes the v1alpha1 objects and CRDs first; after that, the chart's CRDs
 //! go in and a v2alpha1 slot is served.
 
-use homelab_harness::install::{apply, documents, kind, render};
+use homelab_harness::install::{chart_dir, helm};
 use homelab_harness::{Components, ControlPlane};
 
 const V1ALPHA1_CRD: &str = r#"
@@ -99,14 +99,22 @@ async fn the_runbooks_crd_step_is_what_the_apiserver_requires() {
         &kubectl(["delete", "crd", "nodes.infra.homecluster.dev"].map(String::from).to_vec()).await,
         "delete CRD",
     );
-    let rendered =
-        render("homelab-autoscaler-system", &["tls.mode=selfManaged"]).await.expect("render");
-    let crds: Vec<_> = documents(&rendered)
-        .expect("documents")
-        .into_iter()
-        .filter(|d| kind(d) == "CustomResourceDefinition")
-        .collect();
-    apply(&plane, &crds).await.expect("the chart's CRDs");
+    let chart = chart_dir().display().to_string();
+    let kubeconfig = plane.kubeconfig_path().display().to_string();
+    helm(&[
+        "upgrade",
+        "--install",
+        "homelab-autoscaler",
+        &chart,
+        "-n",
+        "homelab-autoscaler-system",
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        "tls.mode=selfManaged",
+    ])
+    .await
+    .expect("the runbook's helm upgrade --install");
     let out = kubectl(
         ["get", "crd", "nodes.infra.homecluster.dev", "-o", "jsonpath={.status.storedVersions}"]
             .map(String::from)

@@ -1,16 +1,19 @@
 //! The chart's self-managed TLS mode with two replicas, the chart's default, on a control plane
-//! of its own: both replicas start at once and race to create the CA; one Secret holds it, each
-//! serves its own certificate signed by it, and the caBundle is that CA. A loopback proxy
-//! stands in for the webhook Service in front of both, so the apiserver reaches either; kubectl
-//! keeps being answered by admission while the CA rotates (short lifetimes) and after one
-//! replica is killed.
+//! of its own: the chart installed with `helm install`, both replicas started at once with the
+//! installed Deployment's arguments (on loopback) as the chart's ServiceAccount, racing to create
+//! the CA; one Secret holds it, each serves its own certificate signed by it, and the caBundle is
+//! that CA. A loopback proxy stands in for the webhook Service in front of both (the live
+//! webhooks are patched to it), so the apiserver reaches either; kubectl keeps being answered by
+//! admission while the CA rotates (short lifetimes), a pool goes 0 -> 1 -> 0 by hand as
+//! `kubectl get slot` prints it, and one replica is killed.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use homelab_harness::install::{
-    Operator, ServiceProxy, apply, count_in_logs, documents, first_certificate, free_port,
-    point_webhooks_at, refused_with_our_message, render, served_certificate, slot_with_power_state,
+    Operator, ServiceProxy, count_in_logs, deployment_args, first_certificate, free_port,
+    helm_install, on_loopback, point_webhooks_at, pool, refused_with_our_message,
+    served_certificate, service_account_kubeconfig, slot_with_power_state,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -33,25 +36,39 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let ports = [free_port().expect("port"), free_port().expect("port")];
+    let grpc_ports = [free_port().expect("port"), free_port().expect("port")];
     let service = ServiceProxy::start(ports.to_vec()).await.expect("proxy");
-    let rendered = render(NS, &["tls.mode=selfManaged"]).await.expect("helm template");
-    let mut docs = documents(&rendered).expect("documents");
-    point_webhooks_at(&mut docs, &format!("https://localhost:{}", service.port));
-    apply(&plane, &docs).await.expect("apply the chart");
-
-    // Both at once, racing to create the CA. Its lifetime is short so that it rotates during the
-    // test: due after 30 s, certificates re-issued every 10 s.
+    helm_install(&plane, NS, &["tls.mode=selfManaged"]).await.expect("helm install");
+    point_webhooks_at(&client, &format!("https://localhost:{}", service.port))
+        .await
+        .expect("point the webhooks at the stand-in Service");
+    let installed = deployment_args(&client, NS).await.expect("the Deployment's args");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut a, b) = Operator::start_two(bin, plane.kubeconfig_path(), dir.path(), |i| {
-        vec![
-            format!("--namespace={NS}"),
-            format!("--webhook-addr=127.0.0.1:{}", ports[i]),
-            "--webhook-dns-names=localhost".into(),
+    let kubeconfig = dir.path().join("service-account.kubeconfig");
+    service_account_kubeconfig(&plane, NS, "homelab-autoscaler", &kubeconfig)
+        .await
+        .expect("a kubeconfig of the chart's ServiceAccount");
+
+    // Both at once, racing to create the CA, each with the Deployment's arguments on loopback
+    // (`localhost` the Service's name here). The CA's lifetime is short so that it rotates during
+    // the test: due after 30 s, certificates re-issued every 10 s.
+    let (mut a, b) = Operator::start_two(bin, &kubeconfig, dir.path(), |i| {
+        let mut args = on_loopback(
+            &installed,
+            &[
+                ("--webhook-addr", format!("127.0.0.1:{}", ports[i])),
+                ("--webhook-dns-names", "localhost".into()),
+                ("--grpc-addr", format!("127.0.0.1:{}", grpc_ports[i])),
+                ("--grpc-dns-names", "localhost".into()),
+            ],
+        )
+        .expect("the Deployment's args on loopback");
+        args.extend([
             "--ca-lifetime=45s".into(),
             "--webhook-cert-lifetime=15s".into(),
             "--tls-reload-interval=1s".into(),
-            "--operator-usernames=admin".into(),
-        ]
+        ]);
+        args
     })
     .await
     .expect("two replicas");
@@ -124,6 +141,16 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
         started.elapsed()
     );
 
+    // A pool 0 -> 1 -> 0 by hand, read from `kubectl get slot`: the power Jobs run on a kwok
+    // lab node, the simulator plays the machine.
+    let _simulator = pool::start_machines(&plane, bin, NS, &dir.path().join("simulator.log"))
+        .await
+        .expect("the lab's machines");
+    let timings = pool::zero_one_zero(&plane, NS, dir.path())
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", a.log_tail(30), b.log_tail(30)));
+    eprintln!("the pool by hand through `kubectl get slot`: {timings:?}");
+
     // One replica dies; the Service (proxy) routes to the other and nothing changes for kubectl.
     a.child.kill().await.expect("kill replica 0");
     for call in 0..6 {
@@ -149,12 +176,18 @@ async fn users_own_secret_is_served_and_its_ca_patched_and_followed_on_rotation(
     let client = plane.client().expect("client");
     let out = plane.kubectl(["create", "namespace", OWN_NS]).await.expect("kubectl");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let port = free_port().expect("port");
-    let rendered =
-        render(OWN_NS, &["tls.mode=secrets", "tls.secrets.webhook=own-tls"]).await.expect("render");
-    let mut docs = documents(&rendered).expect("documents");
-    point_webhooks_at(&mut docs, &format!("https://localhost:{port}"));
-    apply(&plane, &docs).await.expect("apply the chart");
+    let (port, grpc_port) = (free_port().expect("port"), free_port().expect("port"));
+    helm_install(&plane, OWN_NS, &["tls.mode=secrets", "tls.secrets.webhook=own-tls"])
+        .await
+        .expect("helm install");
+    point_webhooks_at(&client, &format!("https://localhost:{port}"))
+        .await
+        .expect("point the webhooks at loopback");
+    let installed = deployment_args(&client, OWN_NS).await.expect("the Deployment's args");
+    assert!(
+        installed.contains(&"--webhook-patch-ca-bundle".to_string()),
+        "the chart has the operator patch the user's CA in: {installed:?}"
+    );
 
     let as_data = |bundle: &homelab_autoscaler::tls::SelfSignedBundle| {
         BTreeMap::from([
@@ -167,22 +200,23 @@ async fn users_own_secret_is_served_and_its_ca_patched_and_followed_on_rotation(
     let dir = tempfile::tempdir().expect("tempdir");
     let mount = dir.path().join("webhook-tls");
     mount_secret(&mount, &as_data(&own)).expect("mount");
-    let operator = Operator::start(
-        bin,
-        plane.kubeconfig_path(),
+    let mut args = on_loopback(
+        &installed,
         &[
-            format!("--namespace={OWN_NS}"),
-            format!("--webhook-addr=127.0.0.1:{port}"),
-            format!("--webhook-cert-dir={}", mount.display()),
-            "--webhook-patch-ca-bundle".into(),
-            "--tls-reload-interval=1s".into(),
-            "--no-leader-election".into(),
-            "--operator-usernames=admin".into(),
+            ("--webhook-addr", format!("127.0.0.1:{port}")),
+            ("--webhook-cert-dir", mount.display().to_string()),
+            ("--grpc-addr", format!("127.0.0.1:{grpc_port}")),
         ],
-        &dir.path().join("operator.log"),
     )
-    .await
-    .expect("operator");
+    .expect("the Deployment's args on loopback");
+    args.push("--tls-reload-interval=1s".into());
+    let kubeconfig = dir.path().join("service-account.kubeconfig");
+    service_account_kubeconfig(&plane, OWN_NS, "homelab-autoscaler", &kubeconfig)
+        .await
+        .expect("a kubeconfig of the chart's ServiceAccount");
+    let operator = Operator::start(bin, &kubeconfig, &args, &dir.path().join("operator.log"))
+        .await
+        .expect("operator");
 
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let bundle_is = |ca: String| {

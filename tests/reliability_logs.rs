@@ -4,8 +4,7 @@
 //! for the Secret's value (raw and base64), the private keys the processes hold (the webhook's
 //! and the admin kubeconfig's), and anything shaped like a token or a key.
 
-use std::path::Path;
-
+use homelab_harness::ControlPlane;
 use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -32,11 +31,15 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-fn admin_key_pem(kubeconfig: &Path) -> String {
-    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
-    let config: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
-    let path = config["users"][0]["user"]["client-key"].as_str().expect("client-key path");
-    std::fs::read_to_string(path).expect("admin key")
+/// The admin's private key, found where kubectl reads it from the plane's kubeconfig.
+async fn admin_key_pem(plane: &ControlPlane) -> String {
+    let out = plane
+        .kubectl(["config", "view", "-o", "jsonpath={.users[0].user.client-key}"])
+        .await
+        .expect("kubectl config view");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let path = String::from_utf8_lossy(&out.stdout).into_owned();
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("admin key {path}: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +79,7 @@ async fn a_full_run_logs_no_secret_value_key_or_token() {
     for line in pem_body_lines(&webhook_key) {
         needles.push((line, "the webhook's private key"));
     }
-    for line in pem_body_lines(&admin_key_pem(world.plane.kubeconfig_path())) {
+    for line in pem_body_lines(&admin_key_pem(&world.plane).await) {
         needles.push((line, "the admin kubeconfig's private key"));
     }
 

@@ -129,8 +129,8 @@ pub(crate) fn spawn_apiserver(
     )
 }
 
-/// Writes the admin kubeconfig. Certificates are referenced by path, which kubectl, the Go
-/// components and kube-rs all read.
+/// Writes the admin kubeconfig, as JSON (a kubeconfig kubectl, the Go components and kube-rs all
+/// read). Certificates are referenced by path.
 pub(crate) fn write_kubeconfig(dir: &Path, pki: &Pki, api_port: u16) -> Result<PathBuf> {
     let path = dir.join("admin.kubeconfig");
     let kubeconfig = serde_json::json!({
@@ -156,7 +156,7 @@ pub(crate) fn write_kubeconfig(dir: &Path, pki: &Pki, api_port: u16) -> Result<P
         }],
         "current-context": "homelab-test",
     });
-    let text = serde_yaml::to_string(&kubeconfig).context("rendering the kubeconfig")?;
+    let text = serde_json::to_string_pretty(&kubeconfig).context("rendering the kubeconfig")?;
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }

@@ -1,6 +1,10 @@
-//! What the install tests share: the chart rendered by the real helm, its documents applied to a
-//! control plane, Secrets written the way the kubelet mounts them, the operator started as a
-//! process with a kubeconfig of the test's choosing, and the certificate a server presents.
+//! What the install tests share: the chart installed by the real helm as a user installs it, the
+//! live webhook configurations pointed at the operator on loopback, the installed Deployment's
+//! arguments for a process, Secrets written the way the kubelet mounts them, the operator
+//! started as a process with a kubeconfig of the test's choosing, and the certificate a server
+//! presents.
+
+pub mod pool;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,9 +14,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::process::{Child, Command};
@@ -88,7 +93,30 @@ pub async fn render(namespace: &str, sets: &[&str]) -> Result<String> {
     helm(&args).await
 }
 
-/// The documents of a multi-document YAML stream (empty ones dropped).
+/// `helm install homelab-autoscaler <chart> --namespace <ns>` into `plane` with `--set` for each
+/// of `sets`: the chart's manifests reach the apiserver as a user's do, parsed by helm (Go's
+/// YAML). The webhook configurations then point at the chart's Service, which has no endpoints
+/// here (no pods run): call [`point_webhooks_at`] before creating any object they admit.
+pub async fn helm_install(plane: &ControlPlane, namespace: &str, sets: &[&str]) -> Result<String> {
+    let chart = chart_dir().display().to_string();
+    let kubeconfig = plane.kubeconfig_path().display().to_string();
+    let mut args = vec![
+        "install",
+        "homelab-autoscaler",
+        chart.as_str(),
+        "--namespace",
+        namespace,
+        "--kubeconfig",
+        kubeconfig.as_str(),
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(&args).await
+}
+
+/// The documents of a multi-document YAML stream (empty ones dropped), for the chart tests that
+/// inspect `helm template`'s output.
 pub fn documents(yaml: &str) -> Result<Vec<serde_yaml::Value>> {
     let mut docs = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(yaml) {
@@ -103,25 +131,6 @@ pub fn documents(yaml: &str) -> Result<Vec<serde_yaml::Value>> {
 /// The kind of a document.
 pub fn kind(doc: &serde_yaml::Value) -> &str {
     doc["kind"].as_str().unwrap_or_default()
-}
-
-/// Points every webhook of the admission configurations among `docs` at `url_base` (the
-/// operator on loopback, as the e2e World does) in place of the Service, keeping the path and
-/// leaving caBundle to whoever fills it (cainjector, or the operator).
-pub fn point_webhooks_at(docs: &mut [serde_yaml::Value], url_base: &str) {
-    for doc in docs.iter_mut() {
-        if !kind(doc).ends_with("WebhookConfiguration") {
-            continue;
-        }
-        for webhook in doc["webhooks"].as_sequence_mut().into_iter().flatten() {
-            let config = &mut webhook["clientConfig"];
-            let path = config["service"]["path"].as_str().unwrap_or_default().to_string();
-            if let Some(map) = config.as_mapping_mut() {
-                map.remove("service");
-                map.insert("url".into(), format!("{url_base}{path}").into());
-            }
-        }
-    }
 }
 
 /// Applies `docs` with the control plane's kubectl (server-side, so CRDs and the objects after
@@ -143,6 +152,82 @@ pub async fn apply(plane: &ControlPlane, docs: &[serde_yaml::Value]) -> Result<S
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(stdout)
+}
+
+/// The installed admission configurations, both named `homelab-autoscaler`.
+const WEBHOOK_CONFIGURATIONS: [&str; 2] =
+    ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"];
+
+/// Points every webhook of the installed admission configurations at `url_base` (the operator
+/// on loopback, as the e2e World does) in place of the chart's Service, keeping each path and
+/// leaving caBundle to whoever fills it (cainjector, or the operator). A JSON patch of the live
+/// objects: it swaps `service` for `url` and nothing else, so a caBundle injected meanwhile stays.
+pub async fn point_webhooks_at(client: &Client, url_base: &str) -> Result<()> {
+    for kind in WEBHOOK_CONFIGURATIONS {
+        let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        let resource = kube::api::ApiResource::from_gvk(&gvk);
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+        let config = api
+            .get("homelab-autoscaler")
+            .await
+            .with_context(|| format!("reading the installed {kind}"))?;
+        let webhooks = config.data["webhooks"].as_array().cloned().unwrap_or_default();
+        ensure!(!webhooks.is_empty(), "the installed {kind} has no webhooks");
+        let mut ops = Vec::new();
+        for (i, webhook) in webhooks.iter().enumerate() {
+            let path = webhook["clientConfig"]["service"]["path"]
+                .as_str()
+                .with_context(|| format!("{kind} webhook {i} has no Service path"))?;
+            ops.extend([
+                serde_json::json!({ "op": "test", "path": format!("/webhooks/{i}/name"), "value": webhook["name"] }),
+                serde_json::json!({ "op": "remove", "path": format!("/webhooks/{i}/clientConfig/service") }),
+                serde_json::json!({ "op": "add", "path": format!("/webhooks/{i}/clientConfig/url"), "value": format!("{url_base}{path}") }),
+            ]);
+        }
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
+        api.patch("homelab-autoscaler", &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .with_context(|| format!("pointing the {kind}'s webhooks at {url_base}"))?;
+    }
+    Ok(())
+}
+
+/// The container arguments of the installed operator Deployment, read back from the apiserver:
+/// what the chart renders for its pods.
+pub async fn deployment_args(client: &Client, namespace: &str) -> Result<Vec<String>> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let deployment =
+        deployments.get("homelab-autoscaler").await.context("reading the installed Deployment")?;
+    let containers = deployment.spec.and_then(|s| s.template.spec).map(|s| s.containers);
+    let operator = containers
+        .into_iter()
+        .flatten()
+        .find(|c| c.name == "operator")
+        .context("the Deployment has no `operator` container")?;
+    operator.args.context("the operator container has no args")
+}
+
+/// `args` (a Deployment's, from [`deployment_args`]) for a process on loopback: `run` goes
+/// ([`Operator::start`] adds it), as does `--admin-addr` ([`Operator::start`] picks a free port),
+/// and each flag named in `overrides` takes the given value in place of the rendered one
+/// (listen addresses, the Service's DNS names, the Secret mounts). Every overridden flag must
+/// be among `args`: a chart that stops rendering one fails here rather than passing unseen.
+pub fn on_loopback(args: &[String], overrides: &[(&str, String)]) -> Result<Vec<String>> {
+    let flag = |arg: &str| arg.split_once('=').map_or(arg, |(f, _)| f).to_string();
+    for (name, _) in overrides {
+        ensure!(
+            args.iter().any(|a| flag(a) == *name),
+            "the Deployment does not pass {name}: {args:?}"
+        );
+    }
+    Ok(args
+        .iter()
+        .filter(|a| a.as_str() != "run" && flag(a) != "--admin-addr")
+        .map(|a| match overrides.iter().find(|(name, _)| flag(a) == *name) {
+            Some((name, value)) => format!("{name}={value}"),
+            None => a.clone(),
+        })
+        .collect())
 }
 
 /// Waits for Secret `name` in `namespace` to hold `tls.crt`, `tls.key` and `ca.crt`.

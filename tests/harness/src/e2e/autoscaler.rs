@@ -214,7 +214,8 @@ impl Autoscaler {
             .await
             .context("reading kube-system/cluster-autoscaler-status")?;
         let text = map.data.unwrap_or_default().remove("status").unwrap_or_default();
-        serde_yaml::from_str(&text).with_context(|| format!("parsing CA's status:\n{text}"))
+        // cluster-autoscaler's own YAML report, not a manifest.
+        serde_saphyr::from_str(&text).with_context(|| format!("parsing CA's status:\n{text}"))
     }
 }
 
