@@ -380,8 +380,9 @@ async fn the_chart_ships_the_dashboard_for_the_grafana_sidecar() {
         "--show-only",
         "templates/dashboard.yaml",
     ]);
+    let objects = homelab_harness::install::documents(&rendered).await.expect("kubectl reads it");
     let map: k8s_openapi::api::core::v1::ConfigMap =
-        serde_yaml::from_str(&rendered).expect("a ConfigMap");
+        serde_json::from_value(objects[0].clone()).expect("a ConfigMap");
     let labels = map.metadata.labels.unwrap_or_default();
     assert_eq!(labels.get("grafana_dashboard").map(String::as_str), Some("1"), "{rendered}");
     let annotations = map.metadata.annotations.unwrap_or_default();

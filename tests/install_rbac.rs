@@ -16,6 +16,7 @@ async fn the_operator_runs_a_scale_up_and_down_as_the_charts_service_account() {
 
     let rendered = render(NAMESPACE, &["tls.mode=selfManaged"]).await.expect("helm template");
     let rbac: Vec<_> = documents(&rendered)
+        .await
         .expect("documents")
         .into_iter()
         .filter(|d| {
@@ -115,6 +116,7 @@ async fn the_charts_service_account_restarts_cluster_autoscaler_in_another_names
     .await
     .expect("helm template");
     let rbac: Vec<_> = documents(&rendered)
+        .await
         .expect("documents")
         .into_iter()
         .filter(|d| {

@@ -115,34 +115,25 @@ pub async fn helm_install(plane: &ControlPlane, namespace: &str, sets: &[&str]) 
     helm(&args).await
 }
 
-/// The documents of a multi-document YAML stream (empty ones dropped), for the chart tests that
-/// inspect `helm template`'s output.
-pub fn documents(yaml: &str) -> Result<Vec<serde_yaml::Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde::Deserialize::deserialize(doc).context("parsing rendered YAML")?;
-        if !matches!(value, serde_yaml::Value::Null) {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
+/// The objects of a multi-document YAML stream, as kubectl reads it (as Go does: an unquoted
+/// `on` is a boolean), for the chart tests that inspect `helm template`'s output.
+pub async fn documents(yaml: &str) -> Result<Vec<serde_json::Value>> {
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), yaml)?;
+    crate::yaml_readers::read_as_go(file.path()).await
 }
 
-/// The kind of a document.
-pub fn kind(doc: &serde_yaml::Value) -> &str {
+/// The kind of an object.
+pub fn kind(doc: &serde_json::Value) -> &str {
     doc["kind"].as_str().unwrap_or_default()
 }
 
-/// Applies `docs` with the control plane's kubectl (server-side, so CRDs and the objects after
-/// them go in one call), failing with kubectl's message.
-pub async fn apply(plane: &ControlPlane, docs: &[serde_yaml::Value]) -> Result<String> {
-    let mut yaml = String::new();
-    for doc in docs {
-        yaml.push_str("---\n");
-        yaml.push_str(&serde_yaml::to_string(doc)?);
-    }
+/// Applies `objects` with the control plane's kubectl (server-side, so CRDs and the objects
+/// after them go in one call), failing with kubectl's message.
+pub async fn apply(plane: &ControlPlane, objects: &[serde_json::Value]) -> Result<String> {
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": objects });
     let file = tempfile::NamedTempFile::new()?;
-    std::fs::write(file.path(), yaml)?;
+    std::fs::write(file.path(), serde_json::to_vec(&list)?)?;
     let path = file.path().display().to_string();
     let out = plane.kubectl(["apply", "--server-side", "-f", path.as_str()]).await?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
