@@ -361,7 +361,7 @@ async fn the_chart_ships_the_dashboard_for_the_grafana_sidecar() {
     let home = tempfile::tempdir().unwrap();
     let render = |extra: &[&str]| {
         let mut args =
-            vec!["template", "hla", chart.to_str().unwrap(), "--set", "webhook.certManager=false"];
+            vec!["template", "hla", chart.to_str().unwrap(), "--set", "tls.mode=selfManaged"];
         args.extend_from_slice(extra);
         let out = std::process::Command::new(&helm)
             .args(&args)

@@ -15,15 +15,7 @@ async fn the_operator_runs_a_scale_up_and_down_as_the_charts_service_account() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let rendered = render(NAMESPACE, &["tls.mode=selfManaged"]).await.expect("helm template");
-    let rbac: Vec<_> = documents(&rendered)
-        .await
-        .expect("documents")
-        .into_iter()
-        .filter(|d| {
-            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
-                .contains(&kind(d))
-        })
-        .collect();
+    let rbac = rbac_of(&rendered).await;
     assert_eq!(rbac.len(), 5, "the chart's ServiceAccount and its four RBAC objects");
     apply(&plane, &rbac).await.expect("apply the chart's RBAC");
 
@@ -115,15 +107,7 @@ async fn the_charts_service_account_restarts_cluster_autoscaler_in_another_names
     )
     .await
     .expect("helm template");
-    let rbac: Vec<_> = documents(&rendered)
-        .await
-        .expect("documents")
-        .into_iter()
-        .filter(|d| {
-            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
-                .contains(&kind(d))
-        })
-        .collect();
+    let rbac = rbac_of(&rendered).await;
     assert_eq!(rbac.len(), 7, "the ServiceAccount, its four RBAC objects, the restart pair");
     apply(&plane, &rbac).await.expect("apply the chart's RBAC");
 
@@ -284,4 +268,17 @@ async fn the_charts_service_account_restarts_cluster_autoscaler_in_another_names
             .expect("the copy");
     let copy: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     assert_eq!(copy["metadata"]["annotations"][COPIED_FROM], format!("{home}/ca-client"));
+}
+
+/// The chart's ServiceAccount and RBAC objects among `rendered`, as kubectl reads them.
+async fn rbac_of(rendered: &str) -> Vec<serde_json::Value> {
+    documents(rendered)
+        .await
+        .expect("documents")
+        .into_iter()
+        .filter(|d| {
+            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+                .contains(&kind(d))
+        })
+        .collect()
 }
