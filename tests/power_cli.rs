@@ -99,8 +99,8 @@ fn heredoc(stderr: &str) -> String {
 fn power_spec(plug: &Plug) -> Value {
     json!({
         "http": {
-            "on": { "url": format!("{}/on", plug.base) },
-            "off": { "url": format!("{}/off", plug.base) },
+            "onRequest": { "url": format!("{}/on", plug.base) },
+            "offRequest": { "url": format!("{}/off", plug.base) },
         },
     })
 }
