@@ -16,8 +16,8 @@ use homelab_autoscaler::operator::autoscaler_restart::certificate_digest;
 use homelab_harness::e2e::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
 use homelab_harness::install::{
     Operator, ServiceProxy, apply_repo_file, certificate_stamp, count_in_logs, deployment_args,
-    free_port, helm_install, mount_secret, on_loopback, point_webhooks_at, served_certificate,
-    service_account_kubeconfig, without_client_certificate,
+    free_port, helm_install, mount_secret, point_webhooks_at, replica_on_loopback,
+    served_certificate, service_account_kubeconfig, without_client_certificate,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::ByteString;
@@ -95,16 +95,8 @@ async fn two_replicas_serve_grpc_from_the_shared_ca_and_keep_cluster_autoscaler_
         .expect("a kubeconfig of the chart's ServiceAccount");
     // The Deployment's arguments, on loopback (`localhost` the Services' name here).
     let (mut a, b) = Operator::start_two(bin, &kubeconfig, dir.path(), |i| {
-        let mut args = on_loopback(
-            &installed,
-            &[
-                ("--webhook-addr", format!("127.0.0.1:{}", webhook_ports[i])),
-                ("--webhook-dns-names", "localhost".into()),
-                ("--grpc-addr", format!("127.0.0.1:{}", grpc_ports[i])),
-                ("--grpc-dns-names", "localhost".into()),
-            ],
-        )
-        .expect("the Deployment's args on loopback");
+        let mut args = replica_on_loopback(&installed, webhook_ports[i], grpc_ports[i])
+            .expect("the Deployment's args on loopback");
         assert!(
             args.contains(&"--grpc-self-managed-tls".to_string())
                 && args.contains(&format!("--grpc-client-secret={CLIENT_SECRET}"))

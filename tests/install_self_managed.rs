@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use homelab_harness::install::{
     Operator, ServiceProxy, count_in_logs, deployment_args, first_certificate, free_port,
     helm_install, on_loopback, point_webhooks_at, pool, refused_with_our_message,
-    served_certificate, service_account_kubeconfig, slot_with_power_state,
+    replica_on_loopback, served_certificate, service_account_kubeconfig, slot_with_power_state,
 };
 use homelab_harness::{Components, ControlPlane, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -53,16 +53,8 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
     // (`localhost` the Service's name here). The CA's lifetime is short so that it rotates during
     // the test: due after 30 s, certificates re-issued every 10 s.
     let (mut a, b) = Operator::start_two(bin, &kubeconfig, dir.path(), |i| {
-        let mut args = on_loopback(
-            &installed,
-            &[
-                ("--webhook-addr", format!("127.0.0.1:{}", ports[i])),
-                ("--webhook-dns-names", "localhost".into()),
-                ("--grpc-addr", format!("127.0.0.1:{}", grpc_ports[i])),
-                ("--grpc-dns-names", "localhost".into()),
-            ],
-        )
-        .expect("the Deployment's args on loopback");
+        let mut args = replica_on_loopback(&installed, ports[i], grpc_ports[i])
+            .expect("the Deployment's args on loopback");
         args.extend([
             "--ca-lifetime=45s".into(),
             "--webhook-cert-lifetime=15s".into(),

@@ -198,6 +198,25 @@ pub async fn deployment_args(client: &Client, namespace: &str) -> Result<Vec<Str
     operator.args.context("the operator container has no args")
 }
 
+/// The installed Deployment's `installed` arguments for a replica serving the webhooks on
+/// `webhook_port` and the gRPC provider on `grpc_port` of 127.0.0.1, `localhost` standing for the
+/// Services' names.
+pub fn replica_on_loopback(
+    installed: &[String],
+    webhook_port: u16,
+    grpc_port: u16,
+) -> Result<Vec<String>> {
+    on_loopback(
+        installed,
+        &[
+            ("--webhook-addr", format!("127.0.0.1:{webhook_port}")),
+            ("--webhook-dns-names", "localhost".into()),
+            ("--grpc-addr", format!("127.0.0.1:{grpc_port}")),
+            ("--grpc-dns-names", "localhost".into()),
+        ],
+    )
+}
+
 /// `args` (a Deployment's, from [`deployment_args`]) for a process on loopback: `run` goes
 /// ([`Operator::start`] adds it), as does `--admin-addr` ([`Operator::start`] picks a free port),
 /// and each flag named in `overrides` takes the given value in place of the rendered one

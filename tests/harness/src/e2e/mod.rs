@@ -190,7 +190,7 @@ async fn http_ok(addr: &str, path: &str) -> Result<()> {
     http_get(addr, path).await.map(|_| ())
 }
 
-fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, log: &Path) -> Result<Child> {
+pub(crate) fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, log: &Path) -> Result<Child> {
     spawn_as(bin, args, kubeconfig, std::fs::File::create(log)?, None)
 }
 

@@ -9,11 +9,10 @@
 //! succeed.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::{Components, ControlPlane, eventually};
 
@@ -76,22 +75,13 @@ pub async fn start_machines(
     plane
         .add_machine("lab", vec![], [("homelab.demo/role".to_string(), "lab".to_string())].into())
         .await?;
-    let out = std::fs::File::create(log)?;
-    Command::new(bin)
-        .args([
-            "simulate",
-            &format!("--namespace={namespace}"),
-            "--boot-delay=2s",
-            "--gate-delay=2s",
-        ])
-        .env("KUBECONFIG", plane.kubeconfig_path())
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out.try_clone()?))
-        .stderr(Stdio::from(out))
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {} simulate", bin.display()))
+    let args = [
+        "simulate".to_string(),
+        format!("--namespace={namespace}"),
+        "--boot-delay=2s".into(),
+        "--gate-delay=2s".into(),
+    ];
+    crate::e2e::spawn(bin, &args, plane.kubeconfig_path(), log)
 }
 
 /// One row of `kubectl get slot`: the printed cell of each column, by header (`<none>` read as
