@@ -66,6 +66,7 @@ pub fn claim(name: &str, slot: &str, group: &str) -> NodeClaim {
             attempt: None,
             deadline_at: None,
             max_node_provision_time: None,
+            until: None,
             ttl_seconds_after_finished: None,
         },
     );

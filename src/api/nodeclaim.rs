@@ -46,6 +46,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.until) || self.request.call in ['Manual', 'Schedule']").message("spec.until ends a pin: only a Manual or Schedule claim has one"))]
 pub struct NodeClaimSpec {
     /// The slot (a Node of this API, in the same namespace) this claim asks to power on.
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("spec.slotRef is immutable: create a new claim for another slot"))]
@@ -88,6 +89,12 @@ pub struct NodeClaimSpec {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("spec.maxNodeProvisionTime is immutable"))]
     pub max_node_provision_time: Option<Duration>,
 
+    /// The end of a pin: once it passes, the claim controller completes the claim with the reason
+    /// `Expired` and the machine is released. Only a pin (a `Manual` or `Schedule` claim) has one;
+    /// `homelab-autoscaler keep-on` sets and extends it. Absent, a pin holds until it is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+
     /// How long a finished claim is kept before it is collected. Defaults to 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
@@ -112,7 +119,8 @@ pub struct SlotRef {
 #[x_kube(validation = kube::core::Rule::new("self.call == 'DeleteNodes' || !has(self.nodes) || size(self.nodes) == 0").message("only a DeleteNodes request names nodes"))]
 pub struct ClaimRequest {
     /// The entry point that asked: IncreaseSize (cluster-autoscaler or the built-in scaler),
-    /// or Manual (a person's `kubectl create`).
+    /// Manual (a person's `kubectl create` or `homelab-autoscaler keep-on`), or Schedule (a
+    /// Group's schedule window).
     pub call: ClaimCall,
     /// The request's signed delta: +N for IncreaseSize.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,6 +146,17 @@ pub enum ClaimCall {
     DeleteNodes,
     /// A person created the claim by hand to start the machine.
     Manual,
+    /// A Group's schedule keeps the machine on during one of its windows.
+    Schedule,
+}
+
+impl ClaimCall {
+    /// A pin: a claim no scaler made. Neither the built-in scaler nor cluster-autoscaler's
+    /// DeleteNodes releases its machine; only its owner (a person, the schedule) or its
+    /// `spec.until` ends it.
+    pub fn is_pin(self) -> bool {
+        matches!(self, Self::Manual | Self::Schedule)
+    }
 }
 
 /// The phase of a claim. An absent phase reads as pending everywhere.

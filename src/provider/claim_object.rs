@@ -82,6 +82,7 @@ pub fn new_claim(intent: &ClaimIntent<'_>) -> NodeClaim {
                 intent.timeouts.deadline_at(intent.requested_at, provision_time),
             )),
             max_node_provision_time: intent.group.spec.max_node_provision_time,
+            until: None,
             ttl_seconds_after_finished: Some(DEFAULT_CLAIM_TTL_SECONDS),
         },
         status: None,
