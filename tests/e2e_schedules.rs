@@ -161,7 +161,10 @@ async fn window_holds_a_machine(
     );
     let group: Group = Api::namespaced(world.client.clone(), NAMESPACE).get("workers").await?;
     let status = group.status.and_then(|s| s.schedule).context("no status.schedule")?;
-    ensure!(status.until.map(|u| u.0) == Some(w.closes), "status.schedule.until: {status:?}");
+    ensure!(
+        status.until.as_ref().map(|u| u.0) == Some(w.closes),
+        "status.schedule.until: {status:?}"
+    );
     ensure!(status.held.as_deref() == Some("1/1"), "status.schedule.held: {status:?}");
     eprintln!("[{:>5.1}s] {slot} ready; SCHEDULE column {column:?}", t.elapsed().as_secs_f64());
 

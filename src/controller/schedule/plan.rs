@@ -279,8 +279,10 @@ mod tests {
         plan(&Inputs { live: claims, ..inputs_of(windows, slots) })
     }
 
-    /// (window, slots of its candidates, wanted) of each fill.
-    fn fills(plan: &Plan) -> Vec<(usize, Vec<&str>, usize)> {
+    /// (window, slots of its candidates, wanted) of a fill.
+    type Expected<'a> = (usize, Vec<&'a str>, usize);
+
+    fn fills(plan: &Plan) -> Vec<Expected<'_>> {
         plan.fills
             .iter()
             .map(|f| (f.window, f.candidates.iter().map(|c| c.slot.as_str()).collect(), f.wanted))
@@ -300,7 +302,7 @@ mod tests {
         let scaler = live("s", "nuc", false, "cluster-autoscaler", None);
         let manual = live("m", "big", true, "alice", None);
         // (case, window, claims, expected fills)
-        let table: Vec<(&str, &ScheduleWindow, Vec<LiveClaim>, Vec<(usize, Vec<&str>, usize)>)> = vec![
+        let table: Vec<(&str, &ScheduleWindow, Vec<LiveClaim>, Vec<Expected>)> = vec![
             (
                 "cheapest first, unpriced last",
                 &office,
@@ -391,8 +393,11 @@ mod tests {
             (live("d", "nuc", true, "alice", Some("2026-12-07T12:00:00Z")), vec![]),
         ];
         for (claim, want) in table {
-            let plan =
-                plan_of(std::slice::from_ref(&office), &[slot("nuc", None)], &[claim.clone()]);
+            let plan = plan_of(
+                std::slice::from_ref(&office),
+                &[slot("nuc", None)],
+                std::slice::from_ref(&claim),
+            );
             assert_eq!(plan.extend, want, "{}", claim.name);
         }
     }
