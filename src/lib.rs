@@ -20,6 +20,7 @@ pub mod machine;
 pub mod manifests;
 pub mod operator;
 pub mod phase;
+pub mod pin_cli;
 pub mod power;
 pub mod provider;
 pub mod quantity;

@@ -47,6 +47,11 @@ enum Command {
     /// (what the power Jobs run; `--slot NAME` reads the slot with your kubeconfig).
     #[command(subcommand)]
     Power(homelab_autoscaler::power::cli::PowerCommand),
+    /// Keep a slot's machine on (a Manual claim, a pin no scaler releases), until released or
+    /// for a time: `--for 2h`, `--until 18:00`. On a slot already pinned, moves its end.
+    KeepOn(homelab_autoscaler::pin_cli::KeepOnArgs),
+    /// Release a slot's pinned machine: delete its live Manual (or Schedule) claim.
+    Release(homelab_autoscaler::pin_cli::SlotArgs),
     /// Render or check the manifests generated from the code (crds/).
     Manifests {
         #[command(subcommand)]
@@ -87,6 +92,17 @@ fn init_tracing(format: LogFormat, level: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A command's refusal goes to stderr, with a failing exit code.
+fn report(result: Result<(), homelab_autoscaler::pin_cli::PinError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     init_tracing(cli.log_format, &cli.log_level)?;
@@ -120,6 +136,14 @@ fn main() -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::FAILURE)
                 }
             }
+        }
+        Command::KeepOn(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            Ok(report(runtime.block_on(homelab_autoscaler::pin_cli::keep_on(args))))
+        }
+        Command::Release(target) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            Ok(report(runtime.block_on(homelab_autoscaler::pin_cli::release(target))))
         }
         Command::Certs { out, dns_names, ips } => {
             let bundle = homelab_autoscaler::tls::issue_self_signed(&dns_names, &ips)?;

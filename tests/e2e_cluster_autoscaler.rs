@@ -79,6 +79,106 @@ async fn a_machine_started_by_hand_stays_on_past_the_unneeded_time() {
     .await;
 }
 
+/// A pin in a cluster-autoscaler pool (`homelab-autoscaler keep-on`, run as a person would):
+/// cluster-autoscaler finds the pinned machine empty but never scales it down, well past its
+/// unneeded time, while it scales its own machines down; `release` then turns the pin off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_machine_stays_while_cluster_autoscaler_scales_its_own_down() {
+    let settings = AutoscalerSettings::default();
+    let unneeded = settings.scale_down_unneeded;
+    with_autoscaler(settings, async move |world, ca| {
+        pinned_machine_outlives_autoscaler_scale_down(world, ca, unneeded).await
+    })
+    .await;
+}
+
+/// Runs the operator binary as a person would, with the World's kubeconfig: (ok, stdout, stderr).
+async fn cli(world: &World, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_homelab-autoscaler"))
+        .args(args)
+        .env("KUBECONFIG", world.plane.kubeconfig_path())
+        .output()
+        .await?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+}
+
+async fn pinned_machine_outlives_autoscaler_scale_down(
+    world: &World,
+    ca: &Autoscaler,
+    unneeded: Duration,
+) -> anyhow::Result<()> {
+    use anyhow::{Context, ensure};
+    use homelab_autoscaler::api::{ClaimCall, NodeClaimPhase};
+    use homelab_harness::e2e::{NAMESPACE, Workload};
+    use homelab_harness::{eventually, stays};
+
+    const ACT: Duration = Duration::from_secs(150);
+    let live = |c: &homelab_autoscaler::api::NodeClaim| {
+        homelab_autoscaler::phase::is_live(Some(homelab_autoscaler::phase::of(c)))
+    };
+    world.apply_example("pool-cluster-autoscaler.yaml").await?;
+    world.deploy(&Workload::on_group("web", "workers", 2, "3")).await?;
+    let ran_on = world.pods_running("web", 2, ACT).await?;
+
+    let free = ["mini-1", "mini-2", "mini-3"]
+        .into_iter()
+        .find(|s| !ran_on.iter().any(|n| n == s))
+        .context("a slot cluster-autoscaler left free")?;
+    let (ok, stdout, stderr) =
+        cli(world, &["keep-on", "--slot", free, "--namespace", NAMESPACE, "--for", "10m"]).await?;
+    ensure!(ok, "keep-on failed: {stderr}");
+    let pin = stdout.split_whitespace().nth(1).context("the pin's name")?.to_owned();
+    let pinned_and_on = || async {
+        let claims = world.all_claims().await?;
+        let claim = claims.iter().find(|c| c.metadata.name.as_deref() == Some(pin.as_str()));
+        let claim = claim.context("the pin exists")?;
+        ensure!(claim.spec.request.call == ClaimCall::Manual, "{:?}", claim.spec.request.call);
+        let phase = homelab_autoscaler::phase::of(claim);
+        ensure!(phase == NodeClaimPhase::Ready, "pin {pin} is {phase:?}");
+        let nodes = world.nodes_of_group("workers").await?;
+        ensure!(nodes.iter().any(|n| n == free), "{free} is gone; Nodes {nodes:?}");
+        anyhow::Ok(())
+    };
+    eventually("the pin ready", ACT, &pinned_and_on).await?;
+
+    // The work goes: cluster-autoscaler scales its two machines down and leaves the pin.
+    world.scale("web", 0).await?;
+    eventually("cluster-autoscaler's own machines released", ACT, || async {
+        pinned_and_on().await.context("the pin was released")?;
+        let theirs = world
+            .all_claims()
+            .await?
+            .into_iter()
+            .filter(|c| c.spec.request.call == ClaimCall::IncreaseSize && live(c))
+            .count();
+        let nodes = world.nodes_of_group("workers").await?;
+        ensure!(theirs == 0 && nodes == [free], "{theirs} live claims of CA, Nodes {nodes:?}");
+        Ok(())
+    })
+    .await?;
+    let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
+    ensure!(scaled_down == 2.0, "CA scaled {scaled_down} nodes down, its own two");
+    // Well past the unneeded time, in CA's loops: still on, still pinned.
+    stays("the pin on while cluster-autoscaler runs", unneeded * 3, &pinned_and_on).await?;
+    let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
+    ensure!(scaled_down == 2.0, "CA scaled the pin down too: {scaled_down}");
+    // What cluster-autoscaler made of the pinned node: it skips it every loop, never removes it.
+    let log = ca.log();
+    let skipped =
+        format!("Skipping {free} from delete consideration - the node is marked as no scale down");
+    ensure!(log.contains(&skipped), "CA never said it skips the pinned node");
+    ensure!(
+        !log.lines().any(|l| l.contains(free) && l.contains("Scale-down: removing")),
+        "cluster-autoscaler tried to remove the pinned node"
+    );
+
+    let (ok, _, stderr) =
+        cli(world, &["release", "--slot", free, "--namespace", NAMESPACE]).await?;
+    ensure!(ok, "release failed: {stderr}");
+    world.pool_at_zero("workers", ACT).await
+}
+
 // Machines that keep their Kubernetes Node, as real homelab machines do: the simulator's kubelet
 // stops when a machine is off and finds its Node again at boot (docs/testing.md).
 

@@ -81,6 +81,7 @@ const CLAIM_PATHS: &[&str] = &[
     "spec:request",
     "spec:requestedAt",
     "spec:requestedBy",
+    "spec:until",
     "spec:attempt",
     "spec:deadlineAt",
     "spec:maxNodeProvisionTime",
@@ -171,7 +172,7 @@ fn claim_rules_hold_on_mutated_claims() {
             };
             check_verdict(&claim_rules::validate_create(&claim, &facts))?;
             if let Some(old) = others.first() {
-                check_verdict(&claim_rules::validate_update(old, &claim, is_operator))?;
+                check_verdict(&claim_rules::validate_update(old, &claim, is_operator, now()))?;
             }
             // The stamp patch applies, and the stamped claim stamps to nothing new.
             let stamp = claim_rules::stamp(&claim, "fuzzer", &facts);

@@ -144,6 +144,11 @@ async fn power_by_hand_warns_against_the_claims_and_names_what_to_do() {
     assert!(on.stderr.contains("no live NodeClaim holds slot box-1"), "{}", on.stderr);
     assert!(on.stderr.contains("powers it off again"), "{}", on.stderr);
     assert!(on.stderr.contains("create a Manual claim"), "{}", on.stderr);
+    assert!(
+        on.stderr.contains(&format!("homelab-autoscaler keep-on --slot box-1 --namespace {ns}")),
+        "the warning points at keep-on: {}",
+        on.stderr
+    );
 
     // The printed claim is ready to run: kubectl creates it as printed.
     let dir = tempfile::tempdir().expect("tempdir");

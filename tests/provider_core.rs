@@ -193,3 +193,76 @@ async fn concurrent_scale_ups_never_claim_a_slot_twice() {
     let names: Vec<String> = env.claims().await.iter().map(|c| c.name_any()).collect();
     assert_eq!(names.len(), 3);
 }
+
+#[tokio::test]
+async fn delete_nodes_naming_a_pinned_machine_is_refused_and_releases_nothing() {
+    let env = env(
+        "provider-pinned",
+        ScalingDriver::ClusterAutoscaler,
+        &[("pinned", 1.0, None), ("scaled", 1.0, None)],
+    )
+    .await;
+    let api: Api<NodeClaim> = Api::namespaced(env.client.clone(), &env.ns);
+    let (pinned, scaled) = (format!("{}-pinned", env.ns), format!("{}-scaled", env.ns));
+    // A person's pin on one slot (no admission in this suite: the fields it would stamp are
+    // written here), cluster-autoscaler's own claim on the other; both ready.
+    for (slot, call, by) in [(&pinned, "Manual", "alice"), (&scaled, "IncreaseSize", "ca")] {
+        let mut request = json!({ "call": call, "group": "pool" });
+        if call == "IncreaseSize" {
+            request["delta"] = json!(1);
+        }
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+            "metadata": { "name": format!("{slot}-1") },
+            "spec": { "slotRef": { "name": slot }, "request": request, "requestedBy": by },
+        }))
+        .expect("claim");
+        api.create(&PostParams::default(), &claim).await.expect("create claim");
+        let ready = Patch::Merge(json!({ "status": { "phase": "ready" } }));
+        api.patch_status(&format!("{slot}-1"), &PatchParams::default(), &ready)
+            .await
+            .expect("ready");
+    }
+    let ca = Caller::cluster_autoscaler();
+    eventually("the provider to see both machines", Duration::from_secs(5), || async {
+        let target = env.provider.target_size(&ca, "pool")?;
+        anyhow::ensure!(target == 2, "target {target}");
+        Ok(())
+    })
+    .await
+    .expect("synced");
+
+    let node = |name: &str| homelab_autoscaler::provider::NodeRef {
+        name: name.to_owned(),
+        ..Default::default()
+    };
+    let refused = env
+        .provider
+        .delete_nodes(&ca, "pool", &[node(&scaled), node(&pinned)])
+        .await
+        .expect_err("a pinned machine is not cluster-autoscaler's to release");
+    assert!(matches!(refused, ProviderError::Pinned { .. }), "{refused}");
+    assert_eq!(refused.kind(), ErrorKind::FailedPrecondition);
+    let message = refused.to_string();
+    for part in [
+        format!("node \"{pinned}\""),
+        format!("claim \"{pinned}-1\""),
+        "Manual claim of alice".to_owned(),
+        format!("homelab-autoscaler release --slot {pinned} --namespace {}", env.ns),
+        "nothing was released".to_owned(),
+    ] {
+        assert!(message.contains(&part), "{part:?} in {message}");
+    }
+    // All or nothing: the scaled machine named beside it was not released either.
+    for claim in env.claims().await {
+        let status = claim.status.as_ref().expect("status");
+        assert!(
+            status.scale_down_requested_at.is_none() && claim.metadata.deletion_timestamp.is_none(),
+            "{} was left alone: {status:?}",
+            claim.name_any()
+        );
+    }
+    let outcome =
+        env.provider.delete_nodes(&ca, "pool", &[node(&scaled)]).await.expect("its own machine");
+    assert_eq!(outcome.released, [format!("{scaled}-1")]);
+}

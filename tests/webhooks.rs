@@ -968,6 +968,62 @@ async fn only_the_operator_clears_a_deadline_and_nobody_moves_it() {
     w.finish().await;
 }
 
+/// A pin's end as a person meets it: a `spec.until` that is not ahead is refused on create
+/// (through kubectl) and on update, with what to do; a live pin's end moves either way; an
+/// IncreaseSize claim cannot carry one (the CRD's CEL rule).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pins_end_must_lie_ahead_and_only_a_pin_has_one() {
+    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let w = World::new(plane, "wh-until", &[]).await;
+    let past = now_seconds().checked_sub(SignedDuration::from_mins(5)).expect("time");
+    let manifest = |name: &str, call: &str, until: Timestamp| {
+        let delta = if call == "IncreaseSize" { ", delta: 1" } else { "" };
+        format!(
+            "apiVersion: infra.homecluster.dev/v2alpha1\nkind: NodeClaim\nmetadata:\n  name: \
+             {name}\n  namespace: {}\nspec:\n  slotRef: {{ name: machine-1 }}\n  request: {{ \
+             call: {call}, group: pool{delta} }}\n  until: \"{until}\"\n",
+            w.ns
+        )
+    };
+    let file = w.manifest("past.yaml", &manifest("past", "Manual", past));
+    let (ok, _, stderr) = w.kubectl(&["create", "-f", &file]).await;
+    assert!(!ok, "a pin that ended already is refused");
+    assert!(stderr.contains("spec.until") && stderr.contains("is not after now"), "{stderr}");
+    assert!(stderr.contains("homelab-autoscaler keep-on --slot machine-1"), "{stderr}");
+
+    let ahead = now_seconds().checked_add(SignedDuration::from_hours(1)).expect("time");
+    let file = w.manifest("scaled.yaml", &manifest("scaled", "IncreaseSize", ahead));
+    let (ok, _, stderr) = w.kubectl(&["create", "-f", &file]).await;
+    assert!(!ok, "an IncreaseSize claim has no end of its own");
+    assert!(stderr.contains("only a Manual or Schedule claim has one"), "{stderr}");
+
+    let file = w.manifest("pin.yaml", &manifest("pin", "Manual", ahead));
+    let (ok, _, stderr) = w.kubectl(&["create", "-f", &file]).await;
+    assert!(ok, "a pin ending in an hour is admitted: {stderr}");
+    let (ok, stdout, stderr) =
+        w.kubectl(&["get", "nodeclaim", "pin", "-n", &w.ns, "-o", "wide"]).await;
+    assert!(ok && stdout.contains("UNTIL"), "kubectl get -o wide shows the end: {stdout}{stderr}");
+
+    let set = |t: Option<Timestamp>| Patch::Merge(json!({ "spec": { "until": t } }));
+    let params = PatchParams::default();
+    let (code, message) = refused(w.claims.patch("pin", &params, &set(Some(past))).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("is not after now"), "{message}");
+    for until in [ahead.checked_add(SignedDuration::from_hours(2)).ok(), Some(ahead), None] {
+        let moved =
+            w.claims.patch("pin", &params, &set(until)).await.expect("a live pin's end moves");
+        assert_eq!(moved.spec.until.map(|t| t.0), until);
+    }
+
+    // An ended pin keeps its end.
+    w.set_claim_status("pin", json!({ "phase": "completed", "reason": "DeletedByHand" })).await;
+    let (code, message) = refused(w.claims.patch("pin", &params, &set(Some(ahead))).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(message.contains("has ended"), "{message}");
+    w.finish().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 9. Requests that are not AdmissionReviews, sent straight to the server.
 // ---------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 /// (pending → booting → ready → completed | failed); terminal claims are collected after
 /// `spec.ttlSecondsAfterFinished`. Admission stamps `requestedAt`, `requestedBy`, `attempt`,
 /// `deadlineAt`, `maxNodeProvisionTime` and `ttlSecondsAfterFinished` on create; after that the
-/// spec is immutable, except that the operator clears `deadlineAt` when the machine is ready.
+/// spec is immutable, except that the operator clears `deadlineAt` when the machine is ready and
+/// a live pin's `until` may move (never into the past).
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "infra.homecluster.dev",
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Call", type_ = "string", json_path = ".spec.request.call"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
     printcolumn(name = "Deadline", type_ = "string", json_path = ".spec.deadlineAt"),
+    printcolumn(name = "Until", type_ = "string", json_path = ".spec.until", priority = 1),
     printcolumn(
         name = "Requested-By",
         type_ = "string",

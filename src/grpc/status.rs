@@ -64,8 +64,10 @@ mod tests {
             cancelled: 0,
             booting: 2,
             ready: 1,
+            pinned: 1,
         });
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.message().contains("2 booting, 1 ready"), "{}", status.message());
+        assert!(status.message().contains("1 pending claim(s) are pins"), "{}", status.message());
     }
 }

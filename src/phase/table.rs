@@ -13,7 +13,8 @@ pub enum Writer {
     Lifecycle,
     /// The readiness gate: the node is Ready and free of the pool's readiness taints.
     ReadinessGate,
-    /// The claim controller's own rules: deadline, supersede, machine gone, slot deleted.
+    /// The claim controller's own rules: deadline, supersede, machine gone, slot deleted, and
+    /// a pin's end (`spec.until`).
     ClaimController,
     /// A scale-down: a pending claim cancelled, or a machine released and observed off.
     ScaleDown,
@@ -41,11 +42,12 @@ pub fn owners(from: NodeClaimPhase, to: NodeClaimPhase) -> &'static [Writer] {
     use Writer::*;
     match (from, to) {
         (Pending, Booting) => &[Lifecycle],
-        (Pending, Completed) => &[ScaleDown],
+        // A pin that reaches its `spec.until` ends as asked: completed, by the claim controller.
+        (Pending, Completed) => &[ScaleDown, ClaimController],
         (Pending, Failed) => &[ClaimController],
         (Booting, Ready) => &[ReadinessGate],
         (Booting, Failed) => &[Lifecycle, ReadinessGate, ClaimController],
-        (Ready, Completed) => &[ScaleDown],
+        (Ready, Completed) => &[ScaleDown, ClaimController],
         (Ready, Failed) => &[ClaimController],
         _ => &[],
     }
@@ -103,11 +105,11 @@ mod tests {
         // (from, to, writers allowed)
         let table: [(NodeClaimPhase, NodeClaimPhase, &[Writer]); 7] = [
             (Pending, Booting, &[Lifecycle]),
-            (Pending, Completed, &[ScaleDown]),
+            (Pending, Completed, &[ScaleDown, ClaimController]),
             (Pending, Failed, &[ClaimController]),
             (Booting, Ready, &[ReadinessGate]),
             (Booting, Failed, &[Lifecycle, ReadinessGate, ClaimController]),
-            (Ready, Completed, &[ScaleDown]),
+            (Ready, Completed, &[ScaleDown, ClaimController]),
             (Ready, Failed, &[ClaimController]),
         ];
         for (from, to, allowed) in table {
@@ -124,8 +126,10 @@ mod tests {
 
     #[test]
     fn a_booting_claim_cannot_be_cancelled() {
-        // A committed boot is reversed by the shutdown path, never interrupted.
+        // A committed boot is reversed by the shutdown path, never interrupted: not by a
+        // scale-down, nor by a pin's end.
         assert!(check_move(Some(Booting), Completed, ScaleDown).is_err());
+        assert!(check_move(Some(Booting), Completed, ClaimController).is_err());
     }
 
     #[test]

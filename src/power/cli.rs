@@ -174,9 +174,11 @@ fn power_on_warning(slot: &Node, namespace: &str) -> String {
     let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
     format!(
         "warning: no live NodeClaim holds slot {slot_name}, so nothing wants this machine: once \
-         the operator sees it up, it drains it and powers it off again. To keep it on, create a \
-         Manual claim instead of powering it on by hand (the operator then boots it itself, and \
-         deleting the claim powers it off):\n\n{}",
+         the operator sees it up, it drains it and powers it off again. To keep it on, pin it \
+         instead of powering it on by hand: `homelab-autoscaler keep-on --slot {slot_name} \
+         --namespace {namespace}` (add `--for 2h` or `--until 18:00` for an end; the operator \
+         then boots it itself, and `homelab-autoscaler release --slot {slot_name}` powers it \
+         off), or create a Manual claim yourself:\n\n{}",
         manual_claim_command(
             slot_name,
             group.map_or("<group of the slot>", String::as_str),

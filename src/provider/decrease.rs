@@ -2,7 +2,8 @@
 //! boot. Cancelling a pending claim is deleting it (it has no finalizer and nothing in flight),
 //! newest first. A boot that has started is never interrupted, so a group whose wanted claims
 //! are all booting or ready answers Unavailable, naming them: the answer cluster-autoscaler
-//! retries, and the truth, since the response carries no size.
+//! retries, and the truth, since the response carries no size. A pending pin is not cancelled
+//! either: no scaler ends a pin (docs/decisions.md, D17), and it still counts in the target.
 
 use std::sync::Arc;
 
@@ -32,15 +33,27 @@ pub struct DecreasePlan {
     pub cancel: Vec<Arc<NodeClaim>>,
 }
 
-/// Wanted claims by phase: (pending, booting, ready).
-pub fn wanted_by_phase(snapshot: &GroupSnapshot) -> (Vec<Arc<NodeClaim>>, i32, i32) {
+/// Wanted claims by phase.
+#[derive(Clone, Debug, Default)]
+pub struct WantedByPhase {
+    /// Pending claims a scaler may cancel (pins aside), newest first.
+    pub cancelable: Vec<Arc<NodeClaim>>,
+    /// Pending pins: wanted, never cancelled by a scaler.
+    pub pinned: i32,
+    pub booting: i32,
+    pub ready: i32,
+}
+
+/// Sorts the group's wanted claims by phase.
+pub fn wanted_by_phase(snapshot: &GroupSnapshot) -> WantedByPhase {
     let mut pending = Vec::new();
-    let (mut booting, mut ready) = (0, 0);
+    let (mut pinned, mut booting, mut ready) = (0, 0, 0);
     for claim in snapshot.slots.iter().flat_map(|s| s.claims.iter()) {
         if !phase::wants_machine(phase_of(claim), phase::is_marked(claim)) {
             continue;
         }
         match phase::effective(phase_of(claim)) {
+            NodeClaimPhase::Pending if claim.spec.request.call.is_pin() => pinned += 1,
             NodeClaimPhase::Pending => pending.push(claim.clone()),
             NodeClaimPhase::Booting => booting += 1,
             NodeClaimPhase::Ready => ready += 1,
@@ -48,7 +61,7 @@ pub fn wanted_by_phase(snapshot: &GroupSnapshot) -> (Vec<Arc<NodeClaim>>, i32, i
         }
     }
     pending.sort_by(|a, b| newest_first(a, b));
-    (pending, booting, ready)
+    WantedByPhase { cancelable: pending, pinned, booting, ready }
 }
 
 /// Decides what a decrease cancels, or refuses it.
@@ -75,7 +88,7 @@ pub fn plan_decrease(snapshot: &GroupSnapshot, delta: i32) -> Result<DecreasePla
             min_size,
         });
     }
-    let (mut pending, _, _) = wanted_by_phase(snapshot);
+    let mut pending = wanted_by_phase(snapshot).cancelable;
     pending.truncate(usize::try_from(by).unwrap_or(usize::MAX));
     Ok(DecreasePlan { by, cancel: pending })
 }
@@ -118,14 +131,14 @@ impl Provider {
 
         let done = super::groups::saturating_i32(cancelled.len());
         if done < plan.by {
-            let (_, booting, ready) =
-                wanted_by_phase(&self.snapshot_for_write(caller, group).await?);
+            let left = wanted_by_phase(&self.snapshot_for_write(caller, group).await?);
             return Err(ProviderError::NothingCancelable {
                 group: group.to_owned(),
                 requested: plan.by,
                 cancelled: done,
-                booting,
-                ready,
+                booting: left.booting,
+                ready: left.ready,
+                pinned: left.pinned,
             });
         }
         Ok(DecreaseOutcome { cancelled })
@@ -209,6 +222,43 @@ mod tests {
     }
 
     #[test]
+    fn a_pending_pin_is_never_cancelled() {
+        use crate::api::ClaimCall;
+        let pin = |name: &str, slot: &str, call: ClaimCall, created: &str| {
+            let mut c = claim(name, slot, Some(Pending), created);
+            c.spec.request.call = call;
+            c.spec.request.delta = None;
+            c
+        };
+        // (claims, delta, cancelled, pinned counted)
+        let table = [
+            (
+                vec![
+                    pin("a-1", "a", ClaimCall::Manual, "2026-03-04T09:10:00Z"),
+                    claim("b-1", "b", Some(Pending), "2026-03-04T09:00:00Z"),
+                ],
+                -1,
+                vec!["b-1"],
+                1,
+            ),
+            (
+                vec![
+                    pin("a-1", "a", ClaimCall::Schedule, "2026-03-04T09:10:00Z"),
+                    pin("b-1", "b", ClaimCall::Manual, "2026-03-04T09:00:00Z"),
+                ],
+                -2,
+                vec![],
+                2,
+            ),
+        ];
+        for (claims, delta, cancelled, pinned) in table {
+            let s = snap(0, claims);
+            assert_eq!(names(&plan_decrease(&s, delta).unwrap()), cancelled, "delta {delta}");
+            assert_eq!(wanted_by_phase(&s).pinned, pinned, "delta {delta}");
+        }
+    }
+
+    #[test]
     fn refusals_and_no_ops() {
         let all_committed = snap(
             0,
@@ -220,8 +270,8 @@ mod tests {
         );
         let plan = plan_decrease(&all_committed, -1).unwrap();
         assert!(plan.cancel.is_empty(), "a marked pending claim is not wanted, so not cancelled");
-        assert_eq!(wanted_by_phase(&all_committed).1, 1);
-        assert_eq!(wanted_by_phase(&all_committed).2, 1);
+        assert_eq!(wanted_by_phase(&all_committed).booting, 1);
+        assert_eq!(wanted_by_phase(&all_committed).ready, 1);
 
         assert!(matches!(
             plan_decrease(&all_committed, 0),

@@ -7,6 +7,11 @@
 //! A failed claim named here is cluster-autoscaler acknowledging the create error it was shown
 //! (it calls DeleteNodes on such an instance every loop until it leaves the list): the claim is
 //! stamped status.failureAcknowledgedAt and is no longer listed.
+//!
+//! A named node whose slot is held by a pin (a live `Manual` or `Schedule` claim not already
+//! being released) refuses the whole call before anything is written: no scaler releases a
+//! pinned machine (docs/decisions.md, D17), and releasing the other named nodes while refusing
+//! one would leave the caller's picture half right.
 
 use std::sync::Arc;
 
@@ -61,6 +66,9 @@ pub fn plan_delete(
             continue;
         }
         let Some(state) = snapshot.slot(name) else { continue };
+        if let Some(pin) = state.claims.iter().find(|c| is_pinning(c)) {
+            return Err(pinned(snapshot, node, name, pin));
+        }
         let release =
             state.claims.iter().filter(|c| phase::is_live(phase_of(c))).cloned().collect();
         let acknowledge = state
@@ -85,6 +93,28 @@ pub fn plan_delete(
         });
     }
     Ok(plan)
+}
+
+/// A pin that holds its slot: live, a pin, and not being released by its owner already.
+pub fn is_pinning(claim: &NodeClaim) -> bool {
+    claim.spec.request.call.is_pin() && phase::is_live(phase_of(claim)) && !phase::is_marked(claim)
+}
+
+fn pinned(snapshot: &GroupSnapshot, node: &NodeRef, slot: &str, pin: &NodeClaim) -> ProviderError {
+    let call = match pin.spec.request.call {
+        crate::api::ClaimCall::Schedule => "Schedule",
+        _ => "Manual",
+    };
+    ProviderError::Pinned {
+        node: node.display_name().to_owned(),
+        group: snapshot.name().to_owned(),
+        slot: slot.to_owned(),
+        claim: pin.metadata.name.clone().unwrap_or_default(),
+        call,
+        by: pin.spec.requested_by.clone().unwrap_or_else(|| "an unknown user".to_owned()),
+        namespace: pin.metadata.namespace.clone().unwrap_or_default(),
+        until: pin.spec.until.as_ref().map(|t| t.0),
+    }
 }
 
 impl Provider {
@@ -255,6 +285,47 @@ mod tests {
             plan_delete(&s, &[node("elsewhere")]),
             Err(ProviderError::NodeNotInGroup { .. })
         ));
+    }
+
+    fn pin(mut c: NodeClaim, call: crate::api::ClaimCall) -> NodeClaim {
+        c.spec.request.call = call;
+        c.spec.request.delta = None;
+        c.spec.requested_by = Some("alice".into());
+        c
+    }
+
+    #[test]
+    fn a_pinned_node_refuses_the_whole_call() {
+        use crate::api::ClaimCall::{Manual, Schedule};
+        let ready = |name: &str, slot: &str| claim(name, slot, Some(Ready), "2026-03-04T09:00:00Z");
+        // (claims, refused with the pin's name)
+        let table = [
+            (vec![pin(ready("a-1", "a"), Manual), ready("b-1", "b")], Some("a-1")),
+            (vec![ready("a-1", "a"), pin(ready("b-1", "b"), Schedule)], Some("b-1")),
+            (
+                vec![pin(claim("a-1", "a", Some(Pending), "2026-03-04T09:00:00Z"), Manual)],
+                Some("a-1"),
+            ),
+            // Being released by its owner already: nothing to protect.
+            (vec![marked(pin(ready("a-1", "a"), Manual))], None),
+            // An ended pin holds nothing.
+            (vec![pin(claim("a-1", "a", Some(Completed), "2026-03-04T09:00:00Z"), Manual)], None),
+        ];
+        for (claims, refused) in table {
+            let got = plan_delete(&snap(0, claims), &[node("a"), node("b")]);
+            match (refused, got) {
+                (Some(want), Err(err @ ProviderError::Pinned { .. })) => {
+                    let text = err.to_string();
+                    assert!(text.contains(&format!("claim {want:?}")), "{text}");
+                    assert!(text.contains("of alice"), "{text}");
+                    assert!(text.contains("homelab-autoscaler release --slot"), "{text}");
+                    assert!(text.contains("nothing was released"), "{text}");
+                    assert_eq!(err.kind(), super::super::error::ErrorKind::FailedPrecondition);
+                }
+                (None, Ok(_)) => {}
+                (want, got) => panic!("expected refusal by {want:?}, got {got:?}"),
+            }
+        }
     }
 
     #[test]

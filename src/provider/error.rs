@@ -61,9 +61,34 @@ pub enum ProviderError {
     #[error(
         "group {group:?}: cancelled {cancelled} of {requested} requested; the other live claims \
          are past the cancelable phase ({booting} booting, {ready} ready) and are released by \
-         their boot deadline or by DeleteNodes"
+         their boot deadline or by DeleteNodes{}", describe_pinned(*.pinned)
     )]
-    NothingCancelable { group: String, requested: i32, cancelled: i32, booting: i32, ready: i32 },
+    NothingCancelable {
+        group: String,
+        requested: i32,
+        cancelled: i32,
+        booting: i32,
+        ready: i32,
+        pinned: i32,
+    },
+
+    #[error(
+        "node {node:?} of group {group:?} is pinned by claim {claim:?} ({call} claim of {by}{}); \
+         no scaler releases a pinned machine, so nothing was released: its owner releases it with \
+         `homelab-autoscaler release --slot {slot} --namespace {namespace}` or by deleting the \
+         claim (`kubectl delete nodeclaim {claim} -n {namespace}`)",
+        until.map_or_else(|| ", until released".to_owned(), |u| format!(", until {u}"))
+    )]
+    Pinned {
+        node: String,
+        group: String,
+        slot: String,
+        claim: String,
+        call: &'static str,
+        by: String,
+        namespace: String,
+        until: Option<Timestamp>,
+    },
 
     #[error("node {node:?} is not a slot of group {group:?}")]
     NodeNotInGroup { node: String, group: String },
@@ -91,6 +116,13 @@ pub struct ExhaustedSlot {
     pub slot: String,
     pub failures: i32,
     pub retry_after: Timestamp,
+}
+
+fn describe_pinned(pinned: i32) -> String {
+    if pinned == 0 {
+        return String::new();
+    }
+    format!("; {pinned} pending claim(s) are pins, which only their owner or their end cancels")
 }
 
 fn describe_exhausted(exhausted: &[ExhaustedSlot]) -> String {
@@ -128,7 +160,8 @@ impl ProviderError {
             }
             Self::OverCapacity { .. }
             | Self::NotEnoughFreeSlots { .. }
-            | Self::BelowMinSize { .. } => ErrorKind::FailedPrecondition,
+            | Self::BelowMinSize { .. }
+            | Self::Pinned { .. } => ErrorKind::FailedPrecondition,
             Self::NoTemplate { .. } => ErrorKind::Unsupported,
             Self::Kube { source, .. } => kube_kind(source),
         }

@@ -236,6 +236,7 @@ fn machine(state: &SlotState, held: &HashMap<&str, i32>) -> Option<Machine> {
             .as_ref()
             .or(claim.metadata.creation_timestamp.as_ref())
             .map(|t| t.0),
+        pinned: claim.spec.request.call.is_pin(),
         node,
     })
 }
@@ -296,15 +297,24 @@ mod tests {
         json!({ "ownerReferences": [{ "apiVersion": "apps/v1", "kind": kind, "name": name, "uid": "u", "controller": true }] })
     }
 
-    /// Slots a, b, c, d of `pool`: a ready, b booting, c ready but marked (being released), d free.
+    /// Slots a, b, c, d, e of `pool`: a ready, b booting, c ready but marked (being released),
+    /// d free, e pinned by a person (ready).
     fn snapshot() -> GroupSnapshot {
         use NodeClaimPhase::*;
-        let slots =
-            vec![slot("a", "pool"), slot("b", "pool"), slot("c", "pool"), slot("d", "pool")];
+        let slots = vec![
+            slot("a", "pool"),
+            slot("b", "pool"),
+            slot("c", "pool"),
+            slot("d", "pool"),
+            slot("e", "pool"),
+        ];
+        let mut pin = claim("e-1", "e", Some(Ready), "2026-03-04T09:10:00Z");
+        pin.spec.request.call = crate::api::ClaimCall::Manual;
         let claims: Vec<Arc<NodeClaim>> = vec![
             claim("a-1", "a", Some(Ready), "2026-03-04T09:00:00Z"),
             claim("b-1", "b", Some(Booting), "2026-03-04T09:30:00Z"),
             marked(claim("c-1", "c", Some(Ready), "2026-03-04T08:00:00Z")),
+            pin,
         ]
         .into_iter()
         .map(Arc::new)
@@ -448,9 +458,13 @@ mod tests {
         ];
         let view = ClusterView { pods, nodes: vec![lab()], ..ClusterView::default() };
         let o = observe_group(&view, &snapshot());
-        let summary: Vec<(&str, bool, i32)> =
-            o.machines.iter().map(|m| (m.slot.as_str(), m.ready, m.held)).collect();
-        assert_eq!(summary, [("a", true, 2), ("b", false, 0)], "c is marked, d is free");
+        let summary: Vec<(&str, bool, i32, bool)> =
+            o.machines.iter().map(|m| (m.slot.as_str(), m.ready, m.held, m.pinned)).collect();
+        assert_eq!(
+            summary,
+            [("a", true, 2, false), ("b", false, 0, false), ("e", true, 0, true)],
+            "c is marked, d is free, e is pinned: a machine, never released"
+        );
         assert_eq!(o.machines[0].provider_id, "homelab://a");
         assert_eq!(o.machines[1].claimed_at, Some("2026-03-04T09:30:00Z".parse().unwrap()));
         assert_eq!(o.draining_pods, 1, "the pod on the machine being released");

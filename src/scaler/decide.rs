@@ -10,6 +10,10 @@
 //! - more, without work: after the pool has been without work for the hold, Teardown every
 //!   machine above the floor at once.
 //!
+//! A pinned machine (docs/decisions.md, D17) is capacity like any other: it holds pods, counts in
+//! the machine count against the goal and maxNodes, and so keeps the floor. It is never released,
+//! neither by scale-in nor by teardown, and the reason says when pinned machines were kept.
+//!
 //! The machine count is re-read every pass, never remembered. What is remembered ([`State`]) is
 //! only what no single observation can show: since when the pool, and each machine, has been
 //! idle, and when a machine was last released. The caller keeps the returned state only if the
@@ -152,12 +156,12 @@ pub fn decide(o: &Observation, settings: &Settings, state: &State, now: Timestam
     }
 }
 
-/// Each serving machine that holds nothing keeps the clock it had, or starts one now; any other
-/// machine (busy, booting, or gone) has none.
+/// Each serving, releasable machine that holds nothing keeps the clock it had, or starts one
+/// now; any other machine (busy, booting, pinned, or gone) has none.
 fn idle_clocks(machines: &[Machine], state: &State, now: Timestamp) -> BTreeMap<String, Timestamp> {
     machines
         .iter()
-        .filter(|m| m.is_idle())
+        .filter(|m| m.is_idle() && m.is_releasable())
         .map(|m| {
             let since = state.machine_idle_since.get(&m.slot).copied().unwrap_or(now);
             (m.slot.clone(), since)
@@ -214,14 +218,25 @@ fn teardown(
         );
         return (Action::None, reason);
     }
-    let mut order: Vec<&Machine> = o.machines.iter().collect();
+    let mut order: Vec<&Machine> = o.machines.iter().filter(|m| m.is_releasable()).collect();
     order.sort_by(|a, b| release_order(a, b));
     let release = usize::try_from(count - goal).unwrap_or(0);
     let machines: Vec<Machine> = order.into_iter().take(release).cloned().collect();
+    let kept = kept_pinned(o);
+    if machines.is_empty() {
+        let reason = format!(
+            "no demand since {since}, longer than the hold of {hold:#}: {count} machine(s) for a \
+             floor of {goal}, but {kept}"
+        );
+        return (Action::None, reason);
+    }
+    let also =
+        if o.machines.iter().any(|m| m.pinned) { format!("; {kept}") } else { String::new() };
     let reason = format!(
         "no demand since {since}, longer than the hold of {hold:#}: releasing {} machine(s) \
-         down to {goal}",
-        machines.len()
+         down to {}{also}",
+        machines.len(),
+        count - super::saturating_i32(machines.len())
     );
     (Action::Teardown { machines }, reason)
 }
@@ -255,7 +270,9 @@ fn scale_in(
         .collect();
     candidates.sort_by(|a, b| release_order(a, b));
     let Some(chosen) = candidates.first() else {
-        let reason = format!("{over}; none has been idle for the hold of {hold:#}");
+        let pinned_idle = o.machines.iter().any(|m| m.pinned && m.is_idle());
+        let also = if pinned_idle { format!("; {}", kept_pinned(o)) } else { String::new() };
+        let reason = format!("{over}; none has been idle for the hold of {hold:#}{also}");
         return (Action::None, reason);
     };
     let since = next.machine_idle_since.get(&chosen.slot).copied().unwrap_or(now);
@@ -265,6 +282,16 @@ fn scale_in(
         chosen.slot
     );
     (Action::ScaleIn { machine: (*chosen).clone() }, reason)
+}
+
+/// The clause a reason adds when pinned machines were kept.
+fn kept_pinned(o: &Observation) -> String {
+    let pinned: Vec<&str> =
+        o.machines.iter().filter(|m| m.pinned).map(|m| m.slot.as_str()).collect();
+    if pinned.is_empty() {
+        return "nothing above it can be released".to_owned();
+    }
+    format!("pinned machine(s) kept: {} (released only by their owner or end)", pinned.join(", "))
 }
 
 /// Which machine goes first: the emptiest, then the newest claim, then by name so the order is
@@ -311,7 +338,12 @@ mod tests {
             ready,
             held,
             claimed_at: Some(ago(claimed_secs_ago)),
+            pinned: false,
         }
+    }
+
+    fn pinned(slot: &str, held: i32, claimed_secs_ago: i64) -> Machine {
+        Machine { pinned: true, ..machine(slot, true, held, claimed_secs_ago) }
     }
 
     fn obs(pending: i32, machines: Vec<Machine>) -> Observation {
@@ -592,6 +624,94 @@ mod tests {
         }
         assert!(!out.next.machine_idle_since.contains_key("gone"));
         assert_eq!(out.decision.action.name(), "Teardown");
+    }
+
+    #[test]
+    fn a_pinned_machine_serves_and_counts_but_is_never_released() {
+        // name, settings, observation, state, expected action, reason must contain
+        let s = settings(3, 1, 0);
+        let table: Vec<(&str, Settings, Observation, State, Action, &str)> = vec![
+            (
+                "no work past the hold, only a pin: nothing, and the reason says why",
+                s,
+                obs(0, vec![pinned("p", 0, 900)]),
+                pool_idle(900),
+                Action::None,
+                "pinned machine(s) kept: p",
+            ),
+            (
+                "no work past the hold: the scaler's machine goes, the pin stays",
+                s,
+                obs(0, vec![pinned("p", 0, 900), machine("a", true, 0, 100)]),
+                pool_idle(900),
+                Action::Teardown { machines: vec![machine("a", true, 0, 100)] },
+                "pinned machine(s) kept: p",
+            ),
+            (
+                "a pin keeps the floor: teardown releases down to it, the pin counting",
+                settings(3, 1, 1),
+                obs(0, vec![machine("a", true, 0, 100), pinned("p", 0, 900)]),
+                pool_idle(900),
+                Action::Teardown { machines: vec![machine("a", true, 0, 100)] },
+                "down to 1",
+            ),
+            (
+                "the pin counts toward the floor: nothing to provision",
+                settings(3, 1, 1),
+                obs(0, vec![pinned("p", 0, 900)]),
+                State::default(),
+                Action::None,
+                "at target",
+            ),
+            (
+                "a pin holding pods serves demand: nothing to provision",
+                s,
+                obs(0, vec![pinned("p", 1, 900)]),
+                State::default(),
+                Action::None,
+                "at target",
+            ),
+            (
+                "the pin counts against maxNodes: one more, not two",
+                settings(2, 1, 0),
+                obs(3, vec![pinned("p", 0, 900)]),
+                State::default(),
+                Action::Provision { add: 1 },
+                "claiming 1 more",
+            ),
+            (
+                "scale-in passes over an idle pin, however long it idles",
+                s,
+                obs(0, vec![machine("a", true, 1, 900), pinned("p", 0, 10)]),
+                State {
+                    machine_idle_since: [("p".to_owned(), ago(900))].into(),
+                    ..State::default()
+                },
+                Action::None,
+                "pinned machine(s) kept: p",
+            ),
+            (
+                "scale-in releases the scaler's idle machine, not the newer pin",
+                s,
+                obs(
+                    0,
+                    vec![
+                        machine("a", true, 1, 900),
+                        machine("b", true, 0, 500),
+                        pinned("p", 0, 10),
+                    ],
+                ),
+                idle("b", 300),
+                Action::ScaleIn { machine: machine("b", true, 0, 500) },
+                "releasing b",
+            ),
+        ];
+        for (name, settings, o, state, want, says) in table {
+            let out = decide(&o, &settings, &state, now());
+            assert_eq!(out.decision.action, want, "{name}: {}", out.decision.reason);
+            assert!(out.decision.reason.contains(says), "{name}: {}", out.decision.reason);
+            assert!(!out.next.machine_idle_since.contains_key("p"), "{name}: a pin has no clock");
+        }
     }
 
     #[test]

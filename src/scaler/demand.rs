@@ -39,6 +39,7 @@ mod tests {
             ready: true,
             held,
             claimed_at: None,
+            pinned: false,
         }
     }
 

@@ -58,11 +58,19 @@ pub struct Machine {
     pub held: i32,
     /// When its claim was requested; the newest machine is released first.
     pub claimed_at: Option<Timestamp>,
+    /// Held by a pin (a `Manual` or `Schedule` claim): capacity that serves demand and counts
+    /// toward the floor and maxNodes, but never one the scaler releases.
+    pub pinned: bool,
 }
 
 impl Machine {
     /// A serving machine with nothing on it.
     pub fn is_idle(&self) -> bool {
         self.ready && self.held == 0
+    }
+
+    /// A machine the scaler may release: any but a pinned one.
+    pub fn is_releasable(&self) -> bool {
+        !self.pinned
     }
 }

@@ -1,6 +1,6 @@
 //! NodeClaim admission: what is stamped on create, and the rules judged at write time (the slot
 //! exists and is in the requested pool, one live claim per slot, the attempt bound, an honest
-//! request time, and a deadline only the operator may clear).
+//! request time, a deadline only the operator may clear, and a pin's end that lies ahead).
 
 use jiff::{SignedDuration, Timestamp};
 use json_patch::{AddOperation, PatchOperation};
@@ -175,6 +175,9 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
             ));
         }
     }
+    if let Some(message) = until_not_ahead(claim, facts.now) {
+        findings.invalid("until_ahead", message);
+    }
     let live_others: Vec<&NodeClaim> =
         facts.other_claims_of_slot.iter().filter(|c| phase::is_live(phase::of(c).into())).collect();
     for other in &live_others {
@@ -217,9 +220,45 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
     findings.verdict()
 }
 
-/// The rules of a changed claim (the schema already keeps the request immutable).
-pub fn validate_update(old: &NodeClaim, new: &NodeClaim, is_operator: bool) -> Verdict {
+/// Why a claim's `spec.until` is refused at `now`: it ends the pin, so it must lie ahead.
+fn until_not_ahead(claim: &NodeClaim, now: Timestamp) -> Option<String> {
+    let until = claim.spec.until.as_ref()?.0;
+    (until <= now).then(|| {
+        format!(
+            "spec.until: {until} is not after now ({now}); it is when the pin ends and its machine \
+             is released, so it must lie ahead: set a later time (`homelab-autoscaler keep-on \
+             --slot {slot} --for 2h`), leave it unset to keep the machine on until the claim is \
+             deleted, or delete the claim to release the machine now",
+            slot = claim.spec.slot_ref.name
+        )
+    })
+}
+
+/// The rules of a changed claim (the schema already keeps the request immutable). `spec.until`
+/// may move, earlier or later, while the claim is live, never into the past.
+pub fn validate_update(
+    old: &NodeClaim,
+    new: &NodeClaim,
+    is_operator: bool,
+    now: Timestamp,
+) -> Verdict {
     let mut findings = Findings::default();
+    if old.spec.until != new.spec.until {
+        if !phase::is_live(Some(phase::of(old))) {
+            findings.forbidden(
+                "until_while_live",
+                format!(
+                    "spec.until: claim {:?} has ended (phase {}); its end can no longer move: \
+                     create a new claim (`homelab-autoscaler keep-on --slot {}`)",
+                    old.metadata.name.as_deref().unwrap_or(""),
+                    phase_name(old),
+                    old.spec.slot_ref.name
+                ),
+            );
+        } else if let Some(message) = until_not_ahead(new, now) {
+            findings.invalid("until_ahead", message);
+        }
+    }
     if old.spec.deadline_at != new.spec.deadline_at {
         if new.spec.deadline_at.is_some() {
             findings.forbidden(
@@ -430,9 +469,73 @@ mod tests {
         cleared.spec.deadline_at = None;
         let mut moved = old.clone();
         moved.spec.deadline_at = Some(at("2026-03-04T10:50:25Z"));
-        assert!(validate_update(&old, &cleared, true).is_allowed());
-        assert_eq!(denial(validate_update(&old, &cleared, false)).0, 403);
-        assert_eq!(denial(validate_update(&old, &moved, true)).0, 403);
-        assert!(validate_update(&old, &old, false).is_allowed());
+        let now = NOW.parse().unwrap();
+        assert!(validate_update(&old, &cleared, true, now).is_allowed());
+        assert_eq!(denial(validate_update(&old, &cleared, false, now)).0, 403);
+        assert_eq!(denial(validate_update(&old, &moved, true, now)).0, 403);
+        assert!(validate_update(&old, &old, false, now).is_allowed());
+    }
+
+    fn pin(until: Option<&str>, phase: Option<NodeClaimPhase>) -> NodeClaim {
+        let mut c = claim_in("pin", "slot-a", phase, "2026-03-04T09:00:00Z");
+        c.spec.request.call = ClaimCall::Manual;
+        c.spec.request.delta = None;
+        c.spec.until = until.map(at);
+        c
+    }
+
+    #[test]
+    fn a_new_pin_must_end_after_now() {
+        let (s, g) = (slot("slot-a", "pool"), group("pool"));
+        let f = facts(Some(&s), Some(&g), &[]);
+        // (until, allowed)
+        let table = [
+            (None, true),
+            (Some("2026-03-04T09:38:16Z"), true),
+            (Some(NOW), false),
+            (Some("2026-03-04T08:00:00Z"), false),
+        ];
+        for (until, allowed) in table {
+            let verdict = validate_create(&pin(until, None), &f);
+            if allowed {
+                assert!(verdict.is_allowed(), "until {until:?}");
+            } else {
+                let (code, msg) = denial(verdict);
+                assert_eq!(code, 422, "until {until:?}");
+                assert!(msg.contains("spec.until") && msg.contains("is not after now"), "{msg}");
+                assert!(msg.contains("keep-on --slot slot-a"), "{msg}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_live_pin_may_move_its_end_but_not_into_the_past() {
+        let now: Timestamp = NOW.parse().unwrap();
+        let ready = Some(NodeClaimPhase::Ready);
+        let old = pin(Some("2026-03-04T10:00:00Z"), ready);
+        // (new until, phase of the old claim, expected: None = allowed, Some(code))
+        let table = [
+            (Some("2026-03-04T12:00:00Z"), ready, None),
+            (Some("2026-03-04T09:40:00Z"), ready, None),
+            (None, ready, None),
+            (Some("2026-03-04T10:00:00Z"), ready, None),
+            (Some("2026-03-04T09:00:00Z"), ready, Some(422)),
+            (Some(NOW), Some(NodeClaimPhase::Pending), Some(422)),
+            (Some("2026-03-04T12:00:00Z"), Some(NodeClaimPhase::Completed), Some(403)),
+        ];
+        for (until, phase, expected) in table {
+            let mut old = old.clone();
+            old.status.as_mut().unwrap().phase = phase;
+            let mut new = old.clone();
+            new.spec.until = until.map(at);
+            let verdict = validate_update(&old, &new, false, now);
+            match expected {
+                None => assert!(verdict.is_allowed(), "{until:?} on {phase:?}"),
+                Some(code) => assert_eq!(denial(verdict).0, code, "{until:?} on {phase:?}"),
+            }
+        }
+        // An unchanged end that has passed does not block other updates (a finalizer's removal).
+        let passed = pin(Some("2026-03-04T09:00:00Z"), ready);
+        assert!(validate_update(&passed, &passed, true, now).is_allowed());
     }
 }

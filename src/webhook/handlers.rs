@@ -160,7 +160,12 @@ pub async fn validate_claim(
                     match parse::<NodeClaim>(request.old_object.as_ref(), "stored NodeClaim") {
                         Ok(old) => {
                             let user = request.user_info.username.as_deref().unwrap_or_default();
-                            claim_rules::validate_update(&old, &claim, state.is_operator(user))
+                            claim_rules::validate_update(
+                                &old,
+                                &claim,
+                                state.is_operator(user),
+                                state.clock.now(),
+                            )
                         }
                         Err(verdict) => verdict,
                     }

@@ -1,10 +1,11 @@
 //! The claim controller: moves claims through their phases (docs/architecture.md). In code:
 //! boot (`boot`), the Job outcome and readiness gate (`gate`), the machine-gone bound of a ready
-//! claim (`ready`), and release, collection and finalizers (`release`). Every phase write goes
-//! through `chokepoint`.
+//! claim (`ready`), a pin's end (`expiry`), and release, collection and finalizers (`release`).
+//! Every phase write goes through `chokepoint`.
 
 mod boot;
 pub mod chokepoint;
+pub mod expiry;
 mod gate;
 mod ready;
 pub(crate) mod release;
@@ -89,6 +90,9 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action> {
         }
         if claim.metadata.deletion_timestamp.is_some() {
             return release::reconcile_deletion(&ctx, claim).await;
+        }
+        if let Some(action) = expiry::reconcile(&ctx, claim).await? {
+            return Ok(action);
         }
         match phase::of(claim) {
             NodeClaimPhase::Pending => boot::reconcile_pending(&ctx, claim).await,

@@ -1,6 +1,7 @@
 //! A ready claim owns its machine. Its deadline is gone; what bounds it now is the machine
 //! itself: observed off for a whole boot window (the clock on the object, so a restart does not
-//! restart it) fails the claim `MachineGone`. A machine that comes back clears the mark.
+//! restart it) fails the claim `MachineGone`. A machine that comes back clears the mark. A pin
+//! is woken at its `spec.until`, so it expires on time without polling (`expiry`).
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::chokepoint::{self, PhaseMove};
-use super::requeue_at;
+use super::expiry;
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
@@ -27,6 +28,7 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
     let Some(slot) = ctx.slot(&claim.spec.slot_ref.name) else {
         return Ok(Action::requeue(std::time::Duration::from_secs(2)));
     };
+    let wake = |at: Option<jiff::Timestamp>| expiry::wake(ctx, claim, at);
     let node = ctx.core_node(&slot.spec.kubernetes_node_name);
     let off_since =
         claim.status.as_ref().and_then(|s| s.machine_observed_off.as_ref()).map(|t| t.0);
@@ -34,17 +36,16 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
         if off_since.is_some() {
             chokepoint::patch_status(ctx, claim, json!({ "machineObservedOff": null })).await?;
         }
-        return Ok(Action::await_change());
+        return Ok(wake(None));
     }
     let grace = ctx.timeouts.budget();
+    let grace_signed = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
     let Some(since) = off_since else {
-        chokepoint::patch_status(ctx, claim, json!({ "machineObservedOff": Time(ctx.now()) }))
-            .await?;
-        return Ok(Action::requeue(grace));
+        let now = ctx.now();
+        chokepoint::patch_status(ctx, claim, json!({ "machineObservedOff": Time(now) })).await?;
+        return Ok(wake(Some(now.checked_add(grace_signed).unwrap_or(jiff::Timestamp::MAX))));
     };
-    let end = since
-        .checked_add(jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX))
-        .unwrap_or(jiff::Timestamp::MAX);
+    let end = since.checked_add(grace_signed).unwrap_or(jiff::Timestamp::MAX);
     if ctx.now() >= end {
         let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController).because(
             "MachineGone",
@@ -53,7 +54,7 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
         chokepoint::move_phase(ctx, claim, fail).await?;
         return Ok(Action::await_change());
     }
-    Ok(requeue_at(ctx, end))
+    Ok(wake(Some(end)))
 }
 
 /// Clears `spec.deadlineAt`: the boot is over. Only the operator may do this (admission).

@@ -3,9 +3,9 @@
 //! - while the slot's claim is in its boot window, the node carries CA's startup taint
 //!   [`STARTUP_TAINT`], so CA counts a registered-but-not-ready machine as upcoming capacity
 //!   instead of booting a second one for the same pods;
-//! - while a person's `Manual` claim holds the slot, the node carries CA's
-//!   [`SCALE_DOWN_DISABLED`] annotation, so CA does not power off a machine someone started by
-//!   hand once its unneeded time runs out.
+//! - while a pin (a person's `Manual` claim, or a Group schedule's `Schedule` claim) holds the
+//!   slot, the node carries CA's [`SCALE_DOWN_DISABLED`] annotation, so CA does not power off a
+//!   pinned machine once its unneeded time runs out (docs/decisions.md, D17).
 //!
 //! [`wanted`] decides, [`apply`] edits the node's taints and annotations (the slot controller
 //! writes them with the rest of its node patch). The annotation is removed only where
@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
 
-use crate::api::{ClaimCall, NodeClaim};
+use crate::api::NodeClaim;
 use crate::phase;
 
 /// cluster-autoscaler treats any taint under this prefix as a startup taint: the node counts as
@@ -24,14 +24,14 @@ use crate::phase;
 pub const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/homelab-booting";
 /// cluster-autoscaler never scales down a node with this annotation set to "true".
 pub const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
-/// Names the manual claim the operator set [`SCALE_DOWN_DISABLED`] for.
+/// Names the pin the operator set [`SCALE_DOWN_DISABLED`] for.
 pub const PROTECTED_FOR: &str = "infra.homecluster.dev/scale-down-disabled-for";
 
 /// What the node should carry, from the slot's live claim.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
     pub startup_taint: bool,
-    /// The manual claim whose machine CA must leave alone.
+    /// The pin whose machine CA must leave alone.
     pub protected_for: Option<String>,
 }
 
@@ -41,9 +41,8 @@ pub fn wanted(live: Option<&NodeClaim>) -> Marks {
     let phase = phase::of(claim);
     Marks {
         startup_taint: phase::in_boot_window(Some(phase)) && !phase::is_marked(claim),
-        protected_for: (claim.spec.request.call == ClaimCall::Manual
-            && phase::is_live(Some(phase)))
-        .then(|| claim.metadata.name.clone().unwrap_or_default()),
+        protected_for: (claim.spec.request.call.is_pin() && phase::is_live(Some(phase)))
+            .then(|| claim.metadata.name.clone().unwrap_or_default()),
     }
 }
 
@@ -83,7 +82,7 @@ pub fn apply(taints: &mut Vec<Taint>, annotations: &mut BTreeMap<String, String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NodeClaimPhase;
+    use crate::api::{ClaimCall, NodeClaimPhase};
     use crate::fixtures;
 
     fn claim(call: ClaimCall, phase: Option<NodeClaimPhase>, marked: bool) -> NodeClaim {
@@ -116,6 +115,10 @@ mod tests {
             (Manual, Some(Ready), true, false, true),
             (Manual, Some(Completed), false, false, false),
             (Manual, Some(Failed), false, false, false),
+            (Schedule, Some(Pending), false, true, true),
+            (Schedule, Some(Ready), false, false, true),
+            (Schedule, Some(Completed), false, false, false),
+            (DeleteNodes, Some(Ready), false, false, false),
         ];
         for &(call, phase, marked, taint, protected) in table {
             let c = claim(call, phase, marked);

@@ -48,7 +48,7 @@ pub use pki::CertAndKey;
 pub use plane::Plane;
 pub use resources::WebhookConfiguration;
 pub use test_namespace::{TestNamespace, test_namespace};
-pub use wait::eventually;
+pub use wait::{eventually, stays};
 
 /// The repository's root directory, where crds/, webhooks/, examples/ and tests/harness/ are.
 /// This crate lives in tests/harness/, two levels below it.

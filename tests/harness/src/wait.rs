@@ -54,3 +54,28 @@ where
 {
     until(what, timeout, || Ok(()), probe).await
 }
+
+/// Calls `probe` for the whole of `duration` and fails at its first `Err`: the poll-with-deadline
+/// for a state that must hold (a machine that must stay on), where [`until`] waits for one to come.
+pub async fn stays<F, Fut>(what: &str, duration: Duration, mut probe: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let end = Instant::now() + duration;
+    loop {
+        if let Err(err) = probe().await {
+            bail!(
+                "{what} stopped holding after {:?}: {err:#}",
+                duration - end.saturating_duration_since(Instant::now())
+            );
+        }
+        if Instant::now() >= end {
+            return Ok(());
+        }
+        tokio::time::sleep(
+            Duration::from_millis(500).min(end.saturating_duration_since(Instant::now())),
+        )
+        .await;
+    }
+}
