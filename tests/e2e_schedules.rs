@@ -28,7 +28,10 @@ struct Window {
 
 fn window(opens_in: Duration, open_for: Duration) -> Result<Window> {
     let now = jiff::Timestamp::now();
-    let opens = now.checked_add(jiff::SignedDuration::try_from(opens_in)?)?;
+    // Whole seconds, as the window is written.
+    let opens = jiff::Timestamp::from_second(
+        now.checked_add(jiff::SignedDuration::try_from(opens_in)?)?.as_second(),
+    )?;
     let closes = opens.checked_add(jiff::SignedDuration::try_from(open_for)?)?;
     let local = |t: jiff::Timestamp| t.to_zoned(jiff::tz::TimeZone::UTC);
     Ok(Window {
@@ -36,8 +39,8 @@ fn window(opens_in: Duration, open_for: Duration) -> Result<Window> {
         days: local(opens).strftime("%a").to_string(),
         from: local(opens).strftime("%H:%M:%S").to_string(),
         to: local(closes).strftime("%H:%M:%S").to_string(),
-        opens: local(opens).timestamp().round(jiff::Unit::Second)?,
-        closes: local(closes).timestamp().round(jiff::Unit::Second)?,
+        opens,
+        closes,
     })
 }
 

@@ -25,8 +25,8 @@ use tracing::Instrument;
 use super::error::{KubeContext, Result, is_already_exists};
 use super::{Context, ScheduleInputs, params};
 use crate::api::{
-    ClaimCall, ClaimRequest, GROUP_LABEL, Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim,
-    NodeClaimSpec, SlotRef,
+    ClaimCall, ClaimRequest, GROUP_LABEL, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT,
+    Node, NodeClaim, NodeClaimSpec, SlotRef,
 };
 use crate::{phase, telemetry};
 
@@ -162,9 +162,7 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
         });
     }
     if previous.as_ref() != Some(&status) {
-        let value = serde_json::to_value(&status)
-            .map_err(|source| super::Error::Serialize { what: "the schedule status", source })?;
-        write_status(&ctx, &name, value).await?;
+        write_status(&ctx, &name, merge_patch_of(previous.as_ref(), &status)?).await?;
     }
     Ok(Action::requeue(plan.requeue))
 }
@@ -216,6 +214,28 @@ async fn create(
     }
 }
 
+/// `status.schedule` as a merge patch from `previous`: a field the new status leaves out is sent
+/// as null, which is how a merge patch removes it (the SCHEDULE column empties when a window
+/// closes).
+fn merge_patch_of(
+    previous: Option<&GroupScheduleStatus>,
+    status: &GroupScheduleStatus,
+) -> Result<serde_json::Value> {
+    let serialize = |s: &GroupScheduleStatus| {
+        serde_json::to_value(s)
+            .map_err(|source| super::Error::Serialize { what: "the schedule status", source })
+    };
+    let mut value = serialize(status)?;
+    if let (Some(previous), Some(fields)) = (previous, value.as_object_mut())
+        && let serde_json::Value::Object(old) = serialize(previous)?
+    {
+        for key in old.keys() {
+            fields.entry(key.clone()).or_insert(serde_json::Value::Null);
+        }
+    }
+    Ok(value)
+}
+
 /// Writes `status.schedule` alone (a merge patch leaves the group controller's fields be).
 async fn write_status(ctx: &Context, name: &str, schedule: serde_json::Value) -> Result<()> {
     let patch = json!({ "status": { "schedule": schedule } });
@@ -224,4 +244,31 @@ async fn write_status(ctx: &Context, name: &str, schedule: serde_json::Value) ->
         .await
         .during(|| format!("writing the schedule status of group {name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_the_new_status_drops_is_sent_as_null() {
+        let open = GroupScheduleStatus {
+            active: Some("daily 08:00-09:00 UTC".into()),
+            held: Some("1/1".into()),
+            next: Some(Time("2026-12-08T08:00:00Z".parse().unwrap())),
+            ..Default::default()
+        };
+        let closed = GroupScheduleStatus {
+            next: Some(Time("2026-12-08T08:00:00Z".parse().unwrap())),
+            ..Default::default()
+        };
+        assert_eq!(
+            merge_patch_of(Some(&open), &closed).unwrap(),
+            json!({ "active": null, "held": null, "next": "2026-12-08T08:00:00Z" })
+        );
+        assert_eq!(
+            merge_patch_of(None, &open).unwrap(),
+            json!({ "active": "daily 08:00-09:00 UTC", "held": "1/1", "next": "2026-12-08T08:00:00Z" })
+        );
+    }
 }
