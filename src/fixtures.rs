@@ -43,6 +43,7 @@ pub fn group(name: &str) -> Group {
             scale_down: ScaleDownOptions::default(),
             builtin: BuiltinScaler::default(),
             pricing: None,
+            schedules: vec![],
         },
     );
     group.metadata.namespace = Some("ns".into());

@@ -26,6 +26,7 @@ pub mod provider;
 pub mod quantity;
 pub mod savings;
 pub mod scaler;
+pub mod schedule;
 pub mod simulator;
 pub mod telemetry;
 pub mod tls;

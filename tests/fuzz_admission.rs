@@ -226,7 +226,7 @@ fn group_rules_hold_on_mutated_groups() {
         .run(&strategy, |(new, old, slots, live_claims)| {
             let Ok(group) = serde_json::from_value::<Group>(new) else { return Ok(()) };
             let old = serde_json::from_value::<Group>(old).ok();
-            let facts = GroupFacts { slots, live_claims };
+            let facts = GroupFacts { slots, live_claims, now: jiff::Timestamp::UNIX_EPOCH };
             check_verdict(&group_rules::validate(&group, None, &facts))?;
             check_verdict(&group_rules::validate(&group, old.as_ref(), &facts))?;
             Ok(())

@@ -7,6 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::common::{Pricing, TaintSelector};
+use super::schedule::{GroupScheduleStatus, ScheduleWindow};
 
 /// A pool of slots. A slot joins a pool with the label `group: <pool name>`.
 ///
@@ -30,6 +31,7 @@ use super::common::{Pricing, TaintSelector};
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.claims.ready"),
     printcolumn(name = "Booting", type_ = "integer", json_path = ".status.claims.booting"),
     printcolumn(name = "Pending", type_ = "integer", json_path = ".status.claims.pending"),
+    printcolumn(name = "Schedule", type_ = "string", json_path = ".status.schedule.active"),
     printcolumn(name = "Cost", type_ = "number", json_path = ".status.savings.cost"),
     printcolumn(name = "Saved", type_ = "number", json_path = ".status.savings.saved"),
     printcolumn(
@@ -92,6 +94,12 @@ pub struct GroupSpec {
     /// The price of a slot that declares none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,
+
+    /// Windows of the week during which machines of the pool are kept on, whoever scales it:
+    /// the schedule holds them with `Schedule` claims that end with the window (docs/api.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
+    pub schedules: Vec<ScheduleWindow>,
 }
 
 impl GroupSpec {
@@ -233,6 +241,9 @@ pub struct GroupStatus {
     /// (docs/operations.md explains the arithmetic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub savings: Option<GroupSavings>,
+    /// The schedule's open windows and its next opening, when `spec.schedules` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<GroupScheduleStatus>,
     /// Conditions of the pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]

@@ -6,6 +6,7 @@ pub mod duration;
 mod group;
 mod nodeclaim;
 mod power;
+mod schedule;
 mod slot;
 
 pub use common::{Pricing, TaintSelector};
@@ -21,6 +22,7 @@ pub use power::{
     IpmiOffMethod, IpmiPrivilege, PowerAction, PowerDriverKind, PowerSpec, Redfish, RedfishTls,
     SecretKeyRef, SshShutdown, WakeOnLan,
 };
+pub use schedule::{GroupScheduleStatus, ScheduleWindow};
 pub use slot::{
     LifecyclePodSpec, LifecycleVolume, Node, NodeSpec, NodeStatus, ObservedPower, SlotClaimDigest,
     SlotPhase,

@@ -71,6 +71,7 @@ pub struct Subscriptions {
     pub claim_controller: ClaimInputs,
     pub slot_controller: SlotInputs,
     pub group_controller: GroupInputs,
+    pub schedule_controller: ScheduleInputs,
 }
 
 pub struct ClaimInputs {
@@ -88,6 +89,12 @@ pub struct SlotInputs {
 }
 
 pub struct GroupInputs {
+    pub groups: Changes<Group>,
+    pub slots: Changes<Node>,
+    pub claims: Changes<NodeClaim>,
+}
+
+pub struct ScheduleInputs {
     pub groups: Changes<Group>,
     pub slots: Changes<Node>,
     pub claims: Changes<NodeClaim>,
@@ -212,11 +219,11 @@ impl Context {
         let managed = watcher::Config::default()
             .labels(&format!("{}={}", LABEL_MANAGED_BY.0, LABEL_MANAGED_BY.1));
         let all = watcher::Config::default;
-        let (claims, [claims_a, claims_b, claims_c]) =
+        let (claims, [claims_a, claims_b, claims_c, claims_d]) =
             fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
-        let (slots, [slots_a, slots_b, slots_c]) =
+        let (slots, [slots_a, slots_b, slots_c, slots_d]) =
             fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
-        let (groups, [groups_a]) =
+        let (groups, [groups_a, groups_b]) =
             fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
         let (nodes, [nodes_a, nodes_b]) = fan_out(Api::all(client.clone()), all(), shutdown);
         let (jobs, [jobs_a, jobs_b]) =
@@ -235,6 +242,11 @@ impl Context {
                 jobs: jobs_b,
             },
             group_controller: GroupInputs { groups: groups_a, slots: slots_c, claims: claims_c },
+            schedule_controller: ScheduleInputs {
+                groups: groups_b,
+                slots: slots_d,
+                claims: claims_d,
+            },
         };
         let stores = Stores { claims, slots, groups, nodes, jobs };
         stores.claims.wait_until_ready().await?;

@@ -1,6 +1,7 @@
 //! The controllers. Each owns one object: the claim controller moves claims (it is the only
 //! writer of `NodeClaim.status.phase`, through `claim::chokepoint`); the slot controller runs the
-//! shutdown path, observes machines and writes the slot's status; the group controller counts.
+//! shutdown path, observes machines and writes the slot's status; the group controller counts;
+//! the schedule controller keeps a Group's schedule windows held by pins.
 //! They run only on the elected leader.
 
 pub mod claim;
@@ -8,11 +9,12 @@ mod context;
 mod error;
 pub mod group;
 pub mod jobs;
+pub mod schedule;
 pub mod slot;
 
 pub use context::{
-    ClaimInputs, Context, GroupInputs, MachineSettings, PowerPods, SlotInputs, StartError, Stores,
-    Subscriptions,
+    ClaimInputs, Context, GroupInputs, MachineSettings, PowerPods, ScheduleInputs, SlotInputs,
+    StartError, Stores, Subscriptions,
 };
 pub use error::{Error, Result};
 
@@ -47,7 +49,8 @@ pub async fn run(ctx: Arc<Context>, inputs: Subscriptions, shutdown: Cancellatio
     let claims = claim::controller(ctx.clone(), inputs.claim_controller, shutdown.clone());
     let slots = slot::controller(ctx.clone(), inputs.slot_controller, shutdown.clone());
     let groups = group::controller(ctx.clone(), inputs.group_controller, shutdown.clone());
-    tokio::join!(claims, slots, groups);
+    let schedules = schedule::controller(ctx.clone(), inputs.schedule_controller, shutdown.clone());
+    tokio::join!(claims, slots, groups, schedules);
 }
 
 /// Requeue policy on error: retry soon, the error is logged by the caller.

@@ -18,6 +18,8 @@ pub struct GroupFacts {
     pub slots: usize,
     /// Live claims of the group.
     pub live_claims: usize,
+    /// The moment of admission: schedule windows are compared from here on.
+    pub now: jiff::Timestamp,
 }
 
 /// A duration as people write it in a manifest: `48h`, `1h30m`, `90s`.
@@ -118,6 +120,7 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
             findings.warn(startup_time_warning(&overrides));
         }
     }
+    super::schedule_rules::check(&spec.schedules, facts.slots, facts.now, &mut findings);
     let name = group.metadata.name.as_deref().unwrap_or_default();
     if facts.slots == 0 {
         findings.warn(format!(
@@ -181,7 +184,7 @@ mod tests {
     ) -> Verdict {
         let mut g = group("pool");
         edit(&mut g);
-        validate(&g, old, &GroupFacts { slots, live_claims })
+        validate(&g, old, &GroupFacts { slots, live_claims, now: jiff::Timestamp::UNIX_EPOCH })
     }
 
     #[test]

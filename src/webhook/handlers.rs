@@ -257,7 +257,7 @@ pub async fn validate_group(
             group_rules::validate(
                 &group,
                 old.as_ref(),
-                &GroupFacts { slots: slots.len(), live_claims },
+                &GroupFacts { slots: slots.len(), live_claims, now: state.clock.now() },
             )
         }
         .await;

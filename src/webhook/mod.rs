@@ -9,6 +9,7 @@ pub mod group_rules;
 mod handlers;
 mod lookup;
 pub mod power_rules;
+pub mod schedule_rules;
 pub mod server;
 pub mod slot_rules;
 pub mod verdict;

@@ -1,0 +1,274 @@
+//! The schedule controller: keeps each open window of a Group's `spec.schedules` held by pins
+//! (docs/decisions.md, D22). It counts the pins (Manual or Schedule claims) on the window's
+//! eligible slots and fills the deficit with `Schedule` claims on free slots whose `spec.until`
+//! is the end of the opening; the claim controller ends them there (`Expired`). It never ends
+//! or touches a claim it did not make, and only ever extends its own claims' `until`. It looks
+//! again at the next window boundary, and whenever the pool's slots or claims change.
+
+mod plan;
+
+pub use plan::{LiveClaim, NewClaim, Plan, SlotView, plan, requested_by};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Resource;
+use kube::api::{Api, Patch, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::error::{KubeContext, Result, is_already_exists};
+use super::{Context, ScheduleInputs, params};
+use crate::api::{
+    ClaimCall, ClaimRequest, GROUP_LABEL, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT,
+    Node, NodeClaim, NodeClaimSpec, SlotRef,
+};
+use crate::{phase, telemetry};
+
+pub async fn controller(ctx: Arc<Context>, inputs: ScheduleInputs, shutdown: CancellationToken) {
+    let ns_slots = ctx.namespace.clone();
+    let ns_claims = ctx.namespace.clone();
+    let controller = Controller::for_shared_stream(inputs.groups, ctx.stores.groups.clone())
+        .watches_shared_stream(inputs.slots, move |slot| {
+            slot.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(GROUP_LABEL))
+                .map(|g| ObjectRef::new(g).within(&ns_slots))
+        })
+        .watches_shared_stream(inputs.claims, move |claim| {
+            Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
+        })
+        .with_config(super::config())
+        .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    let reconcile = |group, ctx| telemetry::reconcile("schedule", reconcile(group, ctx));
+    super::drive("schedule", controller.run(reconcile, super::error_policy, ctx)).await;
+}
+
+async fn reconcile(group: Arc<Group>, ctx: Arc<Context>) -> Result<Action> {
+    let name = group.metadata.name.clone().unwrap_or_default();
+    let span = tracing::info_span!("reconcile_schedule", group = %name);
+    reconcile_schedule(group, ctx, name).instrument(span).await
+}
+
+async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) -> Result<Action> {
+    let previous = group.status.as_ref().and_then(|s| s.schedule.clone());
+    if group.spec.schedules.is_empty() {
+        if previous.is_some() {
+            write_status(&ctx, &name, serde_json::Value::Null).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    let all_slots = ctx.stores.slots.state();
+    let pool: BTreeMap<&str, &Node> = all_slots
+        .iter()
+        .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name))
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s.as_ref())))
+        .collect();
+    let slots: Vec<SlotView> = pool
+        .iter()
+        .map(|(slot_name, slot)| SlotView {
+            name: (*slot_name).to_string(),
+            hourly_rate: slot
+                .spec
+                .pricing
+                .as_ref()
+                .or(group.spec.pricing.as_ref())
+                .map(|p| p.hourly_rate),
+        })
+        .collect();
+    let claims = ctx.stores.claims.state();
+    let taken: BTreeSet<String> = claims.iter().filter_map(|c| c.metadata.name.clone()).collect();
+    let live: Vec<LiveClaim> = claims
+        .iter()
+        .filter(|c| pool.contains_key(c.spec.slot_ref.name.as_str()))
+        .filter(|c| phase::is_live(Some(phase::of(c))))
+        .map(|c| LiveClaim {
+            name: c.metadata.name.clone().unwrap_or_default(),
+            slot: c.spec.slot_ref.name.clone(),
+            pin: c.spec.request.call.is_pin(),
+            requested_by: c.spec.requested_by.clone(),
+            until: c.spec.until.as_ref().map(|t| t.0),
+        })
+        .collect();
+    let plan = plan::plan(&plan::Inputs {
+        group: &name,
+        windows: &group.spec.schedules,
+        slots: &slots,
+        live: &live,
+        taken_names: &taken,
+        now: ctx.now(),
+    });
+    let claims_api = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace);
+    for (claim, until) in &plan.extend {
+        let patch = json!({ "spec": { "until": Time(*until) } });
+        claims_api
+            .patch(claim, &params(), &Patch::Merge(&patch))
+            .await
+            .during(|| format!("extending schedule claim {claim} to {until}"))?;
+        tracing::info!(claim, %until, "schedule claim extended to the end of its opening");
+    }
+    let mut refused = Vec::new();
+    for fill in &plan.fills {
+        let mut made = 0;
+        for candidate in &fill.candidates {
+            if made == fill.wanted {
+                break;
+            }
+            let Some(slot) = pool.get(candidate.slot.as_str()) else { continue };
+            match create(&claims_api, &name, slot, candidate).await {
+                Ok(()) => {
+                    made += 1;
+                    ctx.publish(
+                        group.as_ref(),
+                        EventType::Normal,
+                        "ScheduleClaimCreated",
+                        format!(
+                            "claim {} holds slot {}: {}",
+                            candidate.name, candidate.slot, candidate.reason
+                        ),
+                    )
+                    .await;
+                }
+                // Admission said no (an exhausted slot, a claim the cache had not seen yet):
+                // the next candidate is tried, and the status says why.
+                Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+                    tracing::info!(
+                        slot = candidate.slot,
+                        message = status.message,
+                        "a schedule claim was refused"
+                    );
+                    refused.push(format!("slot {}: {}", candidate.slot, status.message));
+                }
+                Err(error) => {
+                    return Err(error)
+                        .during(|| format!("creating schedule claim {}", candidate.name));
+                }
+            }
+        }
+    }
+    let mut status = plan.status;
+    if !refused.is_empty() {
+        let refused = format!("refused: {}", refused.join("; "));
+        status.message = Some(match status.message {
+            Some(message) => format!("{message}; {refused}"),
+            None => refused,
+        });
+    }
+    if previous.as_ref() != Some(&status) {
+        write_status(&ctx, &name, merge_patch_of(previous.as_ref(), &status)?).await?;
+    }
+    Ok(Action::requeue(plan.requeue))
+}
+
+/// Creates one schedule claim; AlreadyExists is success (a pass on a cache that had not seen
+/// the last create makes the same name).
+async fn create(
+    api: &Api<NodeClaim>,
+    group: &str,
+    slot: &Node,
+    new: &NewClaim,
+) -> std::result::Result<(), kube::Error> {
+    let claim = NodeClaim {
+        metadata: ObjectMeta {
+            name: Some(new.name.clone()),
+            labels: Some(BTreeMap::from([
+                (LABEL_GROUP.to_owned(), group.to_owned()),
+                (LABEL_SLOT.to_owned(), new.slot.clone()),
+            ])),
+            owner_references: slot.controller_owner_ref(&()).map(|r| vec![r]),
+            ..ObjectMeta::default()
+        },
+        spec: NodeClaimSpec {
+            slot_ref: SlotRef { name: new.slot.clone() },
+            request: ClaimRequest {
+                call: ClaimCall::Schedule,
+                delta: None,
+                group: group.to_owned(),
+                nodes: Vec::new(),
+                reason: Some(new.reason.clone()),
+            },
+            requested_at: None,
+            requested_by: Some(new.requested_by.clone()),
+            attempt: None,
+            deadline_at: None,
+            max_node_provision_time: None,
+            until: Some(Time(new.until)),
+            ttl_seconds_after_finished: None,
+        },
+        status: None,
+    };
+    match api.create(&PostParams::default(), &claim).await {
+        Ok(_) => {
+            tracing::info!(claim = new.name, slot = new.slot, until = %new.until, "schedule claim created");
+            Ok(())
+        }
+        Err(error) if is_already_exists(&error) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// `status.schedule` as a merge patch from `previous`: a field the new status leaves out is sent
+/// as null, which is how a merge patch removes it (the SCHEDULE column empties when a window
+/// closes).
+fn merge_patch_of(
+    previous: Option<&GroupScheduleStatus>,
+    status: &GroupScheduleStatus,
+) -> Result<serde_json::Value> {
+    let serialize = |s: &GroupScheduleStatus| {
+        serde_json::to_value(s)
+            .map_err(|source| super::Error::Serialize { what: "the schedule status", source })
+    };
+    let mut value = serialize(status)?;
+    if let (Some(previous), Some(fields)) = (previous, value.as_object_mut())
+        && let serde_json::Value::Object(old) = serialize(previous)?
+    {
+        for key in old.keys() {
+            fields.entry(key.clone()).or_insert(serde_json::Value::Null);
+        }
+    }
+    Ok(value)
+}
+
+/// Writes `status.schedule` alone (a merge patch leaves the group controller's fields be).
+async fn write_status(ctx: &Context, name: &str, schedule: serde_json::Value) -> Result<()> {
+    let patch = json!({ "status": { "schedule": schedule } });
+    Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .patch_status(name, &params(), &Patch::Merge(&patch))
+        .await
+        .during(|| format!("writing the schedule status of group {name}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_the_new_status_drops_is_sent_as_null() {
+        let open = GroupScheduleStatus {
+            active: Some("daily 08:00-09:00 UTC".into()),
+            held: Some("1/1".into()),
+            next: Some(Time("2026-12-08T08:00:00Z".parse().unwrap())),
+            ..Default::default()
+        };
+        let closed = GroupScheduleStatus {
+            next: Some(Time("2026-12-08T08:00:00Z".parse().unwrap())),
+            ..Default::default()
+        };
+        assert_eq!(
+            merge_patch_of(Some(&open), &closed).unwrap(),
+            json!({ "active": null, "held": null, "next": "2026-12-08T08:00:00Z" })
+        );
+        assert_eq!(
+            merge_patch_of(None, &open).unwrap(),
+            json!({ "active": "daily 08:00-09:00 UTC", "held": "1/1", "next": "2026-12-08T08:00:00Z" })
+        );
+    }
+}
