@@ -9,10 +9,12 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## and the power drivers against real protocol peers (installed by install-power-peers.sh).
+## The test executables of `cargo test --workspace --all-targets` run three at a time
+## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
 test:
 	tests/harness/build-binaries.sh e2e
 	tests/harness/install-power-peers.sh
-	cargo test --workspace --all-targets --locked
+	tests/harness/run-tests.sh $(ONLY)
 
 ## demo: a local pool of simulated machines scaling up and down, under the real
 ## cluster-autoscaler and then the built-in scaler. DRIVER=cluster-autoscaler|builtin picks one;

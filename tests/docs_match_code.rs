@@ -36,6 +36,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
             "--all-targets",
             "--workspace",
             "--lib",
+            "--no-run",
             "--release",
             "--target",
         ],

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Runs the test executables `cargo test --workspace --all-targets` runs, several at a time.
+# Most end-to-end suites wait on clocks (cluster-autoscaler's loop, kube-controller-manager's
+# grace period, leases, boot delays), not on the CPU, so suites side by side finish in about
+# the time of the longest lane instead of the sum of all.
+#
+#   tests/harness/run-tests.sh [NAME...] [-- ARGS...]
+#
+# NAME is a test target (`webhooks`, `e2e_cluster_autoscaler`, `homelab_autoscaler` for the
+# library's unit tests); without one every executable runs. ARGS go to each executable as
+# after `cargo test ... --` (a test name filter, `--nocapture`).
+#
+# Each executable runs whole, in one process, as `cargo test` runs it: its tests share the
+# binary's control plane and their own limits (the cluster-autoscaler scenarios two at a time,
+# the crash runs five at a time). Its output goes to $CARGO_TARGET_DIR/test-logs/NAME.log and
+# is printed if it fails. Every executable runs even after a failure; the exit status is 1 if
+# any failed.
+#
+# Environment: HOMELAB_TEST_LANES (default 3) executables at once.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+lanes=${HOMELAB_TEST_LANES:-3}
+logs=${CARGO_TARGET_DIR:-$root/target}/test-logs
+
+# Suites that run with nothing beside them, before the others: each asserts on timing that a
+# loaded CPU stretches (a SIGKILLed operator's restart, a Lease handed over, apiserver and etcd
+# restarted in place). Short, so running them alone costs little.
+alone=(reliability_sigkill reliability_lease reliability_faults e2e_failover)
+# The longest suites start first so that no lane is left with a long one at the end; the rest
+# (new suites included) follow in name order.
+longest=(e2e_cluster_autoscaler install_image reliability_crash controllers)
+
+names=()
+args=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --) shift; args=("$@"); break ;;
+    *) names+=("$1"); shift ;;
+  esac
+done
+
+# Build everything first (compile errors stop here), then read the executables from cargo's
+# artifact messages: kind, name, executable, the package directory (cargo's working directory
+# for a test).
+cd "$root"
+artifacts=$(cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics |
+  python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    if not line.startswith("{"):
+        continue
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    kind = m["target"]["kind"][0]
+    # The operator binary is also built as a program for the tests to run; only its test
+    # build holds tests. Benchmarks (harness = false) run once in test mode.
+    if not m["profile"]["test"] and kind != "bench":
+        continue
+    print(kind, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
+')
+
+declare -A exe_of dir_of
+all=()
+while IFS=$'\t' read -r kind name exe dir; do
+  [[ -n $name ]] || continue
+  [[ -z ${exe_of[$name]:-} ]] || { echo "run-tests: two test targets named $name" >&2; exit 1; }
+  exe_of[$name]=$exe
+  dir_of[$name]=$dir
+  all+=("$name")
+done <<<"$artifacts"
+
+if [[ ${#names[@]} -eq 0 ]]; then
+  names=("${all[@]}")
+fi
+for name in "${names[@]}"; do
+  [[ -n ${exe_of[$name]:-} ]] || { echo "run-tests: no test target $name (have: ${all[*]})" >&2; exit 1; }
+done
+
+# The order: alone, then longest, then the rest by name; each only if asked for.
+declare -A wanted placed
+for name in "${names[@]}"; do wanted[$name]=1; done
+first=()
+for name in "${alone[@]}"; do [[ -n ${wanted[$name]:-} ]] && first+=("$name") && placed[$name]=1; done
+queue=()
+for name in "${longest[@]}"; do [[ -n ${wanted[$name]:-} ]] && queue+=("$name") && placed[$name]=1; done
+while IFS= read -r name; do
+  [[ -n $name && -z ${placed[$name]:-} ]] && queue+=("$name")
+done < <(printf '%s\n' "${names[@]}" | sort)
+
+rm -rf "$logs"
+mkdir -p "$logs"
+failed=()
+started=$(date +%s)
+declare -A pid_name start_of
+
+finish() {
+  local pid=$1 status=$2 name=${pid_name[$1]}
+  unset "pid_name[$pid]"
+  local took=$(($(date +%s) - ${start_of[$name]}))
+  if [[ $status -eq 0 ]]; then
+    printf 'run-tests: ok     %-32s %4ds\n' "$name" "$took"
+  else
+    printf 'run-tests: FAILED %-32s %4ds (exit %d; %s)\n' "$name" "$took" "$status" "$logs/$name.log"
+    failed+=("$name")
+  fi
+}
+
+launch() {
+  local name=$1
+  start_of[$name]=$(date +%s)
+  printf 'run-tests: start  %s\n' "$name"
+  (cd "${dir_of[$name]}" && exec "${exe_of[$name]}" "${args[@]}") >"$logs/$name.log" 2>&1 &
+  pid_name[$!]=$name
+}
+
+# Waits for one running executable to end.
+reap() {
+  local pid status=0
+  wait -n -p pid "${!pid_name[@]}" || status=$?
+  finish "$pid" "$status"
+}
+
+for name in "${first[@]}"; do
+  launch "$name"
+  reap
+done
+for name in "${queue[@]}"; do
+  while [[ ${#pid_name[@]} -ge $lanes ]]; do reap; done
+  launch "$name"
+done
+while [[ ${#pid_name[@]} -gt 0 ]]; do reap; done
+
+elapsed=$(($(date +%s) - started))
+count=$((${#first[@]} + ${#queue[@]}))
+for name in "${failed[@]}"; do
+  printf '\n===== %s (%s) =====\n' "$name" "$logs/$name.log"
+  cat "$logs/$name.log"
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run-tests: ${#failed[@]} of $count test executables failed in ${elapsed}s: ${failed[*]}"
+  exit 1
+fi
+echo "run-tests: $count test executables passed in ${elapsed}s ($lanes lanes)"
