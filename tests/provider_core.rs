@@ -241,7 +241,7 @@ async fn delete_nodes_naming_a_pinned_machine_is_refused_and_releases_nothing() 
         .delete_nodes(&ca, "pool", &[node(&scaled), node(&pinned)])
         .await
         .expect_err("a pinned machine is not cluster-autoscaler's to release");
-    assert!(matches!(refused, ProviderError::Pinned { .. }), "{refused}");
+    assert!(matches!(refused, ProviderError::Pinned(_)), "{refused}");
     assert_eq!(refused.kind(), ErrorKind::FailedPrecondition);
     let message = refused.to_string();
     for part in [

@@ -105,7 +105,7 @@ fn pinned(snapshot: &GroupSnapshot, node: &NodeRef, slot: &str, pin: &NodeClaim)
         crate::api::ClaimCall::Schedule => "Schedule",
         _ => "Manual",
     };
-    ProviderError::Pinned {
+    ProviderError::Pinned(Box::new(super::error::PinnedNode {
         node: node.display_name().to_owned(),
         group: snapshot.name().to_owned(),
         slot: slot.to_owned(),
@@ -114,7 +114,7 @@ fn pinned(snapshot: &GroupSnapshot, node: &NodeRef, slot: &str, pin: &NodeClaim)
         by: pin.spec.requested_by.clone().unwrap_or_else(|| "an unknown user".to_owned()),
         namespace: pin.metadata.namespace.clone().unwrap_or_default(),
         until: pin.spec.until.as_ref().map(|t| t.0),
-    }
+    }))
 }
 
 impl Provider {
@@ -314,7 +314,7 @@ mod tests {
         for (claims, refused) in table {
             let got = plan_delete(&snap(0, claims), &[node("a"), node("b")]);
             match (refused, got) {
-                (Some(want), Err(err @ ProviderError::Pinned { .. })) => {
+                (Some(want), Err(err @ ProviderError::Pinned(_))) => {
                     let text = err.to_string();
                     assert!(text.contains(&format!("claim {want:?}")), "{text}");
                     assert!(text.contains("of alice"), "{text}");

@@ -72,23 +72,8 @@ pub enum ProviderError {
         pinned: i32,
     },
 
-    #[error(
-        "node {node:?} of group {group:?} is pinned by claim {claim:?} ({call} claim of {by}{}); \
-         no scaler releases a pinned machine, so nothing was released: its owner releases it with \
-         `homelab-autoscaler release --slot {slot} --namespace {namespace}` or by deleting the \
-         claim (`kubectl delete nodeclaim {claim} -n {namespace}`)",
-        until.map_or_else(|| ", until released".to_owned(), |u| format!(", until {u}"))
-    )]
-    Pinned {
-        node: String,
-        group: String,
-        slot: String,
-        claim: String,
-        call: &'static str,
-        by: String,
-        namespace: String,
-        until: Option<Timestamp>,
-    },
+    #[error(transparent)]
+    Pinned(Box<PinnedNode>),
 
     #[error("node {node:?} is not a slot of group {group:?}")]
     NodeNotInGroup { node: String, group: String },
@@ -108,6 +93,26 @@ pub enum ProviderError {
         #[source]
         source: kube::Error,
     },
+}
+
+/// A named node whose machine a pin holds: no scaler releases it (docs/decisions.md, D17).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "node {node:?} of group {group:?} is pinned by claim {claim:?} ({call} claim of {by}{}); \
+     no scaler releases a pinned machine, so nothing was released: its owner releases it with \
+     `homelab-autoscaler release --slot {slot} --namespace {namespace}` or by deleting the \
+     claim (`kubectl delete nodeclaim {claim} -n {namespace}`)",
+    until.map_or_else(|| ", until released".to_owned(), |u| format!(", until {u}"))
+)]
+pub struct PinnedNode {
+    pub node: String,
+    pub group: String,
+    pub slot: String,
+    pub claim: String,
+    pub call: &'static str,
+    pub by: String,
+    pub namespace: String,
+    pub until: Option<Timestamp>,
 }
 
 /// A slot skipped by IncreaseSize because it failed too many boots in a row.
@@ -161,7 +166,7 @@ impl ProviderError {
             Self::OverCapacity { .. }
             | Self::NotEnoughFreeSlots { .. }
             | Self::BelowMinSize { .. }
-            | Self::Pinned { .. } => ErrorKind::FailedPrecondition,
+            | Self::Pinned(_) => ErrorKind::FailedPrecondition,
             Self::NoTemplate { .. } => ErrorKind::Unsupported,
             Self::Kube { source, .. } => kube_kind(source),
         }

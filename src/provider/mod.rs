@@ -42,7 +42,7 @@ use crate::api::{Group, NodeClaim, ScalingDriver};
 
 pub use decrease::DecreaseOutcome;
 pub use delete_nodes::DeleteOutcome;
-pub use error::{ErrorKind, ExhaustedSlot, ProviderError};
+pub use error::{ErrorKind, ExhaustedSlot, PinnedNode, ProviderError};
 pub use groups::{GroupSnapshot, NodeGroupInfo, PoolIndex, SlotState, provider_id_of};
 pub use increase::CreatedClaim;
 pub use instances::{Instance, InstanceError, InstanceState, OTHER_ERROR_CLASS};
