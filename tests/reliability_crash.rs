@@ -7,7 +7,7 @@
 //! a slot, no cluster-autoscaler mark left behind.
 //!
 //! Each run has a namespace of its own on the binary's shared control plane; runs go
-//! `HOMELAB_CRASH_PARALLEL` (default 10) at a time. `HOMELAB_CRASH_RUNS` (default 50) sets
+//! `HOMELAB_CRASH_PARALLEL` (default 5) at a time. `HOMELAB_CRASH_RUNS` (default 50) sets
 //! the number of runs and `HOMELAB_CRASH_SEED` the base seed (default: from the clock,
 //! printed); a failure prints the run's seed, and `HOMELAB_CRASH_SEED=<seed>
 //! HOMELAB_CRASH_RUNS=1` replays its schedule. The long run is in docs/reliability.md.
@@ -200,7 +200,7 @@ async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_invariants_hold_through_seeded_crashes() {
     let runs = env_number("HOMELAB_CRASH_RUNS", 50);
-    let parallel = env_number("HOMELAB_CRASH_PARALLEL", 10).max(1) as usize;
+    let parallel = env_number("HOMELAB_CRASH_PARALLEL", 5).max(1) as usize;
     let base = env_number(
         "HOMELAB_CRASH_SEED",
         std::time::SystemTime::now()
