@@ -71,7 +71,7 @@ pub struct Subscriptions {
     pub claim_controller: ClaimInputs,
     pub slot_controller: SlotInputs,
     pub group_controller: GroupInputs,
-    pub schedule_controller: ScheduleInputs,
+    pub schedule_controller: GroupInputs,
 }
 
 pub struct ClaimInputs {
@@ -88,13 +88,9 @@ pub struct SlotInputs {
     pub jobs: Changes<Job>,
 }
 
+/// The inputs of a controller keyed by Group (the group and schedule controllers): the pool,
+/// and its slots and claims, which wake it.
 pub struct GroupInputs {
-    pub groups: Changes<Group>,
-    pub slots: Changes<Node>,
-    pub claims: Changes<NodeClaim>,
-}
-
-pub struct ScheduleInputs {
     pub groups: Changes<Group>,
     pub slots: Changes<Node>,
     pub claims: Changes<NodeClaim>,
@@ -242,11 +238,7 @@ impl Context {
                 jobs: jobs_b,
             },
             group_controller: GroupInputs { groups: groups_a, slots: slots_c, claims: claims_c },
-            schedule_controller: ScheduleInputs {
-                groups: groups_b,
-                slots: slots_d,
-                claims: claims_d,
-            },
+            schedule_controller: GroupInputs { groups: groups_b, slots: slots_d, claims: claims_d },
         };
         let stores = Stores { claims, slots, groups, nodes, jobs };
         stores.claims.wait_until_ready().await?;

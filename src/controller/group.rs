@@ -21,9 +21,21 @@ use crate::savings::{self, SlotSample};
 use crate::{phase, telemetry};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
+    let controller = of_pools(&ctx, inputs, shutdown);
+    let reconcile = |group, ctx| telemetry::reconcile("group", reconcile(group, ctx));
+    super::drive("group", controller.run(reconcile, super::error_policy, ctx)).await;
+}
+
+/// A controller of Groups, woken by their slots (the `group` label) and their claims
+/// (`spec.request.group`). The group and schedule controllers both read a pool this way.
+pub(super) fn of_pools(
+    ctx: &Context,
+    inputs: GroupInputs,
+    shutdown: CancellationToken,
+) -> Controller<Group> {
     let ns_slots = ctx.namespace.clone();
     let ns_claims = ctx.namespace.clone();
-    let controller = Controller::for_shared_stream(inputs.groups, ctx.stores.groups.clone())
+    Controller::for_shared_stream(inputs.groups, ctx.stores.groups.clone())
         .watches_shared_stream(inputs.slots, move |slot| {
             slot.metadata
                 .labels
@@ -35,9 +47,7 @@ pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: Cancel
             Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
         })
         .with_config(super::config())
-        .graceful_shutdown_on(async move { shutdown.cancelled().await });
-    let reconcile = |group, ctx| telemetry::reconcile("group", reconcile(group, ctx));
-    super::drive("group", controller.run(reconcile, super::error_policy, ctx)).await;
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
 }
 
 /// Live claims by phase.

@@ -37,19 +37,7 @@ pub fn first_shared_instant(a: &Window, b: &Window, from: Timestamp) -> Option<T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ScheduleWindow;
-
-    fn window(days: &str, from: &str, to: &str, zone: &str) -> Window {
-        Window::parse(&ScheduleWindow {
-            days: days.into(),
-            from: from.into(),
-            to: to.into(),
-            time_zone: zone.into(),
-            min_machines: 1,
-            slots: vec![],
-        })
-        .unwrap()
-    }
+    use crate::schedule::window::tests::window;
 
     #[test]
     fn overlap_table() {

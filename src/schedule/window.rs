@@ -110,11 +110,12 @@ impl Window {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::api::ScheduleWindow;
 
-    fn window(days: &str, from: &str, to: &str, zone: &str) -> Window {
+    /// A window parsed from its fields, with one machine and any slot.
+    pub(in crate::schedule) fn window(days: &str, from: &str, to: &str, zone: &str) -> Window {
         Window::parse(&ScheduleWindow {
             days: days.into(),
             from: from.into(),

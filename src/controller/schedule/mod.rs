@@ -15,37 +15,22 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Resource;
 use kube::api::{Api, Patch, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::error::{KubeContext, Result, is_already_exists};
-use super::{Context, ScheduleInputs, params};
+use super::{Context, GroupInputs, params};
 use crate::api::{
     ClaimCall, ClaimRequest, GROUP_LABEL, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT,
     Node, NodeClaim, NodeClaimSpec, SlotRef,
 };
 use crate::{phase, telemetry};
 
-pub async fn controller(ctx: Arc<Context>, inputs: ScheduleInputs, shutdown: CancellationToken) {
-    let ns_slots = ctx.namespace.clone();
-    let ns_claims = ctx.namespace.clone();
-    let controller = Controller::for_shared_stream(inputs.groups, ctx.stores.groups.clone())
-        .watches_shared_stream(inputs.slots, move |slot| {
-            slot.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(GROUP_LABEL))
-                .map(|g| ObjectRef::new(g).within(&ns_slots))
-        })
-        .watches_shared_stream(inputs.claims, move |claim| {
-            Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))
-        })
-        .with_config(super::config())
-        .graceful_shutdown_on(async move { shutdown.cancelled().await });
+pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
+    let controller = super::group::of_pools(&ctx, inputs, shutdown);
     let reconcile = |group, ctx| telemetry::reconcile("schedule", reconcile(group, ctx));
     super::drive("schedule", controller.run(reconcile, super::error_policy, ctx)).await;
 }
