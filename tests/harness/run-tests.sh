@@ -61,7 +61,7 @@ for line in sys.stdin:
     print(kind, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
 ')
 
-declare -A exe_of dir_of
+declare -A exe_of=() dir_of=()
 all=()
 while IFS=$'\t' read -r kind name exe dir; do
   [[ -n $name ]] || continue
@@ -79,7 +79,7 @@ for name in "${names[@]}"; do
 done
 
 # The order: alone, then longest, then the rest by name; each only if asked for.
-declare -A wanted placed
+declare -A wanted=() placed=()
 for name in "${names[@]}"; do wanted[$name]=1; done
 first=()
 for name in "${alone[@]}"; do [[ -n ${wanted[$name]:-} ]] && first+=("$name") && placed[$name]=1; done
@@ -93,7 +93,7 @@ rm -rf "$logs"
 mkdir -p "$logs"
 failed=()
 started=$(date +%s)
-declare -A pid_name start_of
+declare -A pid_name=() start_of=()
 
 finish() {
   local pid=$1 status=$2 name=${pid_name[$1]}
