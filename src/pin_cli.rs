@@ -236,11 +236,8 @@ pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
         }
         None => {
             let group = slot
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(GROUP_LABEL))
-                .cloned()
+                .group()
+                .map(str::to_owned)
                 .ok_or_else(|| PinError::NoGroup { slot: target.slot.clone() })?;
             let user = whoami(&client).await;
             let mut claim = NodeClaim::new(

@@ -46,12 +46,7 @@ fn window(opens_in: Duration, open_for: Duration) -> Result<Window> {
 
 /// Applies `manifest` with kubectl, as a user would.
 async fn apply(world: &World, manifest: &str) -> Result<()> {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
-    std::fs::write(file.path(), manifest)?;
-    let out = world
-        .plane
-        .kubectl(["apply", "-n", NAMESPACE, "-f", &file.path().to_string_lossy()])
-        .await?;
+    let out = world.plane.kubectl_apply(NAMESPACE, manifest).await?;
     ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())
 }

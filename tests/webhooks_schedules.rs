@@ -7,12 +7,7 @@ use homelab_harness::e2e::{self, NAMESPACE, World};
 
 /// `kubectl apply` of `manifest`: whether it succeeded, and what kubectl printed (both streams).
 async fn apply(world: &World, manifest: &str) -> Result<(bool, String)> {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
-    std::fs::write(file.path(), manifest)?;
-    let out = world
-        .plane
-        .kubectl(["apply", "-n", NAMESPACE, "-f", &file.path().to_string_lossy()])
-        .await?;
+    let out = world.plane.kubectl_apply(NAMESPACE, manifest).await?;
     let printed =
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     Ok((out.status.success(), printed))

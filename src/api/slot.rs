@@ -247,3 +247,10 @@ pub struct SlotClaimDigest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
 }
+
+impl Node {
+    /// The pool the slot joins by its `group` label, if any.
+    pub fn group(&self) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(super::GROUP_LABEL).map(String::as_str)
+    }
+}

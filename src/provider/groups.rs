@@ -47,7 +47,7 @@ pub fn slot_name(slot: &Slot) -> &str {
 
 /// The group a slot joins by its label, if any.
 pub fn group_of(slot: &Slot) -> Option<&str> {
-    slot.metadata.labels.as_ref()?.get(GROUP_LABEL).map(String::as_str)
+    slot.group()
 }
 
 /// Orders claims newest first: by `spec.requestedAt`, then creation time, then name, so the

@@ -24,8 +24,8 @@ use tracing::Instrument;
 use super::error::{KubeContext, Result, is_already_exists};
 use super::{Context, GroupInputs, params};
 use crate::api::{
-    ClaimCall, ClaimRequest, GROUP_LABEL, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT,
-    Node, NodeClaim, NodeClaimSpec, SlotRef,
+    ClaimCall, ClaimRequest, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim,
+    NodeClaimSpec, SlotRef,
 };
 use crate::{phase, telemetry};
 
@@ -52,7 +52,7 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
     let all_slots = ctx.stores.slots.state();
     let pool: BTreeMap<&str, &Node> = all_slots
         .iter()
-        .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name))
+        .filter(|s| s.group() == Some(name.as_str()))
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s.as_ref())))
         .collect();

@@ -186,6 +186,16 @@ impl ControlPlane {
         self.pki.serving_cert(names)
     }
 
+    /// `kubectl apply -n NAMESPACE -f` of a manifest written as a user writes it (YAML text),
+    /// so kubectl, not a Rust parser, reads it. Like [`Self::kubectl`], the caller judges the
+    /// outcome.
+    pub async fn kubectl_apply(&self, namespace: &str, manifest: &str) -> Result<Output> {
+        let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
+        std::fs::write(file.path(), manifest)?;
+        let path = file.path().to_string_lossy().into_owned();
+        self.kubectl(["apply", "-n", namespace, "-f", path.as_str()]).await
+    }
+
     /// Runs the built kubectl against this control plane. A failing kubectl is not an error
     /// here: the caller inspects the status and output.
     pub async fn kubectl<I, S>(&self, args: I) -> Result<Output>
