@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
-use crate::api::{GROUP_LABEL, Group, NodeClaim, NodeClaimPhase, ScalingDriver};
+use crate::api::{Group, NodeClaim, NodeClaimPhase, ScalingDriver};
 use crate::{machine, phase};
 
 use super::Slot;
