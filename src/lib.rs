@@ -13,6 +13,7 @@ pub mod cache;
 pub mod claim;
 pub mod clock;
 pub mod controller;
+pub mod field_manager;
 mod fixtures;
 pub mod grpc;
 pub mod job_outcome;

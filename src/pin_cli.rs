@@ -8,10 +8,11 @@ use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp, Zoned};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch};
 use serde_json::json;
 
 use crate::api::{ClaimCall, ClaimRequest, GROUP_LABEL, Node, NodeClaim, NodeClaimSpec, SlotRef};
+use crate::field_manager::FieldManager;
 use crate::phase;
 
 /// Which slot, and where.
@@ -181,7 +182,7 @@ fn name_of(claim: &NodeClaim) -> String {
 async fn whoami(client: &kube::Client) -> String {
     let review: SelfSubjectReview = SelfSubjectReview::default();
     match Api::<SelfSubjectReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
+        .create(&FieldManager::Cli.post(), &review)
         .await
     {
         Ok(answer) => answer
@@ -228,7 +229,7 @@ pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
             let name = name_of(&live);
             let patch = json!({ "spec": { "until": end.map(Time) } });
             claims
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&name, &FieldManager::Cli.patch(), &Patch::Merge(&patch))
                 .await
                 .map_err(kube_err(format!("setting spec.until of claim {name}")))?;
             println!("claim {name} keeps slot {} on {until} (was already pinned)", target.slot);
@@ -264,7 +265,7 @@ pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
             claim.metadata.generate_name = Some(format!("{}-keep-on-", target.slot));
             claim.metadata.namespace = Some(target.namespace.clone());
             let created = claims
-                .create(&PostParams::default(), &claim)
+                .create(&FieldManager::Cli.post(), &claim)
                 .await
                 .map_err(kube_err(format!("creating a Manual claim for slot {}", target.slot)))?;
             println!("claim {} keeps slot {} on {until}", name_of(&created), target.slot);

@@ -21,7 +21,7 @@ pub enum Error {
 impl Error {
     /// A write lost a race with another writer (HTTP 409); the next pass reads fresh state.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(status), .. } if status.code == 409)
+        matches!(self, Error::Kube { source, .. } if is_stale_write(source))
     }
 }
 
@@ -43,13 +43,14 @@ pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404)
 }
 
-/// Whether a kube error is a 409 AlreadyExists on create.
+/// Whether a create lost to an object of the same name (409, reason `AlreadyExists`).
 pub fn is_already_exists(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 409)
+    matches!(error, kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists")
 }
 
-/// Whether a kube error is a 409 Conflict on a write guarded by a precondition (uid or
-/// resourceVersion): the object changed since it was read.
+/// Whether a write guarded by a precondition (uid or resourceVersion) lost because the object
+/// changed since it was read (409, reason `Conflict`). The API server answers both with 409;
+/// only the reason tells a lost create from a stale write.
 pub fn is_stale_write(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 409)
+    matches!(error, kube::Error::Api(status) if status.code == 409 && status.reason == "Conflict")
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
@@ -12,11 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::error::{KubeContext, Result};
-use super::params;
 use super::{Context, GroupInputs};
 use crate::api::{
     GROUP_LABEL, Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
+use crate::field_manager::{FieldManager, apply_status_of};
 use crate::savings::{self, SlotSample};
 use crate::{phase, telemetry};
 
@@ -199,15 +199,17 @@ async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> 
     let mut conditions: Vec<Condition> =
         status.conditions.into_iter().filter(|c| c.type_ != CONDITION_HAS_SLOTS).collect();
     conditions.push(condition);
-    let patch = json!({ "status": {
+    let previous = serde_json::to_value(group.status.as_ref())
+        .map_err(|source| super::Error::Serialize { what: "the group status", source })?;
+    let status = json!({
         "slots": slots,
         "claims": counts,
         "observedGeneration": group.metadata.generation,
         "savings": report,
         "conditions": conditions,
-    } });
-    Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(&name, &params(), &Patch::Merge(&patch))
+    });
+    let groups = Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace);
+    apply_status_of(&groups, &name, FieldManager::GroupController, Some(&previous), status)
         .await
         .during(|| format!("writing the status of group {name}"))?;
     Ok(requeue)

@@ -20,13 +20,13 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, Patch, PostParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::LABEL_MANAGED_BY;
 use crate::clock::Ticks;
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 
 /// The pod-template annotation holding the digest of the client certificate Secret.
 pub const CERTIFICATE_DIGEST: &str = "infra.homecluster.dev/grpc-client-certificate";
@@ -142,7 +142,11 @@ impl AutoscalerRestart {
             "spec": { "template": { "metadata": { "annotations": { CERTIFICATE_DIGEST: digest } } } }
         });
         self.deployments
-            .patch(&self.target.deployment, &params(), &Patch::Merge(&patch))
+            .patch(
+                &self.target.deployment,
+                &FieldManager::Certificates.patch(),
+                &Patch::Merge(&patch),
+            )
             .await
             .map_err(deployment_error)?;
         tracing::info!(%digest, "restarting cluster-autoscaler: its client certificate changed");
@@ -189,7 +193,7 @@ impl AutoscalerRestart {
                 data: Some(data),
                 ..Secret::default()
             };
-            copies.create(&PostParams::default(), &copy).await.map_err(copy_error)?;
+            copies.create(&FieldManager::Certificates.post(), &copy).await.map_err(copy_error)?;
             tracing::info!("copied the client certificate into cluster-autoscaler's namespace");
             return Ok(());
         };
@@ -211,7 +215,10 @@ impl AutoscalerRestart {
         existing.data = Some(data);
         // A replace carries the resourceVersion read above: a concurrent writer makes it fail
         // and the next tick retries.
-        copies.replace(name, &PostParams::default(), &existing).await.map_err(copy_error)?;
+        copies
+            .replace(name, &FieldManager::Certificates.post(), &existing)
+            .await
+            .map_err(copy_error)?;
         tracing::info!("updated the client certificate copy in cluster-autoscaler's namespace");
         Ok(())
     }

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -22,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
 use crate::clock::Ticks;
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 use crate::tls::ca_secret::CaSecret;
 use crate::tls::self_managed::SelfManagedCert;
 use crate::tls::{CertFiles, ReloadingServerConfig};
@@ -175,13 +177,22 @@ where
         return Ok(());
     }
     let bundle = ByteString(ca.to_vec());
-    let ops: Vec<_> = (0..current.len())
-        .map(|i| {
-            json!({ "op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle })
-        })
-        .collect();
-    let patch: json_patch::Patch = serde_json::from_value(json!(ops))?;
-    api.patch(CONFIGURATION_NAME, &params(), &Patch::Json::<()>(patch))
+    let patch = json_patch::Patch(
+        (0..current.len())
+            .map(|i| {
+                PatchOperation::Add(AddOperation {
+                    path: PointerBuf::from_tokens([
+                        "webhooks".to_owned(),
+                        i.to_string(),
+                        "clientConfig".to_owned(),
+                        "caBundle".to_owned(),
+                    ]),
+                    value: json!(bundle),
+                })
+            })
+            .collect(),
+    );
+    api.patch(CONFIGURATION_NAME, &FieldManager::Certificates.patch(), &Patch::Json::<()>(patch))
         .await
         .with_context(|| format!("patching the caBundle of the {kind}"))?;
     tracing::info!(kind, "patched the webhook caBundle");

@@ -17,10 +17,11 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::field_manager::FieldManager;
 use crate::phase;
 
 use super::error::ProviderError;
@@ -175,8 +176,9 @@ impl Provider {
                 "scaleDownRequestedAt": Time(now),
                 "scaleDownRequestedBy": format!("{} (DeleteNodes)", caller.requested_by),
             }});
-            let marked =
-                api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+            let marked = api
+                .patch_status(name, &FieldManager::Provider.patch(), &Patch::Merge(&patch))
+                .await;
             match marked {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
@@ -216,7 +218,7 @@ impl Provider {
     ) -> Result<(), ProviderError> {
         let Some(name) = claim.metadata.name.as_deref() else { return Ok(()) };
         let patch = serde_json::json!({ "status": { "failureAcknowledgedAt": Time(now) } });
-        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api.patch_status(name, &FieldManager::Provider.patch(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(source) => {

@@ -6,10 +6,11 @@
 //! ([`super::adoption`]).
 
 use jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::NodeClaim;
+use crate::field_manager::FieldManager;
 
 use super::adoption::{SESSION_ANNOTATION, to_adopt};
 use super::claim_object::{ClaimIntent, new_claim};
@@ -151,7 +152,7 @@ impl Provider {
                 timeouts: self.config().timeouts,
                 choice: &planned.choice,
             });
-            match api.create(&PostParams::default(), &claim).await {
+            match api.create(&FieldManager::Provider.post(), &claim).await {
                 Ok(made) => {
                     let name = made.metadata.name.unwrap_or_default();
                     tracing::info!(claim = %name, choice = %planned.choice, "claim created");
@@ -197,14 +198,14 @@ impl Provider {
         for claim in claims {
             let name = claim.metadata.name.clone().unwrap_or_default();
             let patch = serde_json::json!({ "metadata": { "annotations": { SESSION_ANNOTATION: session } } });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(
-                |source| {
+            api.patch(&name, &FieldManager::Provider.patch(), &Patch::Merge(&patch))
+                .await
+                .map_err(|source| {
                     ProviderError::kube(
                         format!("taking over claim {name} for session {session}"),
                         source,
                     )
-                },
-            )?;
+                })?;
         }
         Ok(())
     }

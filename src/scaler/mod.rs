@@ -28,7 +28,6 @@ pub use demand::{demand, intent};
 pub use error::ScalerError;
 pub use observation::{Machine, Observation, Workload};
 pub use run::{DEFAULT_INTERVAL, MIN_GAP, ScalerConfig, run, run_with};
-pub use status::FIELD_MANAGER;
 pub use target::{DEFAULT_PODS_PER_NODE, Limits, floor, target};
 
 /// A count as an `i32`, saturating (the API's integers are 32-bit).

@@ -1,20 +1,19 @@
 //! `Group.status.lastDecision`: the pass's decision, for people (`kubectl get hgroup -o yaml`).
-//! A merge patch of that one field through the status subresource, so the group controller's
-//! counts are never touched. Every field is written, `idleSince` as null when there is none: a
-//! merge patch that left it out would keep the previous pass's value.
+//! Applied (server-side apply) as the scaler's one field, so the group controller's counts and
+//! the schedule status are never touched. Every member is sent, `idleSince` as null when there
+//! is none: a null clears it even where an older operator's merge patch also owns it.
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use serde_json::{Value, json};
 
 use super::decide::Decision;
 use super::error::ScalerError;
 use crate::api::Group;
+use crate::field_manager::{FieldManager, apply_status_of};
 
-/// The field manager of the scaler's writes.
-pub const FIELD_MANAGER: &str = "homelab-autoscaler-scaler";
 /// The longest reason written (the API server's limits are generous; a status is read by people).
 const MAX_REASON_LEN: usize = 1024;
 
@@ -50,9 +49,8 @@ pub async fn write(
     patch: &Value,
 ) -> Result<(), ScalerError> {
     let api: Api<Group> = Api::namespaced(client.clone(), namespace);
-    let params =
-        PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
-    api.patch_status(group, &params, &Patch::Merge(patch))
+    let status = patch.get("status").cloned().unwrap_or_default();
+    apply_status_of(&api, group, FieldManager::Scaler, None, status)
         .await
         .map_err(|source| ScalerError::Status { group: group.to_owned(), source })?;
     Ok(())

@@ -19,10 +19,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch};
 use serde_json::json;
 
 use super::{SimulatorError, kube_err};
+use crate::field_manager::FieldManager;
 
 /// On a Node: its kubelet is stopped (the machine is off). On a Pod: the kubelet of its node is
 /// stopped, so nothing runs, completes or confirms the deletion of the pod.
@@ -160,7 +161,7 @@ pub async fn boot(client: &Client, registration: Registration) -> Result<Boot, S
     if existing.is_some() && resume(client, &name, registration.network_down).await? {
         return Ok(Boot::Resumed);
     }
-    match nodes.create(&PostParams::default(), &registration.node()).await {
+    match nodes.create(&FieldManager::Simulator.post(), &registration.node()).await {
         Ok(_) => Ok(Boot::Registered),
         // Created between the read and the create (a second startup Job): take it over.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Boot::Resumed),
@@ -201,7 +202,7 @@ async fn mark_node_and_pods(
     doing: &str,
 ) -> Result<bool, SimulatorError> {
     match Api::<CoreNode>::all(client.clone())
-        .patch(node_name, &PatchParams::default(), &Patch::Merge(node_patch))
+        .patch(node_name, &FieldManager::Simulator.patch(), &Patch::Merge(node_patch))
         .await
     {
         Ok(_) => {}
@@ -233,7 +234,7 @@ async fn mark_pods(
             continue;
         }
         match Api::<Pod>::namespaced(client.clone(), &namespace)
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&name, &FieldManager::Simulator.patch(), &Patch::Merge(&patch))
             .await
         {
             // The pod went meanwhile (kube-controller-manager's pod GC, a finished Job).

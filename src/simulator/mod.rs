@@ -30,12 +30,13 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{GROUP_LABEL, Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_SLOT, Node};
+use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 
 pub use kubelet::{
@@ -214,7 +215,7 @@ async fn power_on(
         let network_up =
             json!({ "metadata": { "annotations": { KUBELET_NETWORK_ANNOTATION: null } } });
         nodes
-            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&network_up))
+            .patch(&node_name, &FieldManager::Simulator.patch(), &Patch::Merge(&network_up))
             .await
             .map_err(kube_err(format!("bringing the kubelet of {node_name} up")))?;
         tracing::info!(node = node_name, "kubelet network up; node turns Ready");
@@ -234,7 +235,7 @@ async fn power_on(
     nodes
         .patch(
             &node_name,
-            &PatchParams::default(),
+            &FieldManager::Simulator.patch(),
             &Patch::Merge(&json!({ "spec": { "taints": kept } })),
         )
         .await

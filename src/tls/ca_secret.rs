@@ -7,11 +7,12 @@
 //! still serving a certificate of the old CA stays trusted until it re-issues.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 
 use super::TlsError;
 use super::ca::{CaMaterial, Validity, new_ca};
 use super::kept_secret::{self, Kept, Stamps};
+use crate::field_manager::FieldManager;
 
 /// The Secret's name (in the operator's namespace).
 pub const CA_SECRET_NAME: &str = "homelab-autoscaler-ca";
@@ -67,7 +68,11 @@ impl CaSecret {
             let Some(secret) = existing else {
                 let fresh =
                     self.shared(new_ca(Validity::starting(now, self.ca_lifetime)?)?, None, now);
-                match self.api.create(&PostParams::default(), &self.to_secret(&fresh, None)).await {
+                match self
+                    .api
+                    .create(&FieldManager::Certificates.post(), &self.to_secret(&fresh, None))
+                    .await
+                {
                     Ok(_) => {
                         tracing::info!("created the shared CA");
                         return Ok(fresh);
@@ -88,7 +93,11 @@ impl CaSecret {
             let version = secret.metadata.resource_version.clone();
             match self
                 .api
-                .replace(&self.name, &PostParams::default(), &self.to_secret(&rotated, version))
+                .replace(
+                    &self.name,
+                    &FieldManager::Certificates.post(),
+                    &self.to_secret(&rotated, version),
+                )
                 .await
             {
                 Ok(_) => {

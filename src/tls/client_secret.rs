@@ -8,12 +8,13 @@
 //! bundle in force, or when two thirds of its lifetime have passed.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 
 use super::TlsError;
 use super::ca::{Validity, issue};
 use super::ca_secret::SharedCa;
 use super::kept_secret::{self, Kept, Stamps};
+use crate::field_manager::FieldManager;
 
 /// The Secret's default name (in the operator's namespace).
 pub const CLIENT_SECRET_NAME: &str = "homelab-autoscaler-grpc-client";
@@ -76,8 +77,10 @@ impl ClientCertSecret {
             };
             let secret = self.issue(shared, now, resource_version.clone())?;
             let written = match resource_version {
-                None => self.api.create(&PostParams::default(), &secret).await,
-                Some(_) => self.api.replace(&self.name, &PostParams::default(), &secret).await,
+                None => self.api.create(&FieldManager::Certificates.post(), &secret).await,
+                Some(_) => {
+                    self.api.replace(&self.name, &FieldManager::Certificates.post(), &secret).await
+                }
             };
             match written {
                 Ok(_) => {

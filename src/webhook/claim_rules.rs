@@ -3,6 +3,7 @@
 //! request time, a deadline only the operator may clear, and a pin's end that lies ahead).
 
 use jiff::{SignedDuration, Timestamp};
+use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
@@ -75,48 +76,45 @@ pub fn stamp(claim: &NodeClaim, username: &str, facts: &ClaimFacts<'_>) -> Stamp
 /// the claim already carries it, so a reinvocation changes nothing.
 pub fn stamp_patch(claim: &NodeClaim, stamp: &Stamp) -> Vec<PatchOperation> {
     let mut ops = Vec::new();
-    let mut set = |path: &str, value: serde_json::Value| {
+    let mut set = |path: &[&str], value: serde_json::Value| {
         ops.push(PatchOperation::Add(AddOperation {
-            path: path.parse().unwrap_or_default(),
+            path: PointerBuf::from_tokens(path.iter().copied()),
             value,
         }));
     };
     let spec = &claim.spec;
     if spec.requested_at.as_ref().map(|t| t.0) != Some(stamp.requested_at) {
-        set("/spec/requestedAt", json!(Time(stamp.requested_at)));
+        set(&["spec", "requestedAt"], json!(Time(stamp.requested_at)));
     }
     if spec.requested_by.as_deref() != Some(stamp.requested_by.as_str()) {
-        set("/spec/requestedBy", json!(stamp.requested_by));
+        set(&["spec", "requestedBy"], json!(stamp.requested_by));
     }
     if let Some(attempt) = stamp.attempt.filter(|a| spec.attempt != Some(*a)) {
-        set("/spec/attempt", json!(attempt));
+        set(&["spec", "attempt"], json!(attempt));
     }
     if spec.deadline_at.as_ref().map(|t| t.0) != Some(stamp.deadline_at) {
-        set("/spec/deadlineAt", json!(Time(stamp.deadline_at)));
+        set(&["spec", "deadlineAt"], json!(Time(stamp.deadline_at)));
     }
     if let Some(mnpt) =
         stamp.max_node_provision_time.filter(|m| spec.max_node_provision_time != Some(*m))
     {
-        set("/spec/maxNodeProvisionTime", json!(mnpt));
+        set(&["spec", "maxNodeProvisionTime"], json!(mnpt));
     }
     if spec.ttl_seconds_after_finished != Some(stamp.ttl_seconds_after_finished) {
-        set("/spec/ttlSecondsAfterFinished", json!(stamp.ttl_seconds_after_finished));
+        set(&["spec", "ttlSecondsAfterFinished"], json!(stamp.ttl_seconds_after_finished));
     }
     let labels = claim.metadata.labels.clone().unwrap_or_default();
     let wanted =
         [(LABEL_GROUP, spec.request.group.as_str()), (LABEL_SLOT, spec.slot_ref.name.as_str())];
     if claim.metadata.labels.is_none() {
         set(
-            "/metadata/labels",
+            &["metadata", "labels"],
             json!(wanted.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()),
         );
     } else {
         for (key, value) in wanted {
             if labels.get(key).map(String::as_str) != Some(value) {
-                set(
-                    &format!("/metadata/labels/{}", key.replace('~', "~0").replace('/', "~1")),
-                    json!(value),
-                );
+                set(&["metadata", "labels", key], json!(value));
             }
         }
     }

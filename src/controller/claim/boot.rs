@@ -17,7 +17,7 @@ use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
 use crate::controller::Context;
 use crate::controller::error::{Error, KubeContext, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 use crate::machine::TO_BE_DELETED_TAINT;
 use crate::phase::{self, Writer};
 
@@ -79,7 +79,7 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         finalizers.push(FINALIZER.into());
         let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": claim.metadata.resource_version } });
         claims
-            .patch(&name, &params(), &Patch::Merge(&patch))
+            .patch(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
             .await
             .during(|| format!("adding the finalizer to claim {name}"))?
     };
@@ -148,7 +148,7 @@ async fn clear_to_be_deleted_taint(ctx: &Context, node_name: &str) -> Result<()>
     let kept: Vec<_> = taints.into_iter().filter(|t| t.key != TO_BE_DELETED_TAINT).collect();
     let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
     Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
-        .patch(node_name, &params(), &Patch::Merge(&patch))
+        .patch(node_name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("removing {TO_BE_DELETED_TAINT} from node {node_name}"))?;
     Ok(())

@@ -10,8 +10,9 @@ use kube::runtime::events::EventType;
 use serde_json::{Map, Value, json};
 
 use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
-use crate::controller::{Context, params};
+use crate::field_manager::FieldManager;
 use crate::phase::{self, Move, Writer};
 use crate::telemetry;
 
@@ -137,7 +138,7 @@ pub async fn move_phase(ctx: &Context, claim: &NodeClaim, change: PhaseMove) -> 
         "status": status,
     });
     Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(&name, &params(), &Patch::Merge(&patch))
+        .patch_status(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("moving claim {name} {from:?} -> {:?}", change.to))?;
 
@@ -197,7 +198,7 @@ pub async fn patch_status(ctx: &Context, claim: &NodeClaim, fields: Value) -> Re
     let name = claim.metadata.name.clone().unwrap_or_default();
     let patch = json!({ "metadata": { "resourceVersion": claim.metadata.resource_version }, "status": fields });
     Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(&name, &params(), &Patch::Merge(&patch))
+        .patch_status(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("updating the status of claim {name}"))?;
     Ok(())

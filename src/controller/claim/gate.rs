@@ -18,7 +18,7 @@ use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs;
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::machine;
 use crate::phase::Writer;
@@ -167,7 +167,11 @@ pub async fn set_schedulable(ctx: &Context, node_name: &str) -> Result<()> {
         return Ok(());
     }
     Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
-        .patch(node_name, &params(), &Patch::Merge(&json!({ "spec": { "unschedulable": false } })))
+        .patch(
+            node_name,
+            &FieldManager::ClaimController.patch(),
+            &Patch::Merge(&json!({ "spec": { "unschedulable": false } })),
+        )
         .await
         .during(|| format!("uncordoning node {node_name}"))?;
     Ok(())

@@ -15,7 +15,7 @@ use super::expiry;
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 use crate::machine;
 use crate::phase::Writer;
 
@@ -60,7 +60,11 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
 /// Clears `spec.deadlineAt`: the boot is over. Only the operator may do this (admission).
 pub async fn clear_deadline(ctx: &Context, name: &str) -> Result<()> {
     Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch(name, &params(), &Patch::Merge(&json!({ "spec": { "deadlineAt": null } })))
+        .patch(
+            name,
+            &FieldManager::ClaimController.patch(),
+            &Patch::Merge(&json!({ "spec": { "deadlineAt": null } })),
+        )
         .await
         .during(|| format!("clearing the deadline of claim {name}"))?;
     Ok(())

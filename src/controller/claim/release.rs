@@ -15,7 +15,7 @@ use crate::api::{Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{DEFAULT_CLAIM_TTL_SECONDS, FINALIZER};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_not_found};
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 use crate::machine;
 use crate::phase::{self, Writer};
 
@@ -53,7 +53,7 @@ async fn remove_finalizer(ctx: &Context, claim: &NodeClaim) -> Result<()> {
         claim.metadata.finalizers.iter().flatten().filter(|f| *f != FINALIZER).cloned().collect();
     let patch = json!({ "metadata": { "finalizers": kept, "resourceVersion": claim.metadata.resource_version } });
     Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch(&name, &params(), &Patch::Merge(&patch))
+        .patch(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("removing the finalizer of claim {name}"))?;
     tracing::info!(claim = %name, "finalizer released");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Resource;
-use kube::api::{Api, Patch, PostParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -22,11 +22,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::error::{KubeContext, Result, is_already_exists};
-use super::{Context, GroupInputs, params};
+use super::{Context, GroupInputs};
 use crate::api::{
     ClaimCall, ClaimRequest, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim,
     NodeClaimSpec, SlotRef,
 };
+use crate::field_manager::{FieldManager, apply_status_of};
 use crate::{phase, telemetry};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
@@ -45,7 +46,7 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
     let previous = group.status.as_ref().and_then(|s| s.schedule.clone());
     if group.spec.schedules.is_empty() {
         if previous.is_some() {
-            write_status(&ctx, &name, serde_json::Value::Null).await?;
+            write_status(&ctx, &name, previous.as_ref(), None).await?;
         }
         return Ok(Action::await_change());
     }
@@ -94,7 +95,7 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
     for (claim, until) in &plan.extend {
         let patch = json!({ "spec": { "until": Time(*until) } });
         claims_api
-            .patch(claim, &params(), &Patch::Merge(&patch))
+            .patch(claim, &FieldManager::ScheduleController.patch(), &Patch::Merge(&patch))
             .await
             .during(|| format!("extending schedule claim {claim} to {until}"))?;
         tracing::info!(claim, %until, "schedule claim extended to the end of its opening");
@@ -147,7 +148,7 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
         });
     }
     if previous.as_ref() != Some(&status) {
-        write_status(&ctx, &name, merge_patch_of(previous.as_ref(), &status)?).await?;
+        write_status(&ctx, &name, previous.as_ref(), Some(&status)).await?;
     }
     Ok(Action::requeue(plan.requeue))
 }
@@ -189,7 +190,7 @@ async fn create(
         },
         status: None,
     };
-    match api.create(&PostParams::default(), &claim).await {
+    match api.create(&FieldManager::ScheduleController.post(), &claim).await {
         Ok(_) => {
             tracing::info!(claim = new.name, slot = new.slot, until = %new.until, "schedule claim created");
             Ok(())
@@ -199,61 +200,24 @@ async fn create(
     }
 }
 
-/// `status.schedule` as a merge patch from `previous`: a field the new status leaves out is sent
-/// as null, which is how a merge patch removes it (the SCHEDULE column empties when a window
-/// closes).
-fn merge_patch_of(
+/// Applies `status.schedule` (None: clears it, and the SCHEDULE column empties). The schedule
+/// controller owns only this field, so the group controller's and the scaler's stay; a member
+/// the new status lacks (a window closed: `active`, `until`) is cleared.
+async fn write_status(
+    ctx: &Context,
+    name: &str,
     previous: Option<&GroupScheduleStatus>,
-    status: &GroupScheduleStatus,
-) -> Result<serde_json::Value> {
-    let serialize = |s: &GroupScheduleStatus| {
-        serde_json::to_value(s)
+    schedule: Option<&GroupScheduleStatus>,
+) -> Result<()> {
+    let serialize = |value: Option<&GroupScheduleStatus>| {
+        serde_json::to_value(value)
             .map_err(|source| super::Error::Serialize { what: "the schedule status", source })
     };
-    let mut value = serialize(status)?;
-    if let (Some(previous), Some(fields)) = (previous, value.as_object_mut())
-        && let serde_json::Value::Object(old) = serialize(previous)?
-    {
-        for key in old.keys() {
-            fields.entry(key.clone()).or_insert(serde_json::Value::Null);
-        }
-    }
-    Ok(value)
-}
-
-/// Writes `status.schedule` alone (a merge patch leaves the group controller's fields be).
-async fn write_status(ctx: &Context, name: &str, schedule: serde_json::Value) -> Result<()> {
-    let patch = json!({ "status": { "schedule": schedule } });
-    Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(name, &params(), &Patch::Merge(&patch))
+    let previous = json!({ "schedule": serialize(previous)? });
+    let status = json!({ "schedule": serialize(schedule)? });
+    let groups = Api::<Group>::namespaced(ctx.client.clone(), &ctx.namespace);
+    apply_status_of(&groups, name, FieldManager::ScheduleController, Some(&previous), status)
         .await
         .during(|| format!("writing the schedule status of group {name}"))?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_field_the_new_status_drops_is_sent_as_null() {
-        let open = GroupScheduleStatus {
-            active: Some("daily 08:00-09:00 UTC".into()),
-            held: Some("1/1".into()),
-            next: Some(Time("2026-12-08T08:00:00Z".parse().unwrap())),
-            ..Default::default()
-        };
-        let closed = GroupScheduleStatus {
-            next: Some(Time("2026-12-08T08:00:00Z".parse().unwrap())),
-            ..Default::default()
-        };
-        assert_eq!(
-            merge_patch_of(Some(&open), &closed).unwrap(),
-            json!({ "active": null, "held": null, "next": "2026-12-08T08:00:00Z" })
-        );
-        assert_eq!(
-            merge_patch_of(None, &open).unwrap(),
-            json!({ "active": "daily 08:00-09:00 UTC", "held": "1/1", "next": "2026-12-08T08:00:00Z" })
-        );
-    }
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_not_found};
-use crate::controller::params;
+use crate::field_manager::FieldManager;
 use crate::machine;
 
 /// How long one eviction may take before it counts as refused.
@@ -29,7 +29,11 @@ pub async fn cordon(ctx: &Context, node: &CoreNode) -> Result<()> {
     }
     let name = node.metadata.name.clone().unwrap_or_default();
     Api::<CoreNode>::all(ctx.client.clone())
-        .patch(&name, &params(), &Patch::Merge(&json!({ "spec": { "unschedulable": true } })))
+        .patch(
+            &name,
+            &FieldManager::SlotController.patch(),
+            &Patch::Merge(&json!({ "spec": { "unschedulable": true } })),
+        )
         .await
         .during(|| format!("cordoning node {name}"))?;
     Ok(())

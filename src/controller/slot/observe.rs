@@ -8,13 +8,12 @@ use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
-use crate::controller::params;
+use crate::field_manager::{FieldManager, apply_status_of};
 use crate::machine;
 use crate::phase::{self, Observation, SlotReportInput};
 use crate::quantity;
@@ -23,7 +22,7 @@ use crate::quantity;
 pub async fn write_node(ctx: &Context, node: &CoreNode, patch: serde_json::Value) -> Result<()> {
     let node_name = node.metadata.name.clone().unwrap_or_default();
     Api::<CoreNode>::all(ctx.client.clone())
-        .patch(&node_name, &params(), &Patch::Merge(&patch))
+        .patch(&node_name, &FieldManager::SlotController.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("updating node {node_name} for its slot"))?;
     Ok(())
@@ -232,9 +231,13 @@ pub async fn write_status(
     if slot.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    let patch = json!({ "status": status });
-    Api::<Node>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(&slot_name, &params(), &Patch::Merge(&patch))
+    let serialize = |status: Option<&NodeStatus>| {
+        serde_json::to_value(status)
+            .map_err(|source| crate::controller::Error::Serialize { what: "a slot status", source })
+    };
+    let (previous, status) = (serialize(slot.status.as_ref())?, serialize(Some(&status))?);
+    let slots = Api::<Node>::namespaced(ctx.client.clone(), &ctx.namespace);
+    apply_status_of(&slots, &slot_name, FieldManager::SlotController, Some(&previous), status)
         .await
         .during(|| format!("writing the status of slot {slot_name}"))?;
     Ok(())
@@ -255,6 +258,7 @@ fn provider_id_mismatch(slot: &Node, registered: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_declared_provider_id_that_the_node_contradicts_says_what_to_use() {
