@@ -14,11 +14,11 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use homelab_autoscaler::api::{Group, Node as Slot, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::phase::{
-    Observation as Seen, SlotReportInput, Writer, check_move, derive_report,
+    MachineObservation as Seen, SlotReportInput, Writer, check_move, derive_report,
 };
 use homelab_autoscaler::provider::GroupSnapshot;
 use homelab_autoscaler::scaler::classify::{ClusterView, observe_group};
-use homelab_autoscaler::scaler::{Machine, Observation, Settings, State, decide, demand, target};
+use homelab_autoscaler::scaler::{Machine, PoolView, Settings, State, decide, demand, target};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use serde_json::json;
@@ -196,7 +196,7 @@ fn scaler(c: &mut Criterion) {
     });
     group.bench_function("classify + decide (one pass of one pool)", |b| {
         b.iter(|| {
-            let o: Observation = observe_group(black_box(&view), black_box(&snapshot));
+            let o: PoolView = observe_group(black_box(&view), black_box(&snapshot));
             decide(&o, &settings, &state, now)
         })
     });

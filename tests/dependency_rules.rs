@@ -187,3 +187,180 @@ fn the_pure_model_records_no_telemetry() {
         );
     }
 }
+
+/// Every `.rs` file under `src/<path>` (a directory, recursively, or one file), with the code it
+/// ships: the source before its `#[cfg(test)]` module, without comment lines.
+fn shipped_sources(path: &str) -> Vec<(String, String)> {
+    fn walk(path: &Path, out: &mut Vec<std::path::PathBuf>) {
+        if path.is_file() {
+            out.push(path.to_owned());
+            return;
+        }
+        let entries = std::fs::read_dir(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() || path.extension().is_some_and(|e| e == "rs") {
+                walk(&path, out);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root.join(path), &mut files);
+    assert!(!files.is_empty(), "src/{path} has no source");
+    files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let source = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+            let shipped: String = source
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let name = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+            (name, shipped)
+        })
+        .collect()
+}
+
+/// The files under each of `paths` whose shipped source contains any of `needles`, with the
+/// needle found.
+fn offenders(paths: &[&str], needles: &[&str]) -> Vec<String> {
+    paths
+        .iter()
+        .flat_map(|path| shipped_sources(path))
+        .filter_map(|(file, source)| {
+            needles.iter().find(|n| source.contains(**n)).map(|n| format!("src/{file}: {n}"))
+        })
+        .collect()
+}
+
+/// The pure model: decisions made on data alone, with table tests and no cluster.
+const PURE: &[&str] = &[
+    "phase",
+    "claim",
+    "schedule",
+    "machine.rs",
+    "job_outcome.rs",
+    "savings.rs",
+    "scaler/demand.rs",
+    "scaler/target.rs",
+    "scaler/decide.rs",
+    "scaler/pool_view.rs",
+    "controller/schedule/plan.rs",
+];
+
+#[test]
+fn the_api_types_import_nothing_else_of_this_crate() {
+    let found: Vec<String> = shipped_sources("api")
+        .into_iter()
+        .filter(|(_, source)| {
+            source.match_indices("crate::").any(|(at, _)| !source[at..].starts_with("crate::api"))
+        })
+        .map(|(file, _)| file)
+        .collect();
+    assert!(found.is_empty(), "src/api must import nothing else of this crate: {found:?}");
+}
+
+#[test]
+fn the_pure_model_performs_no_io_and_holds_no_client() {
+    let found = offenders(
+        PURE,
+        &[
+            ".await",
+            "kube::Client",
+            "Api<",
+            "tokio::",
+            "reqwest",
+            "std::fs",
+            "std::net",
+            "crate::controller::",
+            "crate::provider",
+            "crate::webhook",
+            "crate::operator",
+            "crate::grpc",
+            "crate::telemetry",
+        ],
+    );
+    assert!(found.is_empty(), "the pure model must not reach the world: {found:?}");
+}
+
+#[test]
+fn admission_only_reads_and_judges() {
+    let found = offenders(
+        &["webhook"],
+        &[".create(", ".patch(", ".patch_status(", ".replace(", ".delete(", "FieldManager"],
+    );
+    assert!(found.is_empty(), "admission writes nothing; it answers with a verdict: {found:?}");
+}
+
+#[test]
+fn the_grpc_layer_only_translates() {
+    let found = offenders(
+        &["grpc"],
+        &["crate::controller", "crate::scaler", "crate::webhook", "Api<", "kube::Client"],
+    );
+    assert!(
+        found.is_empty(),
+        "src/grpc carries provider calls over the wire and holds no rules or reads: {found:?}"
+    );
+}
+
+#[test]
+fn only_the_chokepoint_writes_a_claim_phase() {
+    let found: Vec<String> = offenders(&[""], &["\"phase\":"])
+        .into_iter()
+        .filter(|f| !f.starts_with("src/controller/claim/chokepoint.rs"))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "a claim's phase is written only by src/controller/claim/chokepoint.rs: {found:?}"
+    );
+}
+
+#[test]
+fn each_writer_writes_under_its_own_field_manager_from_its_own_module() {
+    // Which field manager each part of the operator may write under: `managedFields` then
+    // names the part of the code that set a field.
+    let owners: &[(&str, &[&str])] = &[
+        ("ClaimController", &["controller/claim/"]),
+        ("SlotController", &["controller/slot/"]),
+        ("GroupController", &["controller/group.rs"]),
+        ("ScheduleController", &["controller/schedule/"]),
+        ("Scaler", &["scaler/"]),
+        ("Provider", &["provider/"]),
+        ("Cli", &["pin_cli.rs", "power/"]),
+        ("Simulator", &["simulator/"]),
+        ("Certificates", &["tls/", "operator/"]),
+    ];
+    let mut misplaced = Vec::new();
+    for (file, source) in shipped_sources("") {
+        if file == "field_manager.rs" {
+            continue;
+        }
+        for (writer, places) in owners {
+            let used = source.match_indices(&format!("FieldManager::{writer}")).any(|(at, n)| {
+                let rest = &source[at + n.len()..];
+                !rest.starts_with(|c: char| c.is_alphanumeric())
+            });
+            if used && !places.iter().any(|p| file.starts_with(p)) {
+                misplaced.push(format!("src/{file} writes as {writer}"));
+            }
+        }
+    }
+    assert!(misplaced.is_empty(), "{misplaced:?}");
+}
+
+#[test]
+fn metric_names_live_in_the_telemetry_module() {
+    let found: Vec<String> = offenders(&[""], &["\"homelab_autoscaler_"])
+        .into_iter()
+        .filter(|f| !f.starts_with("src/telemetry/"))
+        .collect();
+    assert!(found.is_empty(), "name metrics in src/telemetry/metrics.rs: {found:?}");
+}

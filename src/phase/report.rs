@@ -5,7 +5,7 @@ use crate::api::{NodeClaimPhase, SlotPhase};
 
 /// What the operator observes of a slot's machine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Observation {
+pub struct MachineObservation {
     /// The machine is up: its node exists, is Ready and its kubelet is alive.
     pub powered_on: bool,
     /// The node is Ready, schedulable and free of the pool's readiness taints.
@@ -21,7 +21,7 @@ pub struct SlotReportInput {
     pub live_claim: Option<Option<NodeClaimPhase>>,
     /// The live claim is marked for scale-down.
     pub marked: bool,
-    pub observed: Observation,
+    pub observed: MachineObservation,
 }
 
 /// Derives the report. Precedence: a shutdown in flight, then an unwanted machine that is up,
@@ -53,8 +53,8 @@ mod tests {
     use super::*;
     use NodeClaimPhase::*;
 
-    fn obs(on: bool, usable: bool, job: bool) -> Observation {
-        Observation { powered_on: on, usable, shutdown_job_in_flight: job }
+    fn obs(on: bool, usable: bool, job: bool) -> MachineObservation {
+        MachineObservation { powered_on: on, usable, shutdown_job_in_flight: job }
     }
 
     #[test]

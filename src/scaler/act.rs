@@ -5,7 +5,7 @@
 
 use super::decide::{Action, Decision};
 use super::error::ScalerError;
-use super::observation::Machine;
+use super::pool_view::Machine;
 use crate::provider::{Caller, NodeRef, Provider, ProviderError};
 
 /// What a decision did, for the pass's log line.

@@ -1,4 +1,4 @@
-//! From one pass's listings to one pool's [`Observation`]. Pure (no client): the lists are taken
+//! From one pass's listings to one pool's [`PoolView`]. Pure (no client): the lists are taken
 //! by `observe`, the pool's slots and claims come from the provider's snapshot.
 //!
 //! A pod is *work* unless it is finished, being deleted, a DaemonSet's (it runs wherever a
@@ -22,8 +22,8 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::observation::{Machine, Observation, Workload};
 use super::placement::{NodeShape, Template, admits, shape_of, takes_pods};
+use super::pool_view::{Machine, PoolView, Workload};
 use crate::api::{LABEL_LIFECYCLE, LABEL_MANAGED_BY, NodeClaimPhase};
 use crate::phase;
 use crate::provider::{GroupSnapshot, SlotState, provider_id_of};
@@ -45,7 +45,7 @@ pub struct ClusterView {
 type WorkloadKey = (&'static str, String, String);
 
 /// One pool's observation.
-pub fn observe_group(view: &ClusterView, snapshot: &GroupSnapshot) -> Observation {
+pub fn observe_group(view: &ClusterView, snapshot: &GroupSnapshot) -> PoolView {
     let group = snapshot.name();
     let templates: Vec<Template> =
         snapshot.slots.iter().map(|s| Template::of_slot(&s.slot, group)).collect();
@@ -97,7 +97,7 @@ pub fn observe_group(view: &ClusterView, snapshot: &GroupSnapshot) -> Observatio
     let machine_nodes: HashSet<&str> = machines.iter().map(|m| m.node.as_str()).collect();
     let draining_pods =
         held.iter().filter(|(node, _)| !machine_nodes.contains(**node)).map(|(_, n)| *n).sum();
-    Observation {
+    PoolView {
         pending_pods: pending,
         draining_pods,
         workloads,

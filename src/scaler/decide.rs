@@ -26,7 +26,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 
 use super::demand::{demand, intent};
-use super::observation::{Machine, Observation};
+use super::pool_view::{Machine, PoolView};
 use super::target::{Limits, floor, target};
 use crate::api::GroupSpec;
 
@@ -121,7 +121,7 @@ pub struct Outcome {
 }
 
 /// Decides for one pool.
-pub fn decide(o: &Observation, settings: &Settings, state: &State, now: Timestamp) -> Outcome {
+pub fn decide(o: &PoolView, settings: &Settings, state: &State, now: Timestamp) -> Outcome {
     let demand = demand(o);
     let work = intent(o);
     let target = target(demand, &settings.limits);
@@ -170,7 +170,7 @@ fn idle_clocks(machines: &[Machine], state: &State, now: Timestamp) -> BTreeMap<
 }
 
 fn provision(
-    o: &Observation,
+    o: &PoolView,
     settings: &Settings,
     demand: i32,
     target: i32,
@@ -202,7 +202,7 @@ fn provision(
 }
 
 fn teardown(
-    o: &Observation,
+    o: &PoolView,
     settings: &Settings,
     next: &State,
     goal: i32,
@@ -242,7 +242,7 @@ fn teardown(
 }
 
 fn scale_in(
-    o: &Observation,
+    o: &PoolView,
     settings: &Settings,
     next: &State,
     demand: i32,
@@ -285,7 +285,7 @@ fn scale_in(
 }
 
 /// The clause a reason adds when pinned machines were kept.
-fn kept_pinned(o: &Observation) -> String {
+fn kept_pinned(o: &PoolView) -> String {
     let pinned: Vec<&str> =
         o.machines.iter().filter(|m| m.pinned).map(|m| m.slot.as_str()).collect();
     if pinned.is_empty() {
@@ -346,9 +346,9 @@ mod tests {
         Machine { pinned: true, ..machine(slot, true, held, claimed_secs_ago) }
     }
 
-    fn obs(pending: i32, machines: Vec<Machine>) -> Observation {
+    fn obs(pending: i32, machines: Vec<Machine>) -> PoolView {
         let free = 10 - super::super::saturating_i32(machines.len());
-        Observation { pending_pods: pending, machines, free_slots: free, ..Default::default() }
+        PoolView { pending_pods: pending, machines, free_slots: free, ..Default::default() }
     }
 
     fn idle(slot: &str, secs_ago: i64) -> State {
@@ -369,7 +369,7 @@ mod tests {
         let one = settings(1, 8, 0);
         let a = || machine("a", true, 0, 600);
         // name, observation, state, action, target
-        let table: Vec<(&str, Observation, State, Action, i32)> = vec![
+        let table: Vec<(&str, PoolView, State, Action, i32)> = vec![
             (
                 "work and no machine: provision one",
                 obs(1, vec![]),
@@ -494,7 +494,7 @@ mod tests {
             machine("new", true, 0, 100),
             machine("booting", false, 0, 10),
         ];
-        let o = Observation { machines: machines.clone(), free_slots: 6, ..Default::default() };
+        let o = PoolView { machines: machines.clone(), free_slots: 6, ..Default::default() };
         assert_eq!(demand(&o), 9);
 
         let fresh = decide(&o, &s, &State::default(), now());
@@ -521,7 +521,7 @@ mod tests {
 
         // The next pass, with the released machine gone: one per hold.
         let after: Vec<Machine> = machines.iter().filter(|m| m.slot != "new").cloned().collect();
-        let o2 = Observation { machines: after, free_slots: 7, ..Default::default() };
+        let o2 = PoolView { machines: after, free_slots: 7, ..Default::default() };
         let soon = now().checked_add(SignedDuration::from_secs(10)).unwrap();
         let out2 = decide(&o2, &s, &out.next, soon);
         assert_eq!(out2.decision.action, Action::None);
@@ -630,7 +630,7 @@ mod tests {
     fn a_pinned_machine_serves_and_counts_but_is_never_released() {
         // name, settings, observation, state, expected action, reason must contain
         let s = settings(3, 1, 0);
-        let table: Vec<(&str, Settings, Observation, State, Action, &str)> = vec![
+        let table: Vec<(&str, Settings, PoolView, State, Action, &str)> = vec![
             (
                 "no work past the hold, only a pin: nothing, and the reason says why",
                 s,

@@ -7,11 +7,11 @@
 //! pass saw, and a workload adds only its replicas that have no pod yet. A Deployment of N
 //! replicas with N pods counts N.
 
-use super::observation::Observation;
+use super::pool_view::PoolView;
 
 /// The pod work that needs this pool: pending pods, pods on its machines (and on machines being
 /// released), and workload replicas that have no pod yet. Never negative.
-pub fn demand(o: &Observation) -> i32 {
+pub fn demand(o: &PoolView) -> i32 {
     let held: i32 = o.machines.iter().map(|m| m.held.max(0)).fold(0, i32::saturating_add);
     let missing: i32 = o.workloads.iter().map(|w| w.missing()).fold(0, i32::saturating_add);
     o.pending_pods
@@ -22,13 +22,13 @@ pub fn demand(o: &Observation) -> i32 {
 }
 
 /// Whether any work needs the pool.
-pub fn intent(o: &Observation) -> bool {
+pub fn intent(o: &PoolView) -> bool {
     demand(o) > 0
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::observation::{Machine, Workload};
+    use super::super::pool_view::{Machine, Workload};
     use super::*;
 
     fn machine(slot: &str, held: i32) -> Machine {
@@ -49,79 +49,61 @@ mod tests {
 
     /// Every fixture: its name, the observation, the demand it must report, and whether there is
     /// work by a reading independent of `demand` (any pod, held pod or podless replica).
-    fn fixtures() -> Vec<(&'static str, Observation, i32, bool)> {
+    fn fixtures() -> Vec<(&'static str, PoolView, i32, bool)> {
         vec![
-            ("an empty pool", Observation::default(), 0, false),
-            ("one pending pod", Observation { pending_pods: 1, ..Default::default() }, 1, true),
+            ("an empty pool", PoolView::default(), 0, false),
+            ("one pending pod", PoolView { pending_pods: 1, ..Default::default() }, 1, true),
             (
                 "idle machines are no work",
-                Observation {
-                    machines: vec![machine("a", 0), machine("b", 0)],
-                    ..Default::default()
-                },
+                PoolView { machines: vec![machine("a", 0), machine("b", 0)], ..Default::default() },
                 0,
                 false,
             ),
             (
                 "pods on the machines are work",
-                Observation {
-                    machines: vec![machine("a", 2), machine("b", 1)],
-                    ..Default::default()
-                },
+                PoolView { machines: vec![machine("a", 2), machine("b", 1)], ..Default::default() },
                 3,
                 true,
             ),
             (
                 "pods on a machine being released are work",
-                Observation { draining_pods: 2, ..Default::default() },
+                PoolView { draining_pods: 2, ..Default::default() },
                 2,
                 true,
             ),
             (
                 "a Deployment of 2 whose 2 pods are pending counts 2, not 4 (not counted twice)",
-                Observation {
-                    pending_pods: 2,
-                    workloads: vec![workload(2, 2)],
-                    ..Default::default()
-                },
+                PoolView { pending_pods: 2, workloads: vec![workload(2, 2)], ..Default::default() },
                 2,
                 true,
             ),
             (
                 "a Deployment of 3 with one pod so far counts its podless replicas",
-                Observation {
-                    pending_pods: 1,
-                    workloads: vec![workload(3, 1)],
-                    ..Default::default()
-                },
+                PoolView { pending_pods: 1, workloads: vec![workload(3, 1)], ..Default::default() },
                 3,
                 true,
             ),
             (
                 "a Deployment whose pods all run elsewhere adds nothing",
-                Observation { workloads: vec![workload(2, 2)], ..Default::default() },
+                PoolView { workloads: vec![workload(2, 2)], ..Default::default() },
                 0,
                 false,
             ),
             (
                 "a rollout's surge (more pods than replicas) never counts negative",
-                Observation {
-                    pending_pods: 1,
-                    workloads: vec![workload(2, 3)],
-                    ..Default::default()
-                },
+                PoolView { pending_pods: 1, workloads: vec![workload(2, 3)], ..Default::default() },
                 1,
                 true,
             ),
             (
                 "a Deployment scaled to zero",
-                Observation { workloads: vec![workload(0, 0)], ..Default::default() },
+                PoolView { workloads: vec![workload(0, 0)], ..Default::default() },
                 0,
                 false,
             ),
             (
                 "everything at once",
-                Observation {
+                PoolView {
                     pending_pods: 4,
                     draining_pods: 1,
                     workloads: vec![workload(5, 2)],
@@ -152,7 +134,7 @@ mod tests {
 
     #[test]
     fn nonsense_counts_read_as_zero_never_negative() {
-        let o = Observation {
+        let o = PoolView {
             pending_pods: -3,
             draining_pods: -1,
             machines: vec![machine("a", -2)],

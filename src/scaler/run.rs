@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use super::decide::{Action, Settings, State, decide};
 use super::error::ScalerError;
-use super::{act, classify, observe, status};
+use super::{act, classify, list_cluster, status};
 use crate::api::ScalingDriver;
 use crate::claim::Timeouts;
 use crate::provider::{GroupSnapshot, Provider, ProviderConfig};
@@ -146,7 +146,7 @@ impl Scaler {
         if snapshots.is_empty() {
             return Ok(());
         }
-        let view = observe::list_cluster(&self.client).await?;
+        let view = list_cluster::list_cluster(&self.client).await?;
         for snapshot in &snapshots {
             let span = tracing::info_span!("group", group = snapshot.name());
             if let Err(error) = self.decide_for(&view, snapshot).instrument(span).await {

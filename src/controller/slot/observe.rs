@@ -15,7 +15,7 @@ use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::machine;
-use crate::phase::{self, Observation, SlotReportInput};
+use crate::phase::{self, MachineObservation, SlotReportInput};
 use crate::quantity;
 
 /// Writes what the slot side wants of its node (see `node_sync`) as one merge patch.
@@ -121,7 +121,7 @@ pub async fn write_status(
     let claims = ctx.claims_of_slot(&slot_name);
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
     let shutdown_in_flight = ctx.shutdown_in_flight(&slot_name);
-    let observed = Observation {
+    let observed = MachineObservation {
         powered_on: machine::powered_on(node),
         usable: machine::usable(node, &gate),
         shutdown_job_in_flight: shutdown_in_flight,

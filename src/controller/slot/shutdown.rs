@@ -28,7 +28,7 @@ const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why the machine is being powered off, and the claim (if any) the shutdown is counted on.
 #[derive(Debug, PartialEq)]
-pub enum Verdict<'a> {
+pub enum MachineFate<'a> {
     /// Keep the machine: a claim wants it, or a committed boot is still running.
     Keep,
     /// Power it off, counting on this claim (None: nothing asked for it).
@@ -36,23 +36,23 @@ pub enum Verdict<'a> {
 }
 
 /// Decides whether the slot's machine should be powered off. Pure.
-pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> Verdict<'a> {
+pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> MachineFate<'a> {
     let live = |c: &&&NodeClaim| phase::is_live(Some(phase::of(c)));
     if claims.iter().filter(live).any(|c| !phase::is_marked(c)) {
-        return Verdict::Keep;
+        return MachineFate::Keep;
     }
     // A marked booting claim runs to ready or failed before its machine is reversed.
     if claims.iter().filter(live).any(|c| phase::of(c) == NodeClaimPhase::Booting) {
-        return Verdict::Keep;
+        return MachineFate::Keep;
     }
     let marked_ready =
         newest(claims.iter().copied().filter(|c| phase::of(c) == NodeClaimPhase::Ready));
     let owed = newest(claims.iter().copied().filter(|c| awaits_forced_shutdown(c)));
     if let Some(claim) = marked_ready.or(owed) {
-        return Verdict::PowerOff { claim: Some(claim) };
+        return MachineFate::PowerOff { claim: Some(claim) };
     }
     if !powered_on {
-        return Verdict::Keep;
+        return MachineFate::Keep;
     }
     // Up and unwanted: count on the newest terminal claim that still holds its finalizer.
     let holding = newest(
@@ -61,7 +61,7 @@ pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> Verdict<'a> {
             .copied()
             .filter(|c| phase::is_terminal(Some(phase::of(c))) && c.metadata.finalizers.is_some()),
     );
-    Verdict::PowerOff { claim: holding }
+    MachineFate::PowerOff { claim: holding }
 }
 
 /// When the last shutdown attempt ended, for the settle wait before another one: the newest of
@@ -90,7 +90,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
     let owned = ctx.claims_of_slot(&slot_name);
     let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
     let on = machine::powered_on(node);
-    let Verdict::PowerOff { claim } = decide(&claims, on) else {
+    let MachineFate::PowerOff { claim } = decide(&claims, on) else {
         return Ok(Action::await_change());
     };
 
@@ -289,26 +289,34 @@ mod tests {
         let mut failed_shut = failed.clone();
         failed_shut.status.as_mut().unwrap().shutdown_attempts = Some(1);
 
-        assert_eq!(decide(&[], false), Verdict::Keep, "nothing asked, nothing up");
-        assert_eq!(decide(&[], true), Verdict::PowerOff { claim: None }, "up with no claim");
-        assert_eq!(decide(&[&ready], true), Verdict::Keep, "wanted");
-        assert_eq!(decide(&[&booting], false), Verdict::Keep, "a boot in flight");
+        assert_eq!(decide(&[], false), MachineFate::Keep, "nothing asked, nothing up");
+        assert_eq!(decide(&[], true), MachineFate::PowerOff { claim: None }, "up with no claim");
+        assert_eq!(decide(&[&ready], true), MachineFate::Keep, "wanted");
+        assert_eq!(decide(&[&booting], false), MachineFate::Keep, "a boot in flight");
         assert_eq!(
             decide(&[&booting_marked], true),
-            Verdict::Keep,
+            MachineFate::Keep,
             "a marked boot runs to its end first"
         );
         assert_eq!(
             decide(&[&ready_marked], true),
-            Verdict::PowerOff { claim: Some(&ready_marked) }
+            MachineFate::PowerOff { claim: Some(&ready_marked) }
         );
         assert_eq!(
             decide(&[&failed], false),
-            Verdict::PowerOff { claim: Some(&failed) },
+            MachineFate::PowerOff { claim: Some(&failed) },
             "forced, whatever is observed"
         );
-        assert_eq!(decide(&[&failed_shut], false), Verdict::Keep, "forced shutdown already fired");
-        assert_eq!(decide(&[&failed_shut, &ready], true), Verdict::Keep, "a newer claim wants it");
+        assert_eq!(
+            decide(&[&failed_shut], false),
+            MachineFate::Keep,
+            "forced shutdown already fired"
+        );
+        assert_eq!(
+            decide(&[&failed_shut, &ready], true),
+            MachineFate::Keep,
+            "a newer claim wants it"
+        );
     }
 
     /// The race behind a claim that got two shutdown Jobs for one power-off: the slot's previous

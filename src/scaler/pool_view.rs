@@ -1,12 +1,12 @@
 //! What one pass of the scaler sees of one pool, reduced to counts. Pure data: the Kubernetes
-//! objects are read and classified elsewhere (`observe`, `classify`); the model below decides on
+//! objects are read and classified elsewhere (`list_cluster`, `classify`); the model below decides on
 //! this alone, so its tables need no cluster.
 
 use jiff::Timestamp;
 
 /// One pool's share of the cluster at one instant.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Observation {
+pub struct PoolView {
     /// Unbound pods that need this pool and cannot be placed on any node outside it: one pod of
     /// work each.
     pub pending_pods: i32,
