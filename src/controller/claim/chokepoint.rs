@@ -193,12 +193,18 @@ pub async fn move_phase(ctx: &Context, claim: &NodeClaim, change: PhaseMove) -> 
     Ok(true)
 }
 
-/// Writes other status fields of a claim (no phase move), with the same concurrency guard.
-pub async fn patch_status(ctx: &Context, claim: &NodeClaim, fields: Value) -> Result<()> {
+/// Writes other status fields of a claim (no phase move), with the same concurrency guard, as
+/// `writer` (the slot controller writes its shutdown counters here too).
+pub async fn patch_status(
+    ctx: &Context,
+    claim: &NodeClaim,
+    writer: FieldManager,
+    fields: Value,
+) -> Result<()> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let patch = json!({ "metadata": { "resourceVersion": claim.metadata.resource_version }, "status": fields });
     Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
+        .patch_status(&name, &writer.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("updating the status of claim {name}"))?;
     Ok(())

@@ -22,6 +22,7 @@ use crate::controller::error::{Error, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::machine;
+use crate::field_manager::FieldManager;
 use crate::phase;
 
 const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -240,6 +241,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         chokepoint::patch_status(
             ctx,
             claim,
+            FieldManager::SlotController,
             json!({ "shutdownAttempts": attempt, "shutdownJobs": sequence, "lastShutdownAttemptAt": Time(now) }),
         )
         .await?;
