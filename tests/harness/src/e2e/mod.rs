@@ -24,7 +24,6 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::{Components, ControlPlane, Plane, eventually};
@@ -163,20 +162,8 @@ fn log_dir() -> Result<PathBuf> {
 /// The status code and body of `GET path` from a plain-HTTP endpoint (an operator's or
 /// cluster-autoscaler's admin port, Prometheus).
 pub async fn http_answer(addr: &str, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response.lines().next().unwrap_or_default();
-    let code = status
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("GET {path}: no status in {status:?}"))?;
-    Ok((
-        code,
-        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default(),
-    ))
+    let answer = crate::http::get(addr, path).await?;
+    Ok((answer.status, answer.body))
 }
 
 /// The body of `GET path` from a plain-HTTP endpoint, or an error unless it answers 200.
