@@ -10,7 +10,10 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::{ACT, NAMESPACE, World};
-use crate::eventually;
+
+/// How long a settled scale-up must stay as it is: two passes of the built-in scaler (10 s).
+const SETTLED: Duration = Duration::from_secs(25);
+use crate::{eventually, stays};
 
 impl World {
     /// Scenario: a Deployment of `replicas` pods that fit only the pool scales it up, and scaling
@@ -46,13 +49,18 @@ impl World {
         let t = Instant::now();
         let claims = self.claims();
         let want = usize::try_from(replicas)?;
-        eventually("claims for every pending pod", ACT, || async {
-            let n = claims.list(&ListParams::default()).await?.items.len();
-            ensure!(n >= want, "{n} claims");
+        // The ledger holds every claim ever made (a released one is deleted from the API).
+        let ledger = self.ledger.clone();
+        let made = || {
+            let ledger = ledger.lock().map(|l| l.clone()).unwrap_or_default();
+            ledger.values().filter(|c| c.spec.request.group == "workers").count()
+        };
+        eventually("a claim for every pending pod", ACT, || async {
+            ensure!(made() >= want, "{} claims, want {want}", made());
             Ok(())
         })
         .await?;
-        self.note(format!("the built-in scaler created {want} claims"), t);
+        self.note(format!("the built-in scaler created {} claims", made()), t);
 
         let t = Instant::now();
         eventually("every claim ready", ACT, || async {
@@ -66,6 +74,15 @@ impl World {
         })
         .await?;
         self.note(format!("{want} machines booted, passed the readiness gate, claims ready"), t);
+
+        let t = Instant::now();
+        // Every pod has its machine: no later pass of the scaler may add a claim.
+        stays(&format!("exactly {want} claims"), SETTLED, || async {
+            ensure!(made() == want, "{} claims were made for {want} pods", made());
+            Ok(())
+        })
+        .await?;
+        self.note(format!("exactly {want} claims, and still {want} {SETTLED:?} later"), t);
 
         let t = Instant::now();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
