@@ -250,18 +250,7 @@ async fn cluster_autoscaler_leaves_a_scheduled_machine_on_until_the_window_ends(
                 Ok(())
             })
             .await?;
-            let node = Api::<CoreNode>::all(world.client.clone()).get("mini-2").await?;
-            let annotations = node.metadata.annotations.unwrap_or_default();
-            ensure!(
-                annotations
-                    .get("cluster-autoscaler.kubernetes.io/scale-down-disabled")
-                    .map(String::as_str)
-                    == Some("true"),
-                "the scheduled machine's node carries scale-down-disabled: {annotations:?}"
-            );
-            let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
-            ensure!(scaled_down == 0.0, "cluster-autoscaler scaled {scaled_down} node(s) down");
-            Ok(())
+            world.autoscaler_left_on(&ca, "mini-2").await
         })
         .await?;
         let said: Vec<String> =

@@ -315,7 +315,7 @@ impl AutoscalerStatus {
 }
 
 /// Adds up every sample of `name` in a Prometheus text exposition.
-pub(crate) fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
+pub fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

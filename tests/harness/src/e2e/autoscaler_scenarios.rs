@@ -16,6 +16,8 @@ use serde_json::json;
 use super::{Autoscaler, NAMESPACE, World};
 use crate::eventually;
 
+/// The annotation that keeps cluster-autoscaler from scaling a node down.
+const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
 /// Long enough for cluster-autoscaler's loop (2 s), a simulated boot and the gate.
 const ACT: Duration = Duration::from_secs(150);
 
@@ -286,239 +288,6 @@ impl World {
         Ok(())
     }
 
-    /// Scenario 2: the machine cluster-autoscaler's scale-up lands on never boots. The claim
-    /// fails, cluster-autoscaler sees the instance error and backs the group off, acknowledges
-    /// the failed instance with DeleteNodes, and the pod ends up on another slot.
-    pub async fn autoscaler_backs_off_a_machine_that_never_boots(
-        &mut self,
-        ca: &Autoscaler,
-    ) -> Result<()> {
-        let t = Instant::now();
-        self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        self.annotate_slot(
-            "mini-1",
-            homelab_autoscaler::simulator::BEHAVIOUR_ANNOTATION,
-            "never-boots",
-        )
-        .await?;
-        self.deploy(&Workload::on_group("solo", "workers", 1, "3")).await?;
-        self.note("pool applied, mini-1 plays a machine that never boots; 1 pod pending", t);
-
-        let t = Instant::now();
-        let failed = eventually("the claim on mini-1 failed", ACT, || async {
-            let claims = self.claims_seen("workers");
-            let failed = claims
-                .iter()
-                .find(|c| c.spec.slot_ref.name == "mini-1" && phase(c) == NodeClaimPhase::Failed)
-                .cloned();
-            failed.with_context(|| format!("not yet:\n{}", describe(&claims)))
-        })
-        .await?;
-        let reason = failed.status.as_ref().and_then(|s| s.reason.clone()).unwrap_or_default();
-        ensure!(
-            ["NodeNotRegistered", "DeadlineExceeded"].contains(&reason.as_str()),
-            "the claim failed for the machine's sake, not {reason}"
-        );
-        self.note(format!("the claim on mini-1 failed: {reason}"), t);
-
-        let t = Instant::now();
-        eventually("cluster-autoscaler backs the group off", ACT, || async {
-            let log = ca.log();
-            ensure!(
-                log.contains("Disabling scale-up for node group workers"),
-                "no backoff in CA's log yet"
-            );
-            Ok(())
-        })
-        .await?;
-        let failures = ca.metric("cluster_autoscaler_failed_scale_ups_total").await?;
-        ensure!(failures >= 1.0, "CA counts {failures} failed scale-ups");
-        self.note(
-            format!("cluster-autoscaler backed group workers off ({failures} failed scale-up)"),
-            t,
-        );
-
-        let t = Instant::now();
-        let nodes = self.pods_running("solo", 1, ACT).await?;
-        ensure!(nodes != ["mini-1"], "the pod runs on {nodes:?}");
-        let claims = self.claims_seen("workers");
-        let acknowledged = claims
-            .iter()
-            .filter(|c| c.spec.slot_ref.name == "mini-1")
-            .all(|c| c.status.as_ref().is_some_and(|s| s.failure_acknowledged_at.is_some()));
-        ensure!(
-            acknowledged,
-            "CA's DeleteNodes acknowledged the failed instance:\n{}",
-            describe(&claims)
-        );
-        ensure!(
-            claims.len() == 2
-                && claims.iter().all(|c| c.spec.request.call == ClaimCall::IncreaseSize),
-            "one failed claim and one that booted:\n{}",
-            describe(&claims)
-        );
-        self.note(
-            format!(
-                "after the backoff the pod runs on {nodes:?}; the failed instance was acknowledged"
-            ),
-            t,
-        );
-        Ok(())
-    }
-
-    /// Scenario 3: every machine's kubelet reports NotReady for `not_ready_for` after it
-    /// registers. cluster-autoscaler counts the registered nodes as not started (its startup
-    /// taint, and its own 15 m startup time since GetOptions is unanswered), so it boots no more
-    /// machines than the pods need.
-    pub async fn autoscaler_waits_for_slow_registration(
-        &mut self,
-        ca: &Autoscaler,
-        not_ready_for: &str,
-    ) -> Result<()> {
-        let t = Instant::now();
-        self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        self.slow_kubelets(&["mini-1", "mini-2", "mini-3"], not_ready_for).await?;
-        self.deploy(&Workload::on_group("slow", "workers", 2, "3")).await?;
-        self.note(
-            format!("pool applied, every kubelet NotReady for {not_ready_for}; 2 pods pending"),
-            t,
-        );
-
-        let t = Instant::now();
-        let client = self.client.clone();
-        eventually("CA counts both registered machines as not started", ACT, || async {
-            let status = Autoscaler::status(&client).await?;
-            let workers = status.group("workers").context("workers not in CA's status yet")?;
-            let counts = &workers.health.node_counts.registered;
-            ensure!(counts.not_started == 2, "CA's status: {counts:?}");
-            Ok(())
-        })
-        .await?;
-        self.note(
-            "cluster-autoscaler's status ConfigMap counts both NotReady machines as not started",
-            t,
-        );
-
-        let t = Instant::now();
-        let nodes = self.pods_running("slow", 2, Duration::from_secs(240)).await?;
-        self.settled_without_double_boot(ca, "workers", 2).await?;
-        self.note(format!("2 pods Running on {nodes:?} with exactly 2 claims"), t);
-        Ok(())
-    }
-
-    /// Scenario 4: two groups at zero; only the big machine's template fits the pod (CPU and
-    /// nodeSelector), so cluster-autoscaler scales that group from zero.
-    pub async fn autoscaler_scales_from_zero_by_template(&mut self, ca: &Autoscaler) -> Result<()> {
-        let t = Instant::now();
-        self.apply_example("pools-by-size.yaml").await?;
-        let workload = Workload {
-            name: "bigjob".into(),
-            replicas: 1,
-            cpu: "8".into(),
-            node_selector: BTreeMap::from([("homelab.demo/size".to_string(), "big".to_string())]),
-        };
-        self.deploy(&workload).await?;
-        self.note("groups `minis` (4 CPUs) and `bigs` (32 CPUs, size=big) at zero; a pod asks 8 CPUs on size=big", t);
-
-        let t = Instant::now();
-        let nodes = self.pods_running("bigjob", 1, ACT).await?;
-        self.quiet_loops(ca, 3).await?;
-        ensure!(nodes == ["big-1"], "the pod runs on {nodes:?}");
-        ensure!(
-            self.claims_seen("minis").is_empty(),
-            "no small machine booted:\n{}",
-            describe(&self.claims_seen("minis"))
-        );
-        let claims = self.claims_made_by_increase_size("bigs", 1)?;
-        ensure!(claims[0].spec.slot_ref.name == "big-1", "{}", describe(&claims));
-        self.note("cluster-autoscaler picked group bigs by its template; big-1 booted", t);
-        Ok(())
-    }
-
-    /// Scenario 5: cluster-autoscaler is killed and restarted while its scale-up boots. Every
-    /// claim goes on to ready and no machine is booted twice.
-    pub async fn autoscaler_restarts_mid_scale_up(&mut self, ca: &mut Autoscaler) -> Result<()> {
-        let t = Instant::now();
-        self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        // Kubelets that take 20 s to turn Ready keep the boots in flight across the restart.
-        self.slow_kubelets(&["mini-1", "mini-2", "mini-3"], "20s").await?;
-        self.deploy(&Workload::on_group("web", "workers", 2, "3")).await?;
-        eventually("cluster-autoscaler's claims", ACT, || async {
-            let claims = self.claims_seen("workers");
-            ensure!(claims.len() == 2, "{} claims", claims.len());
-            ensure!(claims.iter().all(|c| phase(c) != NodeClaimPhase::Ready), "already ready");
-            Ok(())
-        })
-        .await?;
-        ca.restart().await?;
-        let claims = self.claims_seen("workers");
-        ensure!(
-            claims.iter().all(|c| phase(c) != NodeClaimPhase::Ready),
-            "the restart did not land mid-boot:\n{}",
-            describe(&claims)
-        );
-        self.note("cluster-autoscaler asked for 2 machines and was killed and restarted while they booted", t);
-
-        let t = Instant::now();
-        let nodes = self.pods_running("web", 2, ACT).await?;
-        self.settled_without_double_boot(ca, "workers", 2).await?;
-        self.note(format!("2 pods Running on {nodes:?}, exactly 2 claims, all ready"), t);
-        Ok(())
-    }
-
-    /// Scenario 6: a machine a person started with a Manual claim on a cluster-autoscaler group
-    /// outlives cluster-autoscaler's unneeded time, and goes off once the claim is deleted.
-    pub async fn autoscaler_leaves_a_manual_machine_on(
-        &mut self,
-        ca: &Autoscaler,
-        unneeded: Duration,
-    ) -> Result<()> {
-        let t = Instant::now();
-        self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        let name = self.create_manual_claim().await?;
-        let claims = self.claims();
-        eventually("the manual claim ready", ACT, || async {
-            let claim = claims.get(&name).await?;
-            ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", phase(&claim));
-            Ok(())
-        })
-        .await?;
-        self.note(format!("a person started mini-1 with claim {name}"), t);
-
-        let t = Instant::now();
-        // Well past the unneeded time: CA would have scaled an unprotected idle node down.
-        let loops = u32::try_from(unneeded.as_secs() / 2 * 3)?.max(10);
-        self.quiet_loops(ca, loops).await?;
-        let claim = claims.get(&name).await?;
-        ensure!(
-            phase(&claim) == NodeClaimPhase::Ready,
-            "the manual claim is still ready: {:?}",
-            phase(&claim)
-        );
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
-        let node = nodes.get("mini-1").await.context("mini-1 is still up")?;
-        let annotations = node.metadata.annotations.unwrap_or_default();
-        ensure!(
-            annotations
-                .get("cluster-autoscaler.kubernetes.io/scale-down-disabled")
-                .map(String::as_str)
-                == Some("true"),
-            "the node carries scale-down-disabled: {annotations:?}"
-        );
-        let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
-        ensure!(scaled_down == 0.0, "CA scaled {scaled_down} nodes down");
-        self.note(
-            format!("{loops} loops of cluster-autoscaler later mini-1 is still on, untouched"),
-            t,
-        );
-
-        let t = Instant::now();
-        self.kubectl(&["delete", "nodeclaim", "-n", NAMESPACE, &name, "--wait=false"]).await?;
-        self.pool_at_zero("workers", ACT).await?;
-        self.note("deleted the claim: mini-1 drained and powered off", t);
-        Ok(())
-    }
-
     /// Splits the time from the first pod's creation to the last pod Running into
     /// cluster-autoscaler's decision (until its first claim), the simulated machine (startup Job
     /// done → node registered, plus the simulator's gate delay, on the slowest claim) and the
@@ -575,6 +344,22 @@ impl World {
             boot,
             overhead: total.saturating_sub(decision + boot),
         })
+    }
+
+    /// cluster-autoscaler leaves `node` on: the operator marked it `scale-down-disabled` (a
+    /// machine a person or a schedule wants), and cluster-autoscaler has scaled no node down.
+    /// Called once a test has waited past cluster-autoscaler's unneeded time.
+    pub async fn autoscaler_left_on(&self, ca: &Autoscaler, node: &str) -> Result<()> {
+        let nodes: Api<CoreNode> = Api::all(self.client.clone());
+        let found = nodes.get(node).await.with_context(|| format!("{node} is still up"))?;
+        let annotations = found.metadata.annotations.unwrap_or_default();
+        ensure!(
+            annotations.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true"),
+            "{node} carries {SCALE_DOWN_DISABLED}: {annotations:?}"
+        );
+        let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
+        ensure!(scaled_down == 0.0, "cluster-autoscaler scaled {scaled_down} node(s) down");
+        Ok(())
     }
 
     /// Waits until cluster-autoscaler has run `loops` more loops (its last-activity metric

@@ -31,10 +31,8 @@ use crate::{Components, ControlPlane, Plane, eventually};
 pub mod autoscaler;
 mod autoscaler_scenarios;
 pub mod prometheus;
-mod real_machines;
-pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
-pub use autoscaler_scenarios::Workload;
-pub use real_machines::REAL_MACHINE_SLOTS;
+pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint, sum_samples};
+pub use autoscaler_scenarios::{Workload, describe, released_by_autoscaler};
 
 /// Every claim the World has seen, by name, as last seen (deleted ones stay).
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;
@@ -207,12 +205,12 @@ fn spawn_as(
 }
 
 impl World {
-    fn note(&mut self, what: impl Into<String>, since: Instant) {
+    pub fn note(&mut self, what: impl Into<String>, since: Instant) {
         self.record(what, since.elapsed());
     }
 
     /// A step whose duration was measured elsewhere.
-    fn record(&mut self, what: impl Into<String>, took: Duration) {
+    pub fn record(&mut self, what: impl Into<String>, took: Duration) {
         let step = Step { what: what.into(), took };
         if self.narrate {
             println!(
@@ -577,7 +575,7 @@ impl World {
             .await
     }
 
-    fn claims(&self) -> Api<NodeClaim> {
+    pub fn claims(&self) -> Api<NodeClaim> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
@@ -605,7 +603,7 @@ impl World {
         Ok(present)
     }
 
-    async fn kubectl(&self, args: &[&str]) -> Result<String> {
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
         let out = self.plane.kubectl(args).await?;
         ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
