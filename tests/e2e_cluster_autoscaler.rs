@@ -13,7 +13,7 @@ use homelab_harness::e2e::{
     Autoscaler, AutoscalerSettings, NAMESPACE, Workload, World, describe, operator_binary,
     released_by_autoscaler, sum_samples,
 };
-use homelab_harness::{Components, ControlPlane, eventually};
+use homelab_harness::{Components, ControlPlane, eventually, stays};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use kube::api::{Api, ListParams, PostParams};
@@ -341,14 +341,7 @@ async fn pinned_machine_outlives_autoscaler_scale_down(
     ca: &Autoscaler,
     unneeded: Duration,
 ) -> anyhow::Result<()> {
-    use anyhow::{Context, ensure};
-    use homelab_autoscaler::api::{ClaimCall, NodeClaimPhase};
-    use homelab_harness::e2e::{NAMESPACE, Workload};
-    use homelab_harness::{eventually, stays};
-
-    let live = |c: &homelab_autoscaler::api::NodeClaim| {
-        homelab_autoscaler::phase::is_live(Some(homelab_autoscaler::phase::of(c)))
-    };
+    let live = |c: &NodeClaim| homelab_autoscaler::phase::is_live(Some(phase(c)));
     world.apply_example("pool-cluster-autoscaler.yaml").await?;
     world.deploy(&Workload::on_group("web", "workers", 2, "3")).await?;
     let ran_on = world.pods_running("web", 2, ACT).await?;
@@ -366,8 +359,8 @@ async fn pinned_machine_outlives_autoscaler_scale_down(
         let claim = claims.iter().find(|c| c.metadata.name.as_deref() == Some(pin.as_str()));
         let claim = claim.context("the pin exists")?;
         ensure!(claim.spec.request.call == ClaimCall::Manual, "{:?}", claim.spec.request.call);
-        let phase = homelab_autoscaler::phase::of(claim);
-        ensure!(phase == NodeClaimPhase::Ready, "pin {pin} is {phase:?}");
+        let now = phase(claim);
+        ensure!(now == NodeClaimPhase::Ready, "pin {pin} is {now:?}");
         let nodes = world.nodes_of_group("workers").await?;
         ensure!(nodes.iter().any(|n| n == free), "{free} is gone; Nodes {nodes:?}");
         anyhow::Ok(())

@@ -10,7 +10,6 @@ use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{ClaimCall, Group, NodeClaim, NodeClaimPhase};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World};
 use homelab_harness::eventually;
-use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, ListParams};
 
 /// Long enough for a simulated boot, the readiness gate, a drain and a shutdown Job.

@@ -29,10 +29,10 @@ use tokio::process::{Child, Command};
 use crate::{Components, ControlPlane, Plane, eventually};
 
 pub mod autoscaler;
-mod autoscaler_scenarios;
+mod autoscaler_steps;
 pub mod prometheus;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint, sum_samples};
-pub use autoscaler_scenarios::{Workload, describe, released_by_autoscaler};
+pub use autoscaler_steps::{Workload, describe, released_by_autoscaler};
 
 /// Every claim the World has seen, by name, as last seen (deleted ones stay).
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;

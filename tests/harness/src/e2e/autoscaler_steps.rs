@@ -1,10 +1,11 @@
-//! Scenarios with the real cluster-autoscaler driving the pool, shared by the test suite
-//! (tests/e2e_cluster_autoscaler.rs asserts them) and `make demo` (which narrates the first).
-//! Each checks what cluster-autoscaler did (its metrics, its status ConfigMap, the requests on
-//! the claims it caused), not only our side.
+//! The steps a World takes with the real cluster-autoscaler driving the pool: apply a pool,
+//! deploy a workload and wait for its pods, count the claims cluster-autoscaler made (from the
+//! World's ledger), wait for its loops. The suites' scenarios are built from them, in the test
+//! files; what cluster-autoscaler did is read from its metrics, its status ConfigMap and the
+//! requests on the claims it caused, not only from our side.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{ClaimCall, NodeClaim, NodeClaimPhase};
@@ -14,12 +15,11 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::{Autoscaler, NAMESPACE, World};
+use crate::claims::phase;
 use crate::eventually;
 
 /// The annotation that keeps cluster-autoscaler from scaling a node down.
 const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
-/// Long enough for cluster-autoscaler's loop (2 s), a simulated boot and the gate.
-const ACT: Duration = Duration::from_secs(150);
 
 /// A workload: `replicas` pods that only `group` can run, each asking `cpu`.
 #[derive(Clone, Debug)]
@@ -42,10 +42,6 @@ impl Workload {
             )]),
         }
     }
-}
-
-fn phase(claim: &NodeClaim) -> NodeClaimPhase {
-    homelab_autoscaler::phase::of(claim)
 }
 
 fn is_live(claim: &NodeClaim) -> bool {
@@ -177,88 +173,6 @@ impl World {
             claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
             "every claim ready:\n{}",
             describe(&claims)
-        );
-        Ok(())
-    }
-
-    /// Scenario 1: `replicas` pods that need one machine each scale the pool 0 → N through
-    /// cluster-autoscaler, exactly N claims, and back to 0 through its scale-down.
-    pub async fn autoscaler_scale_up_and_down(
-        &mut self,
-        ca: &Autoscaler,
-        replicas: i32,
-    ) -> Result<()> {
-        let t = Instant::now();
-        self.apply_example("pool-cluster-autoscaler.yaml").await?;
-        self.note(
-            "applied examples/pool-cluster-autoscaler.yaml: group `workers`, slots mini-1..3",
-            t,
-        );
-
-        let t = Instant::now();
-        let want = usize::try_from(replicas)?;
-        self.deploy(&Workload::on_group("web", "workers", replicas, "3")).await?;
-        self.note(format!("created Deployment web: {replicas} pods of 3 CPUs, one per machine"), t);
-
-        let t = Instant::now();
-        let nodes = self.pods_running("web", want, ACT).await.with_context(|| ca.log_tail(40))?;
-        self.note(
-            format!("cluster-autoscaler scaled the pool up; {want} pods Running on {nodes:?}"),
-            t,
-        );
-        let split = self.scale_up_breakdown("web", "workers").await?;
-        self.record(format!(
-            "pod pending → Running, {:.0}s: cluster-autoscaler's decision {:.0}s, simulated boot {:.0}s, our control plane {:.0}s (1 s resolution)",
-            split.total.as_secs_f64(),
-            split.decision.as_secs_f64(),
-            split.boot.as_secs_f64(),
-            split.overhead.as_secs_f64()
-        ), split.total);
-
-        let t = Instant::now();
-        self.settled_without_double_boot(ca, "workers", want).await?;
-        let status = Autoscaler::status(&self.client).await?;
-        let workers = status.group("workers").context("workers in CA's status")?;
-        ensure!(
-            workers.health.cloud_provider_target == i64::from(replicas)
-                && workers.health.node_counts.registered.ready == i64::from(replicas),
-            "CA's status ConfigMap: target {} and {} ready, want {replicas}",
-            workers.health.cloud_provider_target,
-            workers.health.node_counts.registered.ready
-        );
-        let scaled_up = ca.metric("cluster_autoscaler_scaled_up_nodes_total").await?;
-        ensure!(
-            scaled_up == f64::from(replicas),
-            "CA counts {scaled_up} nodes scaled up, want {replicas}"
-        );
-        self.note(
-            format!(
-                "exactly {want} claims, all from IncreaseSize; CA counted {scaled_up} nodes up"
-            ),
-            t,
-        );
-
-        let t = Instant::now();
-        self.scale("web", 0).await?;
-        self.pool_at_zero("workers", Duration::from_secs(240))
-            .await
-            .with_context(|| ca.log_tail(40))?;
-        let claims = self.claims_made_by_increase_size("workers", want)?;
-        ensure!(
-            claims
-                .iter()
-                .all(|c| phase(c) == NodeClaimPhase::Completed && released_by_autoscaler(c)),
-            "every claim completed by cluster-autoscaler's DeleteNodes:\n{}",
-            describe(&claims)
-        );
-        let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
-        ensure!(
-            scaled_down == f64::from(replicas),
-            "CA counts {scaled_down} nodes scaled down, want {replicas}"
-        );
-        self.note(
-            "scaled web to 0: CA's scale-down → DeleteNodes → drained, powered off, pool at 0",
-            t,
         );
         Ok(())
     }
