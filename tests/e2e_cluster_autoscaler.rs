@@ -57,7 +57,7 @@ async fn backs_off_a_machine_that_never_boots_and_places_the_pod_elsewhere() {
     .await;
 }
 
-/// Scenario 2: the machine cluster-autoscaler's scale-up lands on never boots. The claim
+/// The machine cluster-autoscaler's scale-up lands on never boots. The claim
 /// fails, cluster-autoscaler sees the instance error and backs the group off, acknowledges
 /// the failed instance with DeleteNodes, and the pod ends up on another slot.
 async fn autoscaler_backs_off_a_machine_that_never_boots(
@@ -141,7 +141,7 @@ async fn boots_no_second_machine_while_registration_is_slow() {
     .await;
 }
 
-/// Scenario 3: every machine's kubelet reports NotReady for `not_ready_for` after it
+/// Every machine's kubelet reports NotReady for `not_ready_for` after it
 /// registers. cluster-autoscaler counts the registered nodes as not started (its startup
 /// taint, and its own 15 m startup time since GetOptions is unanswered), so it boots no more
 /// machines than the pods need.
@@ -189,7 +189,7 @@ async fn scales_from_zero_the_group_whose_template_fits() {
     .await;
 }
 
-/// Scenario 4: two groups at zero; only the big machine's template fits the pod (CPU and
+/// Two groups at zero; only the big machine's template fits the pod (CPU and
 /// nodeSelector), so cluster-autoscaler scales that group from zero.
 async fn autoscaler_scales_from_zero_by_template(world: &mut World, ca: &Autoscaler) -> Result<()> {
     let t = Instant::now();
@@ -226,7 +226,7 @@ async fn a_restart_in_the_middle_of_a_scale_up_loses_and_doubles_nothing() {
     .await;
 }
 
-/// Scenario 5: cluster-autoscaler is killed and restarted while its scale-up boots. Every
+/// Cluster-autoscaler is killed and restarted while its scale-up boots. Every
 /// claim goes on to ready and no machine is booted twice.
 async fn autoscaler_restarts_mid_scale_up(world: &mut World, ca: &mut Autoscaler) -> Result<()> {
     let t = Instant::now();
@@ -270,7 +270,7 @@ async fn a_machine_started_by_hand_stays_on_past_the_unneeded_time() {
     .await;
 }
 
-/// Scenario 6: a machine a person started with a Manual claim on a cluster-autoscaler group
+/// A machine a person started with a Manual claim on a cluster-autoscaler group
 /// outlives cluster-autoscaler's unneeded time, and goes off once the claim is deleted.
 async fn autoscaler_leaves_a_manual_machine_on(
     world: &mut World,
@@ -519,7 +519,7 @@ async fn installed_over_machines_that_are_already_off() {
     }
 }
 
-/// Scenario: the operator is installed over four machines that joined the cluster long ago
+/// The operator is installed over four machines that joined the cluster long ago
 /// and are off now (their Nodes Unknown), beside a Ready node outside the pool. Their
 /// Nodes are removed, and cluster-autoscaler, started then, is never unhealthy and boots
 /// exactly one machine for each of two pods.
@@ -555,7 +555,7 @@ async fn the_second_boot_of_the_same_machine_is_upcoming_again() {
     .await;
 }
 
-/// Scenario: the same machine boots, goes off and boots again, its kubelet NotReady for a
+/// The same machine boots, goes off and boots again, its kubelet NotReady for a
 /// while after registering. cluster-autoscaler (its startup time cut to 45 s, shorter than
 /// a round) counts the rebooting node as not started both times, and each round takes
 /// exactly one claim.
@@ -628,7 +628,7 @@ async fn k3s_provider_ids_need_no_configuration() {
     .await;
 }
 
-/// Scenario: k3s machines write `k3s://<name>` on their Nodes and the slots declare nothing.
+/// K3s machines write `k3s://<name>` on their Nodes and the slots declare nothing.
 /// Instances follow the Nodes' providerIDs, so cluster-autoscaler (its provision time cut
 /// to `provision_time`) never takes a serving machine for an unregistered one.
 async fn autoscaler_on_k3s_provider_ids(
@@ -693,7 +693,7 @@ async fn a_restart_while_machines_are_off_deletes_nothing() {
     .await;
 }
 
-/// Scenario: cluster-autoscaler restarts (as after a certificate renewal) while the pool's
+/// Cluster-autoscaler restarts (as after a certificate renewal) while the pool's
 /// machines are off. It calls no DeleteNodes for them, logs nothing about unregistered or
 /// unready nodes, and the next scale-up is exact.
 async fn autoscaler_restarted_while_machines_are_off(
@@ -739,7 +739,7 @@ async fn a_statefulset_pod_of_a_machine_gone_is_recreated_elsewhere() {
     .await;
 }
 
-/// Scenario: the machine a StatefulSet's pod runs on crashes (its kubelet stops). The claim
+/// The machine a StatefulSet's pod runs on crashes (its kubelet stops). The claim
 /// fails MachineGone (or cluster-autoscaler releases it), the machine's Node is removed, and
 /// the pod is recreated and runs on a fresh Node (a pod bound to a Node that exists is never
 /// replaced). The fresh Node may be the same machine booted again: it costs the same as the
@@ -826,7 +826,7 @@ async fn declared_labels_come_back_at_every_boot() {
     .await;
 }
 
-/// Scenario: a pod selects a label that only the slots declare (no kubelet registers it).
+/// A pod selects a label that only the slots declare (no kubelet registers it).
 /// It runs on the machine after its first and after its second boot, one claim each: the
 /// operator writes the label onto every fresh Node.
 async fn autoscaler_declared_labels_come_back(world: &mut World, ca: &Autoscaler) -> Result<()> {
