@@ -5,7 +5,7 @@ CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
 
-.PHONY: test demo bench manifests lint image reliability-long
+.PHONY: test test-fast demo bench manifests lint image reliability-long
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## and the power drivers against real protocol peers (installed by install-power-peers.sh).
@@ -15,6 +15,13 @@ test:
 	tests/harness/build-binaries.sh e2e
 	tests/harness/install-power-peers.sh
 	tests/harness/run-tests.sh $(ONLY)
+
+## test-fast: the library's unit and table tests and every suite that needs no control plane;
+## nothing in Go is built or started (HOMELAB_TEST_NO_CONTROL_PLANE makes a suite that asks for
+## one fail at once). The list is docs/testing.md's "fast" tier.
+FAST_SUITES = dependency_rules docs_match_code fuzz_admission fuzz_parsing grpc_tls proto_conformance reliability_security
+test-fast:
+	HOMELAB_TEST_NO_CONTROL_PLANE=1 cargo test --locked --lib $(addprefix --test ,$(FAST_SUITES))
 
 ## demo: a local pool of simulated machines scaling up and down, under the real
 ## cluster-autoscaler and then the built-in scaler. DRIVER=cluster-autoscaler|builtin picks one;

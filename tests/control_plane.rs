@@ -115,7 +115,8 @@ async fn crds_serve_the_api_types_and_enforce_their_schema() {
 
     // The removed spec.powerState stays in the schema, with any value (v1alpha1 manifests wrote
     // a bare `on`, a YAML boolean), so the apiserver neither prunes it nor rejects its type: it
-    // reaches the validating webhook, which refuses it with an explanation (tests/webhooks.rs).
+    // reaches the validating webhook, which refuses it with an explanation
+    // (tests/webhooks_power_state.rs).
     // With no webhook registered here, it is stored as written.
     let mut powered = sample().slot;
     powered.metadata.name = Some("machine-2".into());

@@ -2,19 +2,23 @@
 //! controller-manager (Jobs, garbage collection), scheduler, and kwok playing the machines
 //! through the project's own simulator. Each test runs the controllers for its own namespace.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
+use futures::StreamExt;
 use homelab_autoscaler::api::{
     Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
 use homelab_autoscaler::claim::FINALIZER;
 use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
-use homelab_harness::lab::{Lab, With, timeouts};
+use homelab_harness::claims::{phase, provider_claim_for, reason};
+use homelab_harness::lab::{Lab, With};
 use homelab_harness::{KWOK_NODE_ANNOTATION, eventually};
 use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 /// How long a test waits for the controllers to act: long enough for three shutdown attempts,
@@ -96,31 +100,18 @@ impl LabSteps for Lab {
         deadline_in: Option<Duration>,
         ttl: i32,
     ) -> NodeClaim {
-        let slot_obj = self.slots().get(slot).await.expect("slot");
-        let now = jiff::Timestamp::now();
-        let deadline = match deadline_in {
-            Some(d) => {
-                now.checked_add(jiff::SignedDuration::try_from(d).expect("duration")).expect("time")
-            }
-            None => timeouts().deadline_at(now, None),
-        };
-        let claim: NodeClaim = serde_json::from_value(json!({
-            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
-            "metadata": {
-                "name": name,
-                "ownerReferences": [{
-                    "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node", "name": slot,
-                    "uid": slot_obj.metadata.uid, "controller": true,
-                }],
-            },
-            "spec": {
-                "slotRef": { "name": slot },
-                "request": { "call": "IncreaseSize", "delta": 1, "group": "pool" },
-                "requestedAt": Time(now), "requestedBy": "test", "attempt": 1,
-                "deadlineAt": Time(deadline), "ttlSecondsAfterFinished": ttl,
-            },
-        }))
-        .expect("claim");
+        let mut claim =
+            provider_claim_for(name, slot, &self.slots(), &self.groups(), self.timeouts, "test")
+                .await
+                .expect("the provider's claim");
+        if let Some(d) = deadline_in {
+            let now = jiff::Timestamp::now();
+            let deadline = now
+                .checked_add(jiff::SignedDuration::try_from(d).expect("duration"))
+                .expect("time");
+            claim.spec.deadline_at = Some(Time(deadline));
+        }
+        claim.spec.ttl_seconds_after_finished = Some(ttl);
         self.claims().create(&PostParams::default(), &claim).await.expect("create claim")
     }
 
@@ -198,14 +189,6 @@ impl LabSteps for Lab {
     }
 }
 
-fn phase(claim: &NodeClaim) -> Option<NodeClaimPhase> {
-    claim.status.as_ref().and_then(|s| s.phase)
-}
-
-fn reason(claim: &NodeClaim) -> Option<String> {
-    claim.status.as_ref().and_then(|s| s.reason.clone())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
     let lab = Lab::start("ctl-happy", With::Controllers).await;
@@ -214,7 +197,7 @@ async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
 
     let booting = lab
         .claim_until("c1", "booting", |c| {
-            phase(c) == Some(NodeClaimPhase::Booting) || phase(c) == Some(NodeClaimPhase::Ready)
+            phase(c) == NodeClaimPhase::Booting || phase(c) == NodeClaimPhase::Ready
         })
         .await;
     assert!(
@@ -234,7 +217,7 @@ async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
 
     let ready = lab
         .claim_until("c1", "ready", |c| {
-            phase(c) == Some(NodeClaimPhase::Ready) && c.spec.deadline_at.is_none()
+            phase(c) == NodeClaimPhase::Ready && c.spec.deadline_at.is_none()
         })
         .await;
     let status = ready.status.clone().expect("status");
@@ -289,8 +272,7 @@ async fn an_overdue_boot_fails_and_its_machine_is_forced_off() {
     let slot = lab.pool(&[("m1", Some("never-boots"))]).await.remove(0);
     // A deadline shorter than the registration wait: the deadline is what ends this attempt.
     lab.claim("c1", &slot, Some(Duration::from_secs(4))).await;
-    let failed =
-        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    let failed = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert_eq!(reason(&failed).as_deref(), Some("DeadlineExceeded"));
     // The forced shutdown fires although no machine is observed, then the finalizer comes off.
     let released = lab
@@ -303,13 +285,44 @@ async fn an_overdue_boot_fails_and_its_machine_is_forced_off() {
     assert!(lab.event_reasons("c1").await.iter().any(|r| r == "ClaimFailed"));
 }
 
+/// Every value of `spec.unschedulable` node `name` takes, in order, from a watch started now
+/// (a node that does not exist yet is picked up when it registers).
+fn record_cordons(lab: &Lab, name: &str) -> Arc<Mutex<Vec<bool>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(lab.nodes(), config).applied_objects().boxed();
+    tokio::spawn(async move {
+        while let Some(Ok(node)) = events.next().await {
+            let cordoned = node.spec.and_then(|s| s.unschedulable).unwrap_or(false);
+            let mut seen = record.lock().expect("the cordon record");
+            if seen.last() != Some(&cordoned) {
+                seen.push(cordoned);
+            }
+        }
+    });
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
     let lab = Lab::start("ctl-gate", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("never-clears-gate"))]).await.remove(0);
+    let cordons = record_cordons(&lab, &slot);
     lab.claim("c1", &slot, None).await;
-    let failed =
-        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    // The machine is cordoned while its gate is pending (by hand, or by a kubelet registered
+    // unschedulable); the gate is the writer that lifts the cordon, also when it gives up.
+    let nodes = lab.nodes();
+    eventually("the machine's node to register", ACT, || async {
+        nodes.get(&slot).await.context("no node yet")?;
+        Ok(())
+    })
+    .await
+    .expect("the node registers");
+    let cordon = Patch::Merge(json!({ "spec": { "unschedulable": true } }));
+    nodes.patch(&slot, &PatchParams::default(), &cordon).await.expect("cordon the node");
+
+    let failed = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert_eq!(reason(&failed).as_deref(), Some("ReadinessGateTimeout"));
     assert!(
         failed
@@ -317,6 +330,15 @@ async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
             .and_then(|s| s.message)
             .is_some_and(|m| m.contains("bootstrap.test/not-ready"))
     );
+    // The cordon is lifted before the claim fails; the watch may trail the claim by a moment.
+    eventually("the node to be uncordoned after the cordon", Duration::from_secs(10), || async {
+        let seen = cordons.lock().expect("the cordon record").clone();
+        let cordoned_at = seen.iter().position(|c| *c).context("the cordon was never seen")?;
+        ensure!(seen[cordoned_at..].contains(&false), "still cordoned: {seen:?}");
+        Ok(())
+    })
+    .await
+    .expect("a gate that gives up uncordons the node");
     // The machine is powered off by the forced shutdown (the operator deletes its node once off).
     lab.node_gone(&slot).await;
 }
@@ -337,10 +359,10 @@ async fn the_newer_of_two_live_claims_on_one_slot_is_superseded() {
     .expect("time passes");
     lab.claim("c2", &slot, None).await;
     let superseded =
-        lab.claim_until("c2", "superseded", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+        lab.claim_until("c2", "superseded", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert_eq!(reason(&superseded).as_deref(), Some("Superseded"));
     assert!(superseded.status.and_then(|s| s.boot_committed_at).is_none(), "it never booted");
-    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     assert!(lab.event_reasons("c2").await.iter().any(|r| r == "ClaimSuperseded"));
 }
 
@@ -349,13 +371,13 @@ async fn a_ready_machine_that_disappears_fails_machine_gone_after_the_grace() {
     let lab = Lab::start("ctl-gone", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     lab.nodes().delete(&slot, &DeleteParams::default()).await.expect("delete node");
     lab.claim_until("c1", "machine observed off", |c| {
         c.status.as_ref().is_some_and(|s| s.machine_observed_off.is_some())
     })
     .await;
-    let gone = lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    let gone = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert_eq!(reason(&gone).as_deref(), Some("MachineGone"));
 }
 
@@ -383,7 +405,7 @@ async fn a_deleted_slot_releases_its_claim() {
     let lab = Lab::start("ctl-slotgone", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     lab.slots().delete(&slot, &DeleteParams::default()).await.expect("delete slot");
     // Garbage collection deletes the claim; the claim controller releases its finalizer after a
     // fresh read confirms the slot is gone, so nothing is left stuck in Terminating.
@@ -395,8 +417,7 @@ async fn a_finished_claim_is_collected_after_its_ttl() {
     let lab = Lab::start("ctl-ttl", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("never-boots"))]).await.remove(0);
     lab.claim_with_ttl("c1", &slot, Some(Duration::from_secs(3)), 1).await;
-    let failed =
-        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    let failed = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert!(
         failed.status.and_then(|s| s.finished_at).is_some(),
         "a terminal claim carries its end"
@@ -427,12 +448,12 @@ async fn of_many_claims_raced_onto_one_slot_exactly_one_boots() {
     for name in &names {
         let settled = lab
             .claim_until(name, "ready or superseded", |c| {
-                phase(c) == Some(NodeClaimPhase::Ready)
-                    || (phase(c) == Some(NodeClaimPhase::Failed)
+                phase(c) == NodeClaimPhase::Ready
+                    || (phase(c) == NodeClaimPhase::Failed
                         && reason(c).as_deref() == Some("Superseded"))
             })
             .await;
-        if phase(&settled) == Some(NodeClaimPhase::Ready) {
+        if phase(&settled) == NodeClaimPhase::Ready {
             ready.push(name.clone());
         }
     }
@@ -446,7 +467,7 @@ async fn a_boot_finished_while_the_operator_was_down_is_picked_up_from_its_job()
     let lab = Lab::start("ctl-restart", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "booting", |c| phase(c) == Some(NodeClaimPhase::Booting)).await;
+    lab.claim_until("c1", "booting", |c| phase(c) == NodeClaimPhase::Booting).await;
     lab.stop_controllers();
     // While nothing watches, the startup Job completes and the machine registers and clears
     // its bootstrap taint (the simulator keeps running).
@@ -460,10 +481,10 @@ async fn a_boot_finished_while_the_operator_was_down_is_picked_up_from_its_job()
     .await
     .expect("machine up");
     let claim = lab.claims().get("c1").await.expect("claim");
-    assert_eq!(phase(&claim), Some(NodeClaimPhase::Booting), "nothing moved it while down");
+    assert_eq!(phase(&claim), NodeClaimPhase::Booting, "nothing moved it while down");
     lab.start_controllers().await;
     let ready = lab
-        .claim_until("c1", "ready after the restart", |c| phase(c) == Some(NodeClaimPhase::Ready))
+        .claim_until("c1", "ready after the restart", |c| phase(c) == NodeClaimPhase::Ready)
         .await;
     assert_eq!(ready.status.and_then(|s| s.attempt), Some(1), "the same attempt, not a new boot");
     let startup_jobs = lab.lifecycle_jobs("startup").await.expect("jobs");
@@ -481,8 +502,7 @@ async fn a_startup_job_that_fails_fails_the_claim() {
         .await
         .expect("patch slot");
     lab.claim("c1", &slot, None).await;
-    let failed =
-        lab.claim_until("c1", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    let failed = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert_eq!(reason(&failed).as_deref(), Some("StartupJobFailed"));
 }
 
@@ -491,7 +511,7 @@ async fn shutdowns_that_do_not_land_are_bounded_and_paused() {
     let lab = Lab::start("ctl-noshut", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("ignores-shutdown"))]).await.remove(0);
     lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     lab.scale_down("c1").await;
     let paused = lab
         .claim_until("c1", "three shutdown attempts", |c| {
@@ -534,7 +554,7 @@ async fn declared_capacity_that_the_node_contradicts_is_reported() {
         .await
         .expect("capacity");
     lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     let condition = |s: &homelab_autoscaler::api::Node| {
         s.status
             .as_ref()
@@ -565,7 +585,7 @@ async fn a_drain_honours_a_disruption_budget_for_a_bounded_time() {
     let lab = Lab::start("ctl-pdb", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     let pod: Pod = serde_json::from_value(json!({
         "metadata": { "name": "precious", "labels": { "app": "precious" } },
         "spec": { "nodeName": slot, "containers": [{ "name": "c", "image": "registry.invalid/app:1" }] },
@@ -654,8 +674,7 @@ async fn a_booting_machine_carries_the_autoscaler_startup_taint_until_its_gate_p
         !homelab_harness::is_ready(n) && has_taint(n, STARTUP_TAINT)
     })
     .await;
-    let ready =
-        lab.claim_until("c-slow", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+    let ready = lab.claim_until("c-slow", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     assert!(ready.status.and_then(|s| s.ready_at).is_some());
     node_until(&lab, &slots[0], "the startup taint gone once the claim is ready", |n| {
         homelab_harness::is_ready(n) && !has_taint(n, STARTUP_TAINT)
@@ -667,7 +686,7 @@ async fn a_booting_machine_carries_the_autoscaler_startup_taint_until_its_gate_p
         has_taint(n, STARTUP_TAINT) && has_taint(n, "bootstrap.test/not-ready")
     })
     .await;
-    lab.claim_until("c-stuck", "failed", |c| phase(c) == Some(NodeClaimPhase::Failed)).await;
+    lab.claim_until("c-stuck", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     let nodes = lab.nodes();
     eventually("the stuck machine's startup taint removed or its node gone", ACT, || async {
         let node = nodes.get_opt(&slots[1]).await?;
@@ -697,7 +716,7 @@ async fn a_machine_started_by_hand_is_protected_from_autoscaler_scale_down() {
     lab.claims().create(&PostParams::default(), &manual).await.expect("manual claim");
 
     for claim in ["c-hand", "c-ca"] {
-        lab.claim_until(claim, "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await;
+        lab.claim_until(claim, "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     }
     node_until(&lab, &slots[0], "scale-down disabled for the manual claim", |n| {
         let a = n.metadata.annotations.clone().unwrap_or_default();

@@ -37,6 +37,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
             "--workspace",
             "--lib",
             "--no-run",
+            "--nocapture",
             "--release",
             "--target",
         ],

@@ -3,12 +3,24 @@
 //! cluster-autoscaler 1.36.1 as processes, each scenario on a control plane of its own.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::{Context as _, Result, ensure};
+use homelab_autoscaler::api::{ClaimCall, Node as Slot, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::simulator::kubelet::DISTRIBUTION_ANNOTATION;
+use homelab_harness::claims::phase;
 use homelab_harness::e2e::{
-    Autoscaler, AutoscalerSettings, REAL_MACHINE_SLOTS, World, operator_binary,
+    Autoscaler, AutoscalerSettings, NAMESPACE, Workload, World, describe, operator_binary,
+    released_by_autoscaler, sum_samples,
 };
-use homelab_harness::{Components, ControlPlane};
+use homelab_harness::{Components, ControlPlane, eventually, stays};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+/// Long enough for cluster-autoscaler's loop (2 s), a simulated boot and the gate.
+const ACT: Duration = Duration::from_secs(150);
 
 /// Runs `scenario` against a fresh World and cluster-autoscaler; on failure, prints both logs.
 async fn with_autoscaler<F>(settings: AutoscalerSettings, scenario: F)
@@ -40,33 +52,212 @@ async fn scales_the_pool_up_and_down_without_a_double_boot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backs_off_a_machine_that_never_boots_and_places_the_pod_elsewhere() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_backs_off_a_machine_that_never_boots(ca).await
+        autoscaler_backs_off_a_machine_that_never_boots(world, ca).await
     })
     .await;
+}
+
+/// The machine cluster-autoscaler's scale-up lands on never boots. The claim
+/// fails, cluster-autoscaler sees the instance error and backs the group off, acknowledges
+/// the failed instance with DeleteNodes, and the pod ends up on another slot.
+async fn autoscaler_backs_off_a_machine_that_never_boots(
+    world: &mut World,
+    ca: &Autoscaler,
+) -> Result<()> {
+    let t = Instant::now();
+    world.apply_example("pool-cluster-autoscaler.yaml").await?;
+    world
+        .annotate_slot("mini-1", homelab_autoscaler::simulator::BEHAVIOUR_ANNOTATION, "never-boots")
+        .await?;
+    world.deploy(&Workload::on_group("solo", "workers", 1, "3")).await?;
+    world.note("pool applied, mini-1 plays a machine that never boots; 1 pod pending", t);
+
+    let t = Instant::now();
+    let failed = eventually("the claim on mini-1 failed", ACT, || async {
+        let claims = world.claims_seen("workers");
+        let failed = claims
+            .iter()
+            .find(|c| c.spec.slot_ref.name == "mini-1" && phase(c) == NodeClaimPhase::Failed)
+            .cloned();
+        failed.with_context(|| format!("not yet:\n{}", describe(&claims)))
+    })
+    .await?;
+    let reason = failed.status.as_ref().and_then(|s| s.reason.clone()).unwrap_or_default();
+    ensure!(
+        ["NodeNotRegistered", "DeadlineExceeded"].contains(&reason.as_str()),
+        "the claim failed for the machine's sake, not {reason}"
+    );
+    world.note(format!("the claim on mini-1 failed: {reason}"), t);
+
+    let t = Instant::now();
+    eventually("cluster-autoscaler backs the group off", ACT, || async {
+        let log = ca.log();
+        ensure!(
+            log.contains("Disabling scale-up for node group workers"),
+            "no backoff in CA's log yet"
+        );
+        Ok(())
+    })
+    .await?;
+    let failures = ca.metric("cluster_autoscaler_failed_scale_ups_total").await?;
+    ensure!(failures >= 1.0, "CA counts {failures} failed scale-ups");
+    world.note(
+        format!("cluster-autoscaler backed group workers off ({failures} failed scale-up)"),
+        t,
+    );
+
+    let t = Instant::now();
+    let nodes = world.pods_running("solo", 1, ACT).await?;
+    ensure!(nodes != ["mini-1"], "the pod runs on {nodes:?}");
+    let claims = world.claims_seen("workers");
+    let acknowledged = claims
+        .iter()
+        .filter(|c| c.spec.slot_ref.name == "mini-1")
+        .all(|c| c.status.as_ref().is_some_and(|s| s.failure_acknowledged_at.is_some()));
+    ensure!(
+        acknowledged,
+        "CA's DeleteNodes acknowledged the failed instance:\n{}",
+        describe(&claims)
+    );
+    ensure!(
+        claims.len() == 2 && claims.iter().all(|c| c.spec.request.call == ClaimCall::IncreaseSize),
+        "one failed claim and one that booted:\n{}",
+        describe(&claims)
+    );
+    world.note(
+        format!(
+            "after the backoff the pod runs on {nodes:?}; the failed instance was acknowledged"
+        ),
+        t,
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boots_no_second_machine_while_registration_is_slow() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_waits_for_slow_registration(ca, "30s").await
+        autoscaler_waits_for_slow_registration(world, ca, "30s").await
     })
     .await;
+}
+
+/// Every machine's kubelet reports NotReady for `not_ready_for` after it
+/// registers. cluster-autoscaler counts the registered nodes as not started (its startup
+/// taint, and its own 15 m startup time since GetOptions is unanswered), so it boots no more
+/// machines than the pods need.
+async fn autoscaler_waits_for_slow_registration(
+    world: &mut World,
+    ca: &Autoscaler,
+    not_ready_for: &str,
+) -> Result<()> {
+    let t = Instant::now();
+    world.apply_example("pool-cluster-autoscaler.yaml").await?;
+    world.slow_kubelets(&["mini-1", "mini-2", "mini-3"], not_ready_for).await?;
+    world.deploy(&Workload::on_group("slow", "workers", 2, "3")).await?;
+    world.note(
+        format!("pool applied, every kubelet NotReady for {not_ready_for}; 2 pods pending"),
+        t,
+    );
+
+    let t = Instant::now();
+    let client = world.client.clone();
+    eventually("CA counts both registered machines as not started", ACT, || async {
+        let status = Autoscaler::status(&client).await?;
+        let workers = status.group("workers").context("workers not in CA's status yet")?;
+        let counts = &workers.health.node_counts.registered;
+        ensure!(counts.not_started == 2, "CA's status: {counts:?}");
+        Ok(())
+    })
+    .await?;
+    world.note(
+        "cluster-autoscaler's status ConfigMap counts both NotReady machines as not started",
+        t,
+    );
+
+    let t = Instant::now();
+    let nodes = world.pods_running("slow", 2, Duration::from_secs(240)).await?;
+    world.settled_without_double_boot(ca, "workers", 2).await?;
+    world.note(format!("2 pods Running on {nodes:?} with exactly 2 claims"), t);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scales_from_zero_the_group_whose_template_fits() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_scales_from_zero_by_template(ca).await
+        autoscaler_scales_from_zero_by_template(world, ca).await
     })
     .await;
+}
+
+/// Two groups at zero; only the big machine's template fits the pod (CPU and
+/// nodeSelector), so cluster-autoscaler scales that group from zero.
+async fn autoscaler_scales_from_zero_by_template(world: &mut World, ca: &Autoscaler) -> Result<()> {
+    let t = Instant::now();
+    world.apply_example("pools-by-size.yaml").await?;
+    let workload = Workload {
+        name: "bigjob".into(),
+        replicas: 1,
+        cpu: "8".into(),
+        node_selector: BTreeMap::from([("homelab.demo/size".to_string(), "big".to_string())]),
+    };
+    world.deploy(&workload).await?;
+    world.note("groups `minis` (4 CPUs) and `bigs` (32 CPUs, size=big) at zero; a pod asks 8 CPUs on size=big", t);
+
+    let t = Instant::now();
+    let nodes = world.pods_running("bigjob", 1, ACT).await?;
+    world.quiet_loops(ca, 3).await?;
+    ensure!(nodes == ["big-1"], "the pod runs on {nodes:?}");
+    ensure!(
+        world.claims_seen("minis").is_empty(),
+        "no small machine booted:\n{}",
+        describe(&world.claims_seen("minis"))
+    );
+    let claims = world.claims_made_by_increase_size("bigs", 1)?;
+    ensure!(claims[0].spec.slot_ref.name == "big-1", "{}", describe(&claims));
+    world.note("cluster-autoscaler picked group bigs by its template; big-1 booted", t);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_in_the_middle_of_a_scale_up_loses_and_doubles_nothing() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_restarts_mid_scale_up(ca).await
+        autoscaler_restarts_mid_scale_up(world, ca).await
     })
     .await;
+}
+
+/// Cluster-autoscaler is killed and restarted while its scale-up boots. Every
+/// claim goes on to ready and no machine is booted twice.
+async fn autoscaler_restarts_mid_scale_up(world: &mut World, ca: &mut Autoscaler) -> Result<()> {
+    let t = Instant::now();
+    world.apply_example("pool-cluster-autoscaler.yaml").await?;
+    // Kubelets that take 20 s to turn Ready keep the boots in flight across the restart.
+    world.slow_kubelets(&["mini-1", "mini-2", "mini-3"], "20s").await?;
+    world.deploy(&Workload::on_group("web", "workers", 2, "3")).await?;
+    eventually("cluster-autoscaler's claims", ACT, || async {
+        let claims = world.claims_seen("workers");
+        ensure!(claims.len() == 2, "{} claims", claims.len());
+        ensure!(claims.iter().all(|c| phase(c) != NodeClaimPhase::Ready), "already ready");
+        Ok(())
+    })
+    .await?;
+    ca.restart().await?;
+    let claims = world.claims_seen("workers");
+    ensure!(
+        claims.iter().all(|c| phase(c) != NodeClaimPhase::Ready),
+        "the restart did not land mid-boot:\n{}",
+        describe(&claims)
+    );
+    world.note(
+        "cluster-autoscaler asked for 2 machines and was killed and restarted while they booted",
+        t,
+    );
+
+    let t = Instant::now();
+    let nodes = world.pods_running("web", 2, ACT).await?;
+    world.settled_without_double_boot(ca, "workers", 2).await?;
+    world.note(format!("2 pods Running on {nodes:?}, exactly 2 claims, all ready"), t);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,9 +265,51 @@ async fn a_machine_started_by_hand_stays_on_past_the_unneeded_time() {
     let settings = AutoscalerSettings::default();
     let unneeded = settings.scale_down_unneeded;
     with_autoscaler(settings, async move |world, ca| {
-        world.autoscaler_leaves_a_manual_machine_on(ca, unneeded).await
+        autoscaler_leaves_a_manual_machine_on(world, ca, unneeded).await
     })
     .await;
+}
+
+/// A machine a person started with a Manual claim on a cluster-autoscaler group
+/// outlives cluster-autoscaler's unneeded time, and goes off once the claim is deleted.
+async fn autoscaler_leaves_a_manual_machine_on(
+    world: &mut World,
+    ca: &Autoscaler,
+    unneeded: Duration,
+) -> Result<()> {
+    let t = Instant::now();
+    world.apply_example("pool-cluster-autoscaler.yaml").await?;
+    let name = world.create_manual_claim().await?;
+    let claims = world.claims();
+    eventually("the manual claim ready", ACT, || async {
+        let claim = claims.get(&name).await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", phase(&claim));
+        Ok(())
+    })
+    .await?;
+    world.note(format!("a person started mini-1 with claim {name}"), t);
+
+    let t = Instant::now();
+    // Well past the unneeded time: CA would have scaled an unprotected idle node down.
+    let loops = u32::try_from(unneeded.as_secs() / 2 * 3)?.max(10);
+    world.quiet_loops(ca, loops).await?;
+    let claim = claims.get(&name).await?;
+    ensure!(
+        phase(&claim) == NodeClaimPhase::Ready,
+        "the manual claim is still ready: {:?}",
+        phase(&claim)
+    );
+    world.autoscaler_left_on(ca, "mini-1").await?;
+    world.note(
+        format!("{loops} loops of cluster-autoscaler later mini-1 is still on, untouched"),
+        t,
+    );
+
+    let t = Instant::now();
+    world.kubectl(&["delete", "nodeclaim", "-n", NAMESPACE, &name, "--wait=false"]).await?;
+    world.pool_at_zero("workers", ACT).await?;
+    world.note("deleted the claim: mini-1 drained and powered off", t);
+    Ok(())
 }
 
 /// A pin in a cluster-autoscaler pool (`homelab-autoscaler keep-on`, run as a person would):
@@ -108,15 +341,7 @@ async fn pinned_machine_outlives_autoscaler_scale_down(
     ca: &Autoscaler,
     unneeded: Duration,
 ) -> anyhow::Result<()> {
-    use anyhow::{Context, ensure};
-    use homelab_autoscaler::api::{ClaimCall, NodeClaimPhase};
-    use homelab_harness::e2e::{NAMESPACE, Workload};
-    use homelab_harness::{eventually, stays};
-
-    const ACT: Duration = Duration::from_secs(150);
-    let live = |c: &homelab_autoscaler::api::NodeClaim| {
-        homelab_autoscaler::phase::is_live(Some(homelab_autoscaler::phase::of(c)))
-    };
+    let live = |c: &NodeClaim| homelab_autoscaler::phase::is_live(Some(phase(c)));
     world.apply_example("pool-cluster-autoscaler.yaml").await?;
     world.deploy(&Workload::on_group("web", "workers", 2, "3")).await?;
     let ran_on = world.pods_running("web", 2, ACT).await?;
@@ -134,8 +359,8 @@ async fn pinned_machine_outlives_autoscaler_scale_down(
         let claim = claims.iter().find(|c| c.metadata.name.as_deref() == Some(pin.as_str()));
         let claim = claim.context("the pin exists")?;
         ensure!(claim.spec.request.call == ClaimCall::Manual, "{:?}", claim.spec.request.call);
-        let phase = homelab_autoscaler::phase::of(claim);
-        ensure!(phase == NodeClaimPhase::Ready, "pin {pin} is {phase:?}");
+        let now = phase(claim);
+        ensure!(now == NodeClaimPhase::Ready, "pin {pin} is {now:?}");
         let nodes = world.nodes_of_group("workers").await?;
         ensure!(nodes.iter().any(|n| n == free), "{free} is gone; Nodes {nodes:?}");
         anyhow::Ok(())
@@ -182,6 +407,89 @@ async fn pinned_machine_outlives_autoscaler_scale_down(
 // Machines that keep their Kubernetes Node, as real homelab machines do: the simulator's kubelet
 // stops when a machine is off and finds its Node again at boot (docs/testing.md).
 
+/// The slots of the pool, cheapest-first order being name order (they cost the same).
+const REAL_MACHINE_SLOTS: [&str; 4] = ["home-1", "home-2", "home-3", "home-4"];
+const POOL: &str = "tests/harness/manifests/pool-real-machines.yaml";
+const GROUP: &str = "homes";
+/// Down to zero: CA's unneeded time, the drain, the shutdown Job, the kubelet going silent
+/// (kube-controller-manager's 20 s) and the operator removing the Node.
+const BACK_TO_ZERO: Duration = Duration::from_secs(240);
+/// What cluster-autoscaler logs when it falls into the traps these scenarios guard against: it
+/// removes an instance it takes for unregistered, stops scaling the cluster, or builds a group's
+/// template from an unready node. (Its "N unregistered nodes present" is the normal state while
+/// a machine boots.)
+const TRAPS: [&str; 4] = [
+    "unregistered nodes for node group",
+    "Marking unregistered node",
+    "Cluster is not ready for autoscaling",
+    "based on unready",
+];
+
+/// Applies the pool of four machines.
+async fn apply_real_machine_pool(world: &World) -> Result<()> {
+    let path = homelab_harness::repo_path(POOL);
+    world.kubectl(&["apply", "-n", NAMESPACE, "-f", &path.to_string_lossy()]).await?;
+    Ok(())
+}
+
+/// The Nodes of the pool's machines that exist now, Ready or not.
+async fn pool_nodes(world: &World) -> Result<Vec<CoreNode>> {
+    let nodes: Api<CoreNode> = Api::all(world.client.clone());
+    Ok(nodes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.metadata.name.as_deref().is_some_and(|name| REAL_MACHINE_SLOTS.contains(&name))
+        })
+        .collect())
+}
+
+/// Waits until no machine of the pool has a Node.
+async fn no_pool_nodes(world: &World, within: Duration) -> Result<()> {
+    eventually("no Node left for the pool's machines", within, || async {
+        let left: Vec<String> =
+            pool_nodes(world).await?.into_iter().filter_map(|n| n.metadata.name).collect();
+        ensure!(left.is_empty(), "Nodes still there: {left:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// cluster-autoscaler's status says the cluster is healthy, and its log has none of the
+/// lines of the traps (from byte `since` of the log on).
+async fn autoscaler_unharmed(world: &World, ca: &Autoscaler, since: usize) -> Result<()> {
+    let status = Autoscaler::status(&world.client).await?;
+    let health = &status.cluster_wide.health;
+    ensure!(
+        health.status != "Unhealthy",
+        "CA's status says the cluster is unhealthy: {:?}",
+        health.node_counts
+    );
+    let log = ca.log();
+    let tail = log.get(since..).unwrap_or_default();
+    for trap in TRAPS {
+        let hit = tail.lines().find(|l| l.contains(trap));
+        ensure!(hit.is_none(), "CA logged {trap:?}: {}", hit.unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// How many DeleteNodes calls the provider has answered (its own metric).
+async fn delete_nodes_calls(world: &World) -> Result<f64> {
+    let body = world.admin_get(0, "/metrics").await?;
+    Ok(sum_samples(&body, "homelab_autoscaler_grpc_requests_total", "rpc=\"NodeGroupDeleteNodes\""))
+}
+
+/// The one slot every claim of the group named (the scenario boots the same machine).
+fn only_slot(claims: &[NodeClaim]) -> Result<String> {
+    let mut slots: Vec<&str> = claims.iter().map(|c| c.spec.slot_ref.name.as_str()).collect();
+    slots.dedup();
+    ensure!(slots.len() == 1, "claims on several slots:\n{}", describe(claims));
+    Ok(slots[0].to_string())
+}
+
 /// CA with `extra` flags on top of the defaults.
 fn settings_with(extra: &[&str]) -> AutoscalerSettings {
     AutoscalerSettings {
@@ -202,7 +510,7 @@ async fn installed_over_machines_that_are_already_off() {
     let _logs = world.plane.logs_on_failure();
     let mut ca = None;
     let settings = AutoscalerSettings::default();
-    if let Err(error) = world.autoscaler_over_machines_already_off(&mut ca, &settings).await {
+    if let Err(error) = autoscaler_over_machines_already_off(&mut world, &mut ca, &settings).await {
         let ca_log = ca.as_ref().map(|ca| ca.log_tail(80)).unwrap_or_default();
         panic!(
             "{error:#}\n--- cluster-autoscaler ---\n{ca_log}\n--- operator ---\n{}",
@@ -211,14 +519,103 @@ async fn installed_over_machines_that_are_already_off() {
     }
 }
 
+/// The operator is installed over four machines that joined the cluster long ago
+/// and are off now (their Nodes Unknown), beside a Ready node outside the pool. Their
+/// Nodes are removed, and cluster-autoscaler, started then, is never unhealthy and boots
+/// exactly one machine for each of two pods.
+async fn autoscaler_over_machines_already_off(
+    world: &mut World,
+    ca: &mut Option<Autoscaler>,
+    settings: &AutoscalerSettings,
+) -> Result<()> {
+    let t = Instant::now();
+    let before = pool_nodes(world).await?;
+    ensure!(before.len() == REAL_MACHINE_SLOTS.len(), "the off machines' Nodes exist first");
+    apply_real_machine_pool(world).await?;
+    no_pool_nodes(world, ACT).await?;
+    world.note("pool applied over 4 Unknown Nodes: the operator removed every one", t);
+
+    let t = Instant::now();
+    let started = ca.insert(world.autoscaler(settings).await?);
+    world.deploy(&Workload::on_group("web", GROUP, 2, "3")).await?;
+    let nodes = world.pods_running("web", 2, ACT).await?;
+    world.settled_without_double_boot(started, GROUP, 2).await?;
+    autoscaler_unharmed(world, started, 0).await?;
+    world.note(format!("2 pods Running on {nodes:?} with exactly 2 claims; CA healthy"), t);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_second_boot_of_the_same_machine_is_upcoming_again() {
     let startup = Duration::from_secs(45);
     let flag = format!("--max-node-startup-time={}s", startup.as_secs());
     with_autoscaler(settings_with(&[&flag]), async move |world, ca| {
-        world.autoscaler_second_boot_of_the_same_machine(ca, startup).await
+        autoscaler_second_boot_of_the_same_machine(world, ca, startup).await
     })
     .await;
+}
+
+/// The same machine boots, goes off and boots again, its kubelet NotReady for a
+/// while after registering. cluster-autoscaler (its startup time cut to 45 s, shorter than
+/// a round) counts the rebooting node as not started both times, and each round takes
+/// exactly one claim.
+async fn autoscaler_second_boot_of_the_same_machine(
+    world: &mut World,
+    ca: &Autoscaler,
+    startup_time: Duration,
+) -> Result<()> {
+    apply_real_machine_pool(world).await?;
+    world.slow_kubelets(&REAL_MACHINE_SLOTS, "15s").await?;
+    world.deploy(&Workload::on_group("web", GROUP, 0, "3")).await?;
+    let mut first_registered: Option<Instant> = None;
+    for round in 1..=2usize {
+        let t = Instant::now();
+        if let Some(at) = first_registered {
+            ensure!(
+                at.elapsed() > startup_time,
+                "round 2 began {:?} after the first registration, within CA's startup time {startup_time:?}: a kept Node would still count as starting",
+                at.elapsed()
+            );
+        }
+        world.scale("web", 1).await?;
+        let client = world.client.clone();
+        eventually("CA counts the booting machine as not started", ACT, || async {
+            let status = Autoscaler::status(&client).await?;
+            let group = status.group(GROUP).context("homes not in CA's status yet")?;
+            let counts = &group.health.node_counts.registered;
+            ensure!(
+                counts.not_started == 1 && counts.unready.total == 0,
+                "CA's status: {counts:?}"
+            );
+            Ok(())
+        })
+        .await?;
+        first_registered.get_or_insert_with(Instant::now);
+        let nodes = world.pods_running("web", 1, ACT).await?;
+        world.quiet_loops(ca, 5).await?;
+        let claims = world.claims_made_by_increase_size(GROUP, round)?;
+        let slot = only_slot(&claims)?;
+        let live: Vec<&NodeClaim> =
+            claims.iter().filter(|c| phase(c) != NodeClaimPhase::Completed).collect();
+        ensure!(
+            live.len() == 1 && phase(live[0]) == NodeClaimPhase::Ready,
+            "round {round}: one ready claim:\n{}",
+            describe(&claims)
+        );
+        autoscaler_unharmed(world, ca, 0).await?;
+        world.note(
+            format!("round {round}: {slot} booted once, not started to CA, pod on {nodes:?}"),
+            t,
+        );
+        if round == 1 {
+            let t = Instant::now();
+            world.scale("web", 0).await?;
+            world.pool_at_zero(GROUP, BACK_TO_ZERO).await?;
+            no_pool_nodes(world, ACT).await?;
+            world.note("scaled to 0: the machine is off and has no Node", t);
+        }
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,31 +623,237 @@ async fn k3s_provider_ids_need_no_configuration() {
     let provision = Duration::from_secs(30);
     let flag = format!("--max-node-provision-time={}s", provision.as_secs());
     with_autoscaler(settings_with(&[&flag]), async move |world, ca| {
-        world.autoscaler_on_k3s_provider_ids(ca, provision).await
+        autoscaler_on_k3s_provider_ids(world, ca, provision).await
     })
     .await;
+}
+
+/// K3s machines write `k3s://<name>` on their Nodes and the slots declare nothing.
+/// Instances follow the Nodes' providerIDs, so cluster-autoscaler (its provision time cut
+/// to `provision_time`) never takes a serving machine for an unregistered one.
+async fn autoscaler_on_k3s_provider_ids(
+    world: &mut World,
+    ca: &Autoscaler,
+    provision_time: Duration,
+) -> Result<()> {
+    let t = Instant::now();
+    apply_real_machine_pool(world).await?;
+    for slot in REAL_MACHINE_SLOTS {
+        world.annotate_slot(slot, DISTRIBUTION_ANNOTATION, "k3s").await?;
+    }
+    world.deploy(&Workload::on_group("web", GROUP, 2, "3")).await?;
+    let nodes = world.pods_running("web", 2, ACT).await?;
+    world.settled_without_double_boot(ca, GROUP, 2).await?;
+    let slots: Api<Slot> = Api::namespaced(world.client.clone(), NAMESPACE);
+    for node in &nodes {
+        let slot = slots.get(node).await?;
+        let recorded = slot.status.and_then(|s| s.provider_id);
+        ensure!(
+            recorded.as_deref() == Some(format!("k3s://{node}").as_str()),
+            "slot {node} records providerID {recorded:?}"
+        );
+    }
+    world.note(format!("2 k3s machines up ({nodes:?}), providerIDs followed"), t);
+
+    let t = Instant::now();
+    let busy = Instant::now();
+    while busy.elapsed() <= provision_time + Duration::from_secs(10) {
+        world.quiet_loops(ca, 5).await?;
+    }
+    let claims = world.claims_made_by_increase_size(GROUP, 2)?;
+    ensure!(
+        claims.iter().all(|c| phase(c) == NodeClaimPhase::Ready),
+        "both machines still serve after CA's provision time:\n{}",
+        describe(&claims)
+    );
+    world.pods_running("web", 2, Duration::from_secs(5)).await?;
+    let status = Autoscaler::status(&world.client).await?;
+    let group = status.group(GROUP).context("homes in CA's status")?;
+    ensure!(
+        group.health.node_counts.unregistered == 0
+            && group.health.node_counts.registered.ready == 2,
+        "CA's counts: {:?}",
+        group.health.node_counts
+    );
+    autoscaler_unharmed(world, ca, 0).await?;
+    world.note(format!("busy past CA's {provision_time:?} provision time: nothing deleted"), t);
+
+    let t = Instant::now();
+    world.scale("web", 0).await?;
+    world.pool_at_zero(GROUP, BACK_TO_ZERO).await?;
+    world.note("scaled to 0", t);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_while_machines_are_off_deletes_nothing() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_restarted_while_machines_are_off(ca).await
+        autoscaler_restarted_while_machines_are_off(world, ca).await
     })
     .await;
+}
+
+/// Cluster-autoscaler restarts (as after a certificate renewal) while the pool's
+/// machines are off. It calls no DeleteNodes for them, logs nothing about unregistered or
+/// unready nodes, and the next scale-up is exact.
+async fn autoscaler_restarted_while_machines_are_off(
+    world: &mut World,
+    ca: &mut Autoscaler,
+) -> Result<()> {
+    let t = Instant::now();
+    apply_real_machine_pool(world).await?;
+    world.deploy(&Workload::on_group("web", GROUP, 2, "3")).await?;
+    world.pods_running("web", 2, ACT).await?;
+    world.settled_without_double_boot(ca, GROUP, 2).await?;
+    world.scale("web", 0).await?;
+    world.pool_at_zero(GROUP, BACK_TO_ZERO).await?;
+    no_pool_nodes(world, ACT).await?;
+    world.note("2 machines up and off again: no Node left", t);
+
+    let t = Instant::now();
+    let deletes = delete_nodes_calls(world).await?;
+    let since = ca.log().len();
+    ca.restart().await?;
+    world.quiet_loops(ca, 10).await?;
+    let after = delete_nodes_calls(world).await?;
+    ensure!(after == deletes, "CA called DeleteNodes {} times after its restart", after - deletes);
+    autoscaler_unharmed(world, ca, since).await?;
+    world.note("CA restarted: 10 loops, no DeleteNodes, nothing unready or unregistered", t);
+
+    let t = Instant::now();
+    world.scale("web", 1).await?;
+    let nodes = world.pods_running("web", 1, ACT).await?;
+    world.quiet_loops(ca, 5).await?;
+    let claims = world.claims_made_by_increase_size(GROUP, 3)?;
+    let live = claims.iter().filter(|c| phase(c) == NodeClaimPhase::Ready).count();
+    ensure!(live == 1, "one ready claim after the restart:\n{}", describe(&claims));
+    world.note(format!("the next scale-up took exactly one claim: pod on {nodes:?}"), t);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statefulset_pod_of_a_machine_gone_is_recreated_elsewhere() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_replaces_a_statefulset_pod_of_a_machine_gone(ca).await
+        autoscaler_replaces_a_statefulset_pod_of_a_machine_gone(world, ca).await
     })
     .await;
+}
+
+/// The machine a StatefulSet's pod runs on crashes (its kubelet stops). The claim
+/// fails MachineGone (or cluster-autoscaler releases it), the machine's Node is removed, and
+/// the pod is recreated and runs on a fresh Node (a pod bound to a Node that exists is never
+/// replaced). The fresh Node may be the same machine booted again: it costs the same as the
+/// others and a crash is not a failed boot.
+async fn autoscaler_replaces_a_statefulset_pod_of_a_machine_gone(
+    world: &mut World,
+    ca: &Autoscaler,
+) -> Result<()> {
+    let t = Instant::now();
+    apply_real_machine_pool(world).await?;
+    let set: StatefulSet = serde_json::from_value(json!({
+        "metadata": { "name": "db", "namespace": "default" },
+        "spec": {
+            "replicas": 1,
+            "serviceName": "db",
+            "selector": { "matchLabels": { "app": "db" } },
+            "template": {
+                "metadata": { "labels": { "app": "db" } },
+                "spec": {
+                    "nodeSelector": { homelab_autoscaler::api::LABEL_GROUP: GROUP },
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{ "name": "db", "image": "postgres:17", "resources": { "requests": { "cpu": "3" } } }],
+                },
+            },
+        },
+    }))?;
+    Api::<StatefulSet>::namespaced(world.client.clone(), "default")
+        .create(&PostParams::default(), &set)
+        .await?;
+    let first = world.pods_running("db", 1, ACT).await?.remove(0);
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), "default");
+    let old_uid = pods.get("db-0").await?.metadata.uid;
+    let nodes: Api<CoreNode> = Api::all(world.client.clone());
+    let crashed_node = nodes.get(&first).await?.metadata.uid;
+    world.note(format!("StatefulSet db: pod db-0 Running on {first}"), t);
+
+    let t = Instant::now();
+    world.plane.stop_kubelet(&first).await?;
+    eventually(
+        &format!("the Node of the crashed machine {first} to be removed"),
+        Duration::from_secs(420),
+        || async {
+            ensure!(nodes.get_opt(&first).await?.is_none(), "Node {first} still there");
+            Ok(())
+        },
+    )
+    .await
+    .with_context(|| ca.log_tail(30))?;
+    world.note(format!("{first} crashed: its claim failed, its Node was removed"), t);
+
+    let t = Instant::now();
+    let placed = eventually("db-0 recreated and Running on a fresh Node", ACT, || async {
+        let pod = pods.get("db-0").await?;
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        ensure!(pod.metadata.uid != old_uid, "still the old pod, on {node}");
+        ensure!(running, "the new pod is on {node:?}, not running yet");
+        let host = nodes.get(&node).await?.metadata.uid;
+        ensure!(host != crashed_node, "the new pod is on the crashed machine's old Node");
+        Ok(node)
+    })
+    .await
+    .with_context(|| ca.log_tail(30))?;
+    let claims = world.claims_seen(GROUP);
+    let machine_gone =
+        |c: &NodeClaim| c.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("MachineGone");
+    ensure!(
+        claims
+            .iter()
+            .filter(|c| c.spec.slot_ref.name == first)
+            .any(|c| machine_gone(c) || released_by_autoscaler(c)),
+        "the crashed machine's claim ended MachineGone or by CA:\n{}",
+        describe(&claims)
+    );
+    world.note(format!("db-0 recreated on a fresh Node of {placed}"), t);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_labels_come_back_at_every_boot() {
     with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
-        world.autoscaler_declared_labels_come_back(ca).await
+        autoscaler_declared_labels_come_back(world, ca).await
     })
     .await;
+}
+
+/// A pod selects a label that only the slots declare (no kubelet registers it).
+/// It runs on the machine after its first and after its second boot, one claim each: the
+/// operator writes the label onto every fresh Node.
+async fn autoscaler_declared_labels_come_back(world: &mut World, ca: &Autoscaler) -> Result<()> {
+    apply_real_machine_pool(world).await?;
+    let workload = Workload {
+        node_selector: BTreeMap::from([
+            (homelab_autoscaler::api::LABEL_GROUP.to_string(), GROUP.to_string()),
+            ("homelab.test/accelerator".to_string(), "coral".to_string()),
+        ]),
+        ..Workload::on_group("inference", GROUP, 1, "3")
+    };
+    world.deploy(&workload).await?;
+    for round in 1..=2usize {
+        let t = Instant::now();
+        let nodes = world.pods_running("inference", 1, ACT).await?;
+        world.quiet_loops(ca, 5).await?;
+        let claims = world.claims_made_by_increase_size(GROUP, round)?;
+        let slot = only_slot(&claims)?;
+        world.note(format!("boot {round} of {slot}: the pod runs on {nodes:?}"), t);
+        if round == 1 {
+            let t = Instant::now();
+            world.scale("inference", 0).await?;
+            world.pool_at_zero(GROUP, BACK_TO_ZERO).await?;
+            no_pool_nodes(world, ACT).await?;
+            world.scale("inference", 1).await?;
+            world.note("off (Node removed, label gone with it), then asked for again", t);
+        }
+    }
+    Ok(())
 }

@@ -11,7 +11,7 @@ use anyhow::{Context as _, ensure};
 use homelab_autoscaler::api::{Group, GroupStatus};
 use homelab_harness::e2e::prometheus::{Prometheus, promtool_check_metrics};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World, http_answer};
-use homelab_harness::{Components, ControlPlane, eventually};
+use homelab_harness::{Components, ControlPlane, eventually, stays};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -320,12 +320,13 @@ async fn ready_waits_for_the_caches() {
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", log_text()));
     // Not ready, and it stays so: a cache syncs in well under a second when it can.
-    let watched = std::time::Instant::now();
-    while watched.elapsed() < Duration::from_secs(3) {
-        let (code, body) = http_answer(&admin, "/ready").await.unwrap();
-        assert_eq!(code, 503, "/ready before the CRDs exist: {body}\n{}", log_text());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    stays("/ready to answer 503 before the CRDs exist", Duration::from_secs(3), || async {
+        let (code, body) = http_answer(&admin, "/ready").await?;
+        ensure!(code == 503, "/ready: {code} {body}");
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", log_text()));
     let (code, metrics) = http_answer(&admin, "/metrics").await.unwrap();
     assert_eq!(code, 200);
     assert!(metrics.contains("homelab_autoscaler_caches_synced 0"), "{metrics}");

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use homelab_autoscaler::api::{ClaimCall, Group, NodeClaim, NodeClaimPhase};
+use homelab_harness::claims::phase;
 use homelab_harness::e2e::{self, NAMESPACE, World};
 use homelab_harness::{eventually, stays};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -42,10 +43,6 @@ async fn cli(bin: &Path, world: &World, args: &[&str]) -> Result<Run> {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
-}
-
-fn phase(claim: &NodeClaim) -> NodeClaimPhase {
-    homelab_autoscaler::phase::of(claim)
 }
 
 fn live(claim: &NodeClaim) -> bool {

@@ -10,7 +10,6 @@ use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{ClaimCall, Group, NodeClaim, NodeClaimPhase};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World};
 use homelab_harness::eventually;
-use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, ListParams};
 
 /// Long enough for a simulated boot, the readiness gate, a drain and a shutdown Job.
@@ -250,18 +249,7 @@ async fn cluster_autoscaler_leaves_a_scheduled_machine_on_until_the_window_ends(
                 Ok(())
             })
             .await?;
-            let node = Api::<CoreNode>::all(world.client.clone()).get("mini-2").await?;
-            let annotations = node.metadata.annotations.unwrap_or_default();
-            ensure!(
-                annotations
-                    .get("cluster-autoscaler.kubernetes.io/scale-down-disabled")
-                    .map(String::as_str)
-                    == Some("true"),
-                "the scheduled machine's node carries scale-down-disabled: {annotations:?}"
-            );
-            let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
-            ensure!(scaled_down == 0.0, "cluster-autoscaler scaled {scaled_down} node(s) down");
-            Ok(())
+            world.autoscaler_left_on(&ca, "mini-2").await
         })
         .await?;
         let said: Vec<String> =

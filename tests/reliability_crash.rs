@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use homelab_autoscaler::api::{NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{ClaimCall, NodeClaim, NodeClaimPhase};
+use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
-use homelab_harness::lab::{Lab, With, timeouts};
+use homelab_harness::lab::{Lab, With};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -52,27 +53,15 @@ fn env_number(name: &str, default: u64) -> u64 {
     }
 }
 
-/// A claim as the provider creates it: stamped, owned by its slot.
+/// A claim as the provider creates it (stamped, owned by its slot), or as a person pins the
+/// machine (`manual`).
 async fn claim(lab: &Lab, name: &str, slot: &str, manual: bool) -> Result<()> {
-    let slot_obj = lab.slots().get(slot).await?;
-    let now = jiff::Timestamp::now();
-    let call = if manual { "Manual" } else { "IncreaseSize" };
-    let claim: NodeClaim = serde_json::from_value(json!({
-        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
-        "metadata": {
-            "name": name,
-            "ownerReferences": [{
-                "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node", "name": slot,
-                "uid": slot_obj.metadata.uid, "controller": true,
-            }],
-        },
-        "spec": {
-            "slotRef": { "name": slot },
-            "request": { "call": call, "delta": 1, "group": "pool" },
-            "requestedAt": Time(now), "requestedBy": "crash-suite", "attempt": 1,
-            "deadlineAt": Time(timeouts().deadline_at(now, None)), "ttlSecondsAfterFinished": 3600,
-        },
-    }))?;
+    let mut claim =
+        provider_claim_for(name, slot, &lab.slots(), &lab.groups(), lab.timeouts, "crash-suite")
+            .await?;
+    if manual {
+        claim.spec.request.call = ClaimCall::Manual;
+    }
     lab.claims().create(&PostParams::default(), &claim).await?;
     Ok(())
 }
@@ -83,10 +72,6 @@ async fn scale_down(lab: &Lab, name: &str) -> Result<()> {
     lab.claims().patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     lab.claims().delete(name, &DeleteParams::default()).await?;
     Ok(())
-}
-
-fn phase(claim: &NodeClaim) -> Option<NodeClaimPhase> {
-    claim.status.as_ref().and_then(|s| s.phase)
 }
 
 async fn claim_ends(lab: &Lab, name: &str, what: &str, done: fn(&NodeClaim) -> bool) -> Result<()> {
@@ -120,9 +105,9 @@ async fn crash(
     lab.kill_controllers();
     let at = match lab.claims().get_opt("c0").await {
         Ok(Some(c)) if c.metadata.deletion_timestamp.is_some() => {
-            format!("{:?}, deleting", phase(&c).unwrap_or(NodeClaimPhase::Pending))
+            format!("{:?}, deleting", phase(&c))
         }
-        Ok(Some(c)) => format!("{:?}", phase(&c).unwrap_or(NodeClaimPhase::Pending)),
+        Ok(Some(c)) => format!("{:?}", phase(&c)),
         Ok(None) => "gone".into(),
         Err(error) => format!("unknown ({error})"),
     };
@@ -159,9 +144,9 @@ async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
         let (after, down) = (rng.millis(3000), rng.millis(1500));
         crash(&lab, after, down, &mut log, started).await;
     }
-    claim_ends(&lab, "c0", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await?;
+    claim_ends(&lab, "c0", "ready", |c| phase(c) == NodeClaimPhase::Ready).await?;
     if second {
-        claim_ends(&lab, "c1", "ready", |c| phase(c) == Some(NodeClaimPhase::Ready)).await?;
+        claim_ends(&lab, "c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await?;
     }
 
     // A claim cancelled while pending, a third of the time: deleted at once, unmarked.

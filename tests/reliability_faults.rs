@@ -13,8 +13,9 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{Group, Node, NodeClaimPhase};
 use homelab_autoscaler::claim::Timeouts;
+use homelab_harness::claims::{phase, provider_claim};
 use homelab_harness::invariants::{self, Bounds, Ledger};
 use homelab_harness::lab::{Lab, With, timeouts};
 use homelab_harness::{Components, ControlPlane, eventually};
@@ -61,37 +62,17 @@ async fn setup(lab: &Lab) -> String {
     }))
     .expect("slot");
     let created = lab.slots().create(&PostParams::default(), &slot).await.expect("create slot");
-    let now = jiff::Timestamp::now();
-    let claim: NodeClaim = serde_json::from_value(json!({
-        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
-        "metadata": {
-            "name": "c0",
-            "ownerReferences": [{
-                "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node", "name": name,
-                "uid": created.metadata.uid, "controller": true,
-            }],
-        },
-        "spec": {
-            "slotRef": { "name": name },
-            "request": { "call": "IncreaseSize", "delta": 1, "group": "pool" },
-            "requestedAt": Time(now), "requestedBy": "fault-suite", "attempt": 1,
-            "deadlineAt": Time(lab.timeouts.deadline_at(now, None)), "ttlSecondsAfterFinished": 3600,
-        },
-    }))
-    .expect("claim");
+    let group = lab.groups().get("pool").await.expect("the pool");
+    let claim = provider_claim("c0", &created, &group, lab.timeouts, "fault-suite");
     lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
     name
-}
-
-fn phase(claim: &NodeClaim) -> Option<NodeClaimPhase> {
-    claim.status.as_ref().and_then(|s| s.phase)
 }
 
 async fn claim_is(lab: &Lab, what: &str, want: NodeClaimPhase) {
     let claims = lab.claims();
     eventually(&format!("c0 {what}"), ACT, || async {
         let claim = claims.get("c0").await?;
-        ensure!(phase(&claim) == Some(want), "not yet: {:?}", claim.status);
+        ensure!(phase(&claim) == want, "not yet: {:?}", claim.status);
         Ok(())
     })
     .await

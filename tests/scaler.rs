@@ -16,6 +16,7 @@ use homelab_autoscaler::api::{
 };
 use homelab_autoscaler::claim::REQUESTED_BY_SCALER;
 use homelab_autoscaler::provider::{Caller, Provider, ProviderConfig, ProviderError};
+use homelab_harness::claims::phase;
 use homelab_harness::lab::{Lab, With};
 use homelab_harness::{eventually, is_ready};
 use jiff::Timestamp;
@@ -168,14 +169,10 @@ trait AsyncCheck {
     async fn check(&self, lab: &Lab, decision: &ScalerDecision);
 }
 
-fn phase(claim: &NodeClaim) -> Option<NodeClaimPhase> {
-    claim.status.as_ref().and_then(|s| s.phase)
-}
-
 fn is_live(claim: &NodeClaim) -> bool {
     matches!(
         phase(claim),
-        None | Some(NodeClaimPhase::Pending | NodeClaimPhase::Booting | NodeClaimPhase::Ready)
+        NodeClaimPhase::Pending | NodeClaimPhase::Booting | NodeClaimPhase::Ready
     )
 }
 
@@ -235,12 +232,8 @@ async fn three_pending_pods_boot_three_machines_and_the_pool_returns_to_zero_aft
     );
 
     eventually("three claims ready and three machines Ready", ACT, || async {
-        let ready = lab
-            .live_claims()
-            .await?
-            .iter()
-            .filter(|c| phase(c) == Some(NodeClaimPhase::Ready))
-            .count();
+        let ready =
+            lab.live_claims().await?.iter().filter(|c| phase(c) == NodeClaimPhase::Ready).count();
         ensure!(ready == 3, "{ready} claims ready");
         for slot in &slots {
             let node = lab
@@ -449,12 +442,8 @@ async fn a_deployment_of_two_replicas_counts_two_not_four() {
         .expect("create deployment");
 
     eventually("two ready claims and two pods Running on the pool", ACT, || async {
-        let ready = lab
-            .live_claims()
-            .await?
-            .iter()
-            .filter(|c| phase(c) == Some(NodeClaimPhase::Ready))
-            .count();
+        let ready =
+            lab.live_claims().await?.iter().filter(|c| phase(c) == NodeClaimPhase::Ready).count();
         ensure!(ready == 2, "{ready} claims ready");
         let pods = lab.pods().list(&ListParams::default().labels("app=web")).await?.items;
         let running = pods.iter().filter(|p| running_on(p).is_some()).count();

@@ -6,7 +6,7 @@
 #
 #   tests/harness/run-tests.sh [NAME...] [-- ARGS...]
 #
-# NAME is a test target (`webhooks`, `e2e_cluster_autoscaler`, `homelab_autoscaler` for the
+# NAME is a test target (`webhooks_claims`, `e2e_cluster_autoscaler`, `homelab_autoscaler` for the
 # library's unit tests); without one every executable runs. ARGS go to each executable as
 # after `cargo test ... --` (a test name filter, `--nocapture`).
 #

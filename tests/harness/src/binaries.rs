@@ -71,8 +71,19 @@ static INTEGRATION: OnceCell<Binaries> = OnceCell::const_new();
 static CLUSTER: OnceCell<Binaries> = OnceCell::const_new();
 static E2E: OnceCell<Binaries> = OnceCell::const_new();
 
+/// Set by `make test-fast`: the run is the fast tier, which must start no Go build and no
+/// control plane, so a suite that asks for one there is misfiled and fails at once.
+pub const NO_CONTROL_PLANE_ENV: &str = "HOMELAB_TEST_NO_CONTROL_PLANE";
+
 /// The programs of `profile`, running build-binaries.sh at most once per profile and process.
 pub async fn binaries(profile: Profile) -> Result<Binaries> {
+    if std::env::var_os(NO_CONTROL_PLANE_ENV).is_some() {
+        bail!(
+            "this test needs the {} programs, but {NO_CONTROL_PLANE_ENV} is set (the fast tier): \
+             run it with `cargo test` or `make test`, or take it out of the fast tier",
+            profile.name()
+        );
+    }
     // Each profile is a superset of the one before: once a larger one ran, use it.
     if let Some(all) = E2E.get() {
         return Ok(all.clone());

@@ -20,12 +20,15 @@
 //! stderr, past the test harness's output capture, so a first run that builds for minutes says
 //! so.
 
+pub mod admission;
 mod base;
 pub mod binaries;
 pub mod cert_manager;
+pub mod claims;
 mod control_plane;
 pub mod e2e;
 mod failure_logs;
+pub mod http;
 pub mod install;
 pub mod invariants;
 mod kwok;

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
@@ -17,6 +17,7 @@ use serde::Deserialize;
 use tokio::process::{Child, Command};
 
 use super::http_get;
+use crate::wait::until;
 
 /// How cluster-autoscaler is run: the flags that shorten its clocks for a test, and the
 /// readiness taints it must treat as startup taints (docs/decisions.md, D13).
@@ -142,20 +143,24 @@ impl Autoscaler {
             .with_context(|| format!("starting {}", self.binary.display()))?;
         self.runs += 1;
         // Healthy once its /health-check answers; an early exit fails at once with its log.
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut child = child;
-        loop {
-            if let Some(status) = child.try_wait()? {
-                bail!("cluster-autoscaler exited ({status}):\n{}", self.log_tail(30));
+        let child = std::sync::Mutex::new(child);
+        let exited = || {
+            let mut child = child.lock().map_err(|_| anyhow::anyhow!("the process lock"))?;
+            match child.try_wait()? {
+                Some(status) => {
+                    bail!("cluster-autoscaler exited ({status}):\n{}", self.log_tail(30))
+                }
+                None => Ok(()),
             }
-            if http_get(&self.metrics_addr, "/health-check").await.is_ok() {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("cluster-autoscaler not healthy after 90s:\n{}", self.log_tail(30));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        };
+        let metrics_addr = self.metrics_addr.clone();
+        until("cluster-autoscaler's /health-check", Duration::from_secs(90), exited, || {
+            let addr = metrics_addr.clone();
+            async move { http_get(&addr, "/health-check").await.map(|_| ()) }
+        })
+        .await
+        .with_context(|| self.log_tail(30))?;
+        let child = child.into_inner().map_err(|_| anyhow::anyhow!("the process lock"))?;
         self.child = Some(child);
         Ok(())
     }
@@ -315,7 +320,7 @@ impl AutoscalerStatus {
 }
 
 /// Adds up every sample of `name` in a Prometheus text exposition.
-pub(crate) fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
+pub fn sum_samples(body: &str, name: &str, labels: &str) -> f64 {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

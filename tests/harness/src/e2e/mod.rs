@@ -24,18 +24,15 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::{Components, ControlPlane, Plane, eventually};
 
 pub mod autoscaler;
-mod autoscaler_scenarios;
+mod autoscaler_steps;
 pub mod prometheus;
-mod real_machines;
-pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint};
-pub use autoscaler_scenarios::Workload;
-pub use real_machines::REAL_MACHINE_SLOTS;
+pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint, sum_samples};
+pub use autoscaler_steps::{Workload, describe, released_by_autoscaler};
 
 /// Every claim the World has seen, by name, as last seen (deleted ones stay).
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;
@@ -163,20 +160,8 @@ fn log_dir() -> Result<PathBuf> {
 /// The status code and body of `GET path` from a plain-HTTP endpoint (an operator's or
 /// cluster-autoscaler's admin port, Prometheus).
 pub async fn http_answer(addr: &str, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response.lines().next().unwrap_or_default();
-    let code = status
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("GET {path}: no status in {status:?}"))?;
-    Ok((
-        code,
-        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default(),
-    ))
+    let answer = crate::http::get(addr, path).await?;
+    Ok((answer.status, answer.body))
 }
 
 /// The body of `GET path` from a plain-HTTP endpoint, or an error unless it answers 200.
@@ -220,12 +205,12 @@ fn spawn_as(
 }
 
 impl World {
-    fn note(&mut self, what: impl Into<String>, since: Instant) {
+    pub fn note(&mut self, what: impl Into<String>, since: Instant) {
         self.record(what, since.elapsed());
     }
 
     /// A step whose duration was measured elsewhere.
-    fn record(&mut self, what: impl Into<String>, took: Duration) {
+    pub fn record(&mut self, what: impl Into<String>, took: Duration) {
         let step = Step { what: what.into(), took };
         if self.narrate {
             println!(
@@ -590,7 +575,7 @@ impl World {
             .await
     }
 
-    fn claims(&self) -> Api<NodeClaim> {
+    pub fn claims(&self) -> Api<NodeClaim> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
@@ -618,7 +603,7 @@ impl World {
         Ok(present)
     }
 
-    async fn kubectl(&self, args: &[&str]) -> Result<String> {
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
         let out = self.plane.kubectl(args).await?;
         ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -1,16 +1,29 @@
-//! The scenarios a World plays, each a sequence of timed, narrated steps.
+//! The scenarios several suites and `make demo` play, each a sequence of timed, narrated steps:
+//! the built-in scaler's scale-up and scale-down (tests/e2e_builtin.rs, tests/install_rbac.rs,
+//! the demo), a claim by hand (tests/e2e_manual.rs, tests/e2e_failover.rs,
+//! tests/reliability_logs.rs) and cluster-autoscaler's scale-up and scale-down
+//! (tests/e2e_cluster_autoscaler.rs, tests/e2e_metrics.rs, the demo). A scenario one suite
+//! plays lives in that suite's file.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::NodeClaimPhase;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{ACT, NAMESPACE, World};
-use crate::eventually;
+use super::autoscaler_steps::{Workload, describe, released_by_autoscaler};
+use super::{ACT, Autoscaler, NAMESPACE, World};
+use crate::claims::phase;
+
+/// Long enough for cluster-autoscaler's loop (2 s), a simulated boot and the gate.
+const CA_ACT: Duration = Duration::from_secs(150);
+
+/// How long a settled scale-up must stay as it is: two passes of the built-in scaler (10 s).
+const SETTLED: Duration = Duration::from_secs(25);
+use crate::{eventually, stays};
 
 impl World {
     /// Scenario: a Deployment of `replicas` pods that fit only the pool scales it up, and scaling
@@ -46,13 +59,18 @@ impl World {
         let t = Instant::now();
         let claims = self.claims();
         let want = usize::try_from(replicas)?;
-        eventually("claims for every pending pod", ACT, || async {
-            let n = claims.list(&ListParams::default()).await?.items.len();
-            ensure!(n >= want, "{n} claims");
+        // The ledger holds every claim ever made (a released one is deleted from the API).
+        let ledger = self.ledger.clone();
+        let made = || {
+            let ledger = ledger.lock().map(|l| l.clone()).unwrap_or_default();
+            ledger.values().filter(|c| c.spec.request.group == "workers").count()
+        };
+        eventually("a claim for every pending pod", ACT, || async {
+            ensure!(made() >= want, "{} claims, want {want}", made());
             Ok(())
         })
         .await?;
-        self.note(format!("the built-in scaler created {want} claims"), t);
+        self.note(format!("the built-in scaler created {} claims", made()), t);
 
         let t = Instant::now();
         eventually("every claim ready", ACT, || async {
@@ -61,11 +79,22 @@ impl World {
                 .iter()
                 .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Ready))
                 .count();
-            ensure!(ready == want, "{ready} of {want} ready");
+            ensure!(ready >= want, "{ready} of {want} ready");
             Ok(())
         })
         .await?;
         self.note(format!("{want} machines booted, passed the readiness gate, claims ready"), t);
+
+        let t = Instant::now();
+        // Every pod has its machine: exactly one claim each, and no later pass of the scaler
+        // adds one.
+        ensure!(made() == want, "{} claims were made for {want} pods", made());
+        stays(&format!("exactly {want} claims"), SETTLED, || async {
+            ensure!(made() == want, "{} claims were made for {want} pods", made());
+            Ok(())
+        })
+        .await?;
+        self.note(format!("exactly {want} claims, and still {want} {SETTLED:?} later"), t);
 
         let t = Instant::now();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
@@ -177,6 +206,89 @@ impl World {
         .await?;
         self.note(
             "deleted the claim: the machine was drained and powered off, the claim released",
+            t,
+        );
+        Ok(())
+    }
+
+    /// Scenario: `replicas` pods that need one machine each scale the pool 0 → N through
+    /// cluster-autoscaler, exactly N claims, and back to 0 through its scale-down.
+    pub async fn autoscaler_scale_up_and_down(
+        &mut self,
+        ca: &Autoscaler,
+        replicas: i32,
+    ) -> Result<()> {
+        let t = Instant::now();
+        self.apply_example("pool-cluster-autoscaler.yaml").await?;
+        self.note(
+            "applied examples/pool-cluster-autoscaler.yaml: group `workers`, slots mini-1..3",
+            t,
+        );
+
+        let t = Instant::now();
+        let want = usize::try_from(replicas)?;
+        self.deploy(&Workload::on_group("web", "workers", replicas, "3")).await?;
+        self.note(format!("created Deployment web: {replicas} pods of 3 CPUs, one per machine"), t);
+
+        let t = Instant::now();
+        let nodes =
+            self.pods_running("web", want, CA_ACT).await.with_context(|| ca.log_tail(40))?;
+        self.note(
+            format!("cluster-autoscaler scaled the pool up; {want} pods Running on {nodes:?}"),
+            t,
+        );
+        let split = self.scale_up_breakdown("web", "workers").await?;
+        self.record(format!(
+            "pod pending → Running, {:.0}s: cluster-autoscaler's decision {:.0}s, simulated boot {:.0}s, our control plane {:.0}s (1 s resolution)",
+            split.total.as_secs_f64(),
+            split.decision.as_secs_f64(),
+            split.boot.as_secs_f64(),
+            split.overhead.as_secs_f64()
+        ), split.total);
+
+        let t = Instant::now();
+        self.settled_without_double_boot(ca, "workers", want).await?;
+        let status = Autoscaler::status(&self.client).await?;
+        let workers = status.group("workers").context("workers in CA's status")?;
+        ensure!(
+            workers.health.cloud_provider_target == i64::from(replicas)
+                && workers.health.node_counts.registered.ready == i64::from(replicas),
+            "CA's status ConfigMap: target {} and {} ready, want {replicas}",
+            workers.health.cloud_provider_target,
+            workers.health.node_counts.registered.ready
+        );
+        let scaled_up = ca.metric("cluster_autoscaler_scaled_up_nodes_total").await?;
+        ensure!(
+            scaled_up == f64::from(replicas),
+            "CA counts {scaled_up} nodes scaled up, want {replicas}"
+        );
+        self.note(
+            format!(
+                "exactly {want} claims, all from IncreaseSize; CA counted {scaled_up} nodes up"
+            ),
+            t,
+        );
+
+        let t = Instant::now();
+        self.scale("web", 0).await?;
+        self.pool_at_zero("workers", Duration::from_secs(240))
+            .await
+            .with_context(|| ca.log_tail(40))?;
+        let claims = self.claims_made_by_increase_size("workers", want)?;
+        ensure!(
+            claims
+                .iter()
+                .all(|c| phase(c) == NodeClaimPhase::Completed && released_by_autoscaler(c)),
+            "every claim completed by cluster-autoscaler's DeleteNodes:\n{}",
+            describe(&claims)
+        );
+        let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
+        ensure!(
+            scaled_down == f64::from(replicas),
+            "CA counts {scaled_down} nodes scaled down, want {replicas}"
+        );
+        self.note(
+            "scaled web to 0: CA's scale-down → DeleteNodes → drained, powered off, pool at 0",
             t,
         );
         Ok(())
