@@ -81,13 +81,10 @@ impl FieldManager {
     }
 }
 
-/// The apply configuration of `status` for the object `name` of kind `K`. The writer's fields
-/// are the top-level members of `status`; within them, a member `previous` had and `status`
-/// lacks is sent as null. The API server removes a field applied as null and takes it from
-/// every other owner, while a field merely left out is removed only if no one else owns it:
-/// an object an older operator wrote with merge patches has its fields owned by that
-/// operator's update too, so only the null clears them.
-pub fn status_apply<K>(name: &str, previous: Option<&Value>, status: Value) -> Value
+/// The apply configuration of `status` for the object `name` of kind `K`: the writer's fields
+/// (the top-level members of `status`) without their nulls. A member left out is released,
+/// and the API server removes it unless another manager owns it too.
+pub fn status_apply<K>(name: &str, status: &Value) -> Value
 where
     K: Resource<DynamicType = ()>,
 {
@@ -95,22 +92,15 @@ where
     object.insert("apiVersion".into(), Value::String(K::api_version(&()).into_owned()));
     object.insert("kind".into(), Value::String(K::kind(&()).into_owned()));
     object.insert("metadata".into(), serde_json::json!({ "name": name }));
-    let status = match (status, previous) {
-        (Value::Object(mut fields), Some(Value::Object(before))) => {
-            for (key, value) in fields.iter_mut() {
-                if let Some(old) = before.get(key) {
-                    null_what_was_dropped(value, old);
-                }
-            }
-            Value::Object(fields)
-        }
-        (status, _) => status,
-    };
-    object.insert("status".into(), status);
+    object.insert("status".into(), without_nulls(status.clone()));
     Value::Object(object)
 }
 
-/// Applies `status` to the object `name` as `writer` (see [`status_apply`]).
+/// Applies `status` to the object `name` as `writer`, then clears what the writer dropped and
+/// another manager still holds. `previous` is the status the writer last saw. A member it had
+/// and `status` lacks (or sets to null) is released by the apply; where the object still
+/// carries it afterwards, it was co-owned, which is the case on an object an older operator
+/// wrote with merge patches, and a merge patch of nulls removes it.
 pub async fn apply_status_of<K>(
     api: &kube::Api<K>,
     name: &str,
@@ -119,23 +109,73 @@ pub async fn apply_status_of<K>(
     status: Value,
 ) -> Result<K, kube::Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
 {
-    let applied = status_apply::<K>(name, previous, status);
-    api.patch_status(name, &writer.apply(), &kube::api::Patch::Apply(&applied)).await
+    let applied = status_apply::<K>(name, &status);
+    let written =
+        api.patch_status(name, &writer.apply(), &kube::api::Patch::Apply(&applied)).await?;
+    let now =
+        serde_json::to_value(&written).ok().and_then(|mut o| o.get_mut("status").map(Value::take));
+    let Some(now) = now else { return Ok(written) };
+    match leftovers(previous, &status, &now) {
+        Some(nulls) => {
+            let patch = serde_json::json!({ "status": nulls });
+            api.patch_status(name, &writer.patch(), &kube::api::Patch::Merge(&patch)).await
+        }
+        None => Ok(written),
+    }
 }
 
-/// Adds a null to `now` for every object member `before` had and `now` lacks, at any depth.
-fn null_what_was_dropped(now: &mut Value, before: &Value) {
-    if let (Value::Object(now), Value::Object(before)) = (now, before) {
-        for (key, old) in before {
-            match now.get_mut(key) {
-                Some(value) => null_what_was_dropped(value, old),
-                None => {
-                    now.insert(key.clone(), Value::Null);
+/// The members of the writer's fields (the top-level members of `status`) that `status` sets
+/// to null, or lacks where `previous` had them, and that `now` still carries: as a merge patch
+/// of nulls.
+pub fn leftovers(previous: Option<&Value>, status: &Value, now: &Value) -> Option<Value> {
+    fn walk(before: Option<&Value>, wanted: Option<&Value>, now: Option<&Value>) -> Option<Value> {
+        let now = now.filter(|n| !n.is_null())?;
+        match wanted {
+            Some(Value::Null) => Some(Value::Null),
+            None => before.filter(|b| !b.is_null()).map(|_| Value::Null),
+            Some(Value::Object(wanted)) => {
+                let before = before.and_then(Value::as_object);
+                let keys = wanted.keys().chain(before.into_iter().flat_map(|b| b.keys()));
+                let mut nulls = Map::new();
+                for key in keys {
+                    let old = before.and_then(|b| b.get(key));
+                    if let Some(null) = walk(old, wanted.get(key), now.get(key)) {
+                        nulls.insert(key.clone(), null);
+                    }
                 }
+                (!nulls.is_empty()).then_some(Value::Object(nulls))
             }
+            Some(_) => None,
         }
+    }
+    let mut nulls = Map::new();
+    for (key, wanted) in status.as_object()? {
+        let old = previous.and_then(|p| p.get(key));
+        if let Some(null) = walk(old, Some(wanted), now.get(key)) {
+            nulls.insert(key.clone(), null);
+        }
+    }
+    (!nulls.is_empty()).then_some(Value::Object(nulls))
+}
+
+/// `value` with every null member of every object left out.
+fn without_nulls(value: Value) -> Value {
+    match value {
+        Value::Object(members) => Value::Object(
+            members
+                .into_iter()
+                .filter(|(_, member)| !member.is_null())
+                .map(|(key, member)| (key, without_nulls(member)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
     }
 }
 
@@ -155,16 +195,10 @@ mod tests {
     }
 
     #[test]
-    fn a_status_apply_names_the_object_and_nulls_what_the_writer_dropped() {
-        let previous = json!({
-            "lastDecision": { "demand": 3, "idleSince": "2026-12-01T09:00:00Z" },
-            "schedule": { "active": "daily" },
-            "slots": 4,
-        });
+    fn a_status_apply_names_the_object_and_leaves_nulls_out() {
         let applied = status_apply::<Group>(
             "pool",
-            Some(&previous),
-            json!({ "lastDecision": { "demand": 2 } }),
+            &json!({ "lastDecision": { "demand": 2, "idleSince": null }, "schedule": null }),
         );
         assert_eq!(
             applied,
@@ -172,29 +206,68 @@ mod tests {
                 "apiVersion": "infra.homecluster.dev/v2alpha1",
                 "kind": "Group",
                 "metadata": { "name": "pool" },
-                "status": { "lastDecision": { "demand": 2, "idleSince": null } },
-            }),
-            "another writer's fields (schedule, slots) are not touched"
+                "status": { "lastDecision": { "demand": 2 } },
+            })
         );
-        let cases = [
-            (json!({ "a": 1 }), json!({}), json!({ "a": null })),
-            (
-                json!({ "a": { "b": 1, "c": 2 } }),
-                json!({ "a": { "b": 1 } }),
-                json!({ "a": { "b": 1, "c": null } }),
-            ),
-            (json!({ "a": [1, 2] }), json!({ "a": [1] }), json!({ "a": [1] })),
-            (json!({ "a": 1 }), json!({ "a": null }), json!({ "a": null })),
-        ];
-        for (before, now, want) in cases {
-            let mut got = json!({ "x": now });
-            null_what_was_dropped(&mut got, &json!({ "x": before }));
-            assert_eq!(got, json!({ "x": want }));
-        }
         assert_eq!(
             FieldManager::Scaler.apply().field_manager.as_deref(),
             Some("homelab-autoscaler-scaler")
         );
         assert!(FieldManager::Scaler.apply().force);
+    }
+
+    #[test]
+    fn leftovers_are_what_the_writer_dropped_and_the_object_still_has() {
+        // (previous, status applied, status after the apply, the nulls to send)
+        let cases = [
+            (json!({ "a": { "b": 1 } }), json!({ "a": {} }), json!({ "a": {} }), None),
+            (
+                json!({ "a": { "b": 1 } }),
+                json!({ "a": {} }),
+                json!({ "a": { "b": 1 } }),
+                Some(json!({ "a": { "b": null } })),
+            ),
+            (
+                json!({ "a": { "b": 1 } }),
+                json!({ "a": { "b": null } }),
+                json!({ "a": { "b": 1 } }),
+                Some(json!({ "a": { "b": null } })),
+            ),
+            (
+                json!({ "a": { "b": 1 } }),
+                json!({ "a": null }),
+                json!({ "a": { "b": 1 } }),
+                Some(json!({ "a": null })),
+            ),
+            (
+                json!({ "a": { "b": 1 } }),
+                json!({ "a": { "b": 2 } }),
+                json!({ "a": { "b": 2 } }),
+                None,
+            ),
+            // Another writer's member is never touched, whatever the object holds.
+            (json!({ "a": 1, "other": 1 }), json!({ "a": 1 }), json!({ "a": 1, "other": 1 }), None),
+            (json!({ "a": [1, 2] }), json!({ "a": [1] }), json!({ "a": [1, 2] }), None),
+        ];
+        // Without a previous status, an explicit null still clears what another manager holds.
+        assert_eq!(
+            leftovers(
+                None,
+                &json!({ "d": { "idle": null, "at": 2 } }),
+                &json!({ "d": { "idle": 1, "at": 2 } })
+            ),
+            Some(json!({ "d": { "idle": null } }))
+        );
+        assert_eq!(
+            leftovers(None, &json!({ "d": { "at": 2 } }), &json!({ "d": { "idle": 1, "at": 2 } })),
+            None
+        );
+        for (previous, status, now, want) in cases {
+            assert_eq!(
+                leftovers(Some(&previous), &status, &now),
+                want,
+                "{previous} -> {status}, now {now}"
+            );
+        }
     }
 }

@@ -8,7 +8,7 @@ use homelab_autoscaler::api::Group;
 use homelab_autoscaler::field_manager::{FieldManager, apply_status_of};
 use homelab_harness::Components;
 use homelab_harness::{TestNamespace, test_namespace};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 async fn group(groups: &Api<Group>, name: &str) -> anyhow::Result<()> {
@@ -21,9 +21,15 @@ async fn group(groups: &Api<Group>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Group's status as stored, nulls included (a typed read shows a stored null as an absent
+/// field).
 async fn status(groups: &Api<Group>, name: &str) -> anyhow::Result<Value> {
-    let group = groups.get(name).await?;
-    Ok(serde_json::to_value(group.status)?)
+    let raw: Api<DynamicObject> = Api::namespaced_with(
+        groups.clone().into_client(),
+        groups.namespace().context("a namespaced Api")?,
+        &ApiResource::erase::<Group>(&()),
+    );
+    Ok(raw.get(name).await?.data.get("status").cloned().unwrap_or(Value::Null))
 }
 
 async fn managers(groups: &Api<Group>, name: &str) -> anyhow::Result<Vec<String>> {

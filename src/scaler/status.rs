@@ -1,7 +1,7 @@
 //! `Group.status.lastDecision`: the pass's decision, for people (`kubectl get hgroup -o yaml`).
 //! Applied (server-side apply) as the scaler's one field, so the group controller's counts and
 //! the schedule status are never touched. Every member is sent, `idleSince` as null when there
-//! is none: a null clears it even where an older operator's merge patch also owns it.
+//! is none, so it is cleared even where an older operator's merge patch also holds it.
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -34,7 +34,13 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
         claim.status.as_ref().and_then(|s| s.machine_observed_off.as_ref()).map(|t| t.0);
     if machine::powered_on(node.as_deref()) {
         if off_since.is_some() {
-            chokepoint::patch_status(ctx, claim, FieldManager::ClaimController, json!({ "machineObservedOff": null })).await?;
+            chokepoint::patch_status(
+                ctx,
+                claim,
+                FieldManager::ClaimController,
+                json!({ "machineObservedOff": null }),
+            )
+            .await?;
         }
         return Ok(wake(None));
     }
@@ -42,7 +48,13 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
     let grace_signed = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
     let Some(since) = off_since else {
         let now = ctx.now();
-        chokepoint::patch_status(ctx, claim, FieldManager::ClaimController, json!({ "machineObservedOff": Time(now) })).await?;
+        chokepoint::patch_status(
+            ctx,
+            claim,
+            FieldManager::ClaimController,
+            json!({ "machineObservedOff": Time(now) }),
+        )
+        .await?;
         return Ok(wake(Some(now.checked_add(grace_signed).unwrap_or(jiff::Timestamp::MAX))));
     };
     let end = since.checked_add(grace_signed).unwrap_or(jiff::Timestamp::MAX);

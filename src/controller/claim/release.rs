@@ -139,7 +139,13 @@ pub async fn reconcile_deletion(ctx: &Arc<Context>, claim: &NodeClaim) -> Result
 pub async fn reconcile_terminal(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {
     let Some(finished) = claim.status.as_ref().and_then(|s| s.finished_at.as_ref()).map(|t| t.0)
     else {
-        chokepoint::patch_status(ctx, claim, FieldManager::ClaimController, json!({ "finishedAt": Time(ctx.now()) })).await?;
+        chokepoint::patch_status(
+            ctx,
+            claim,
+            FieldManager::ClaimController,
+            json!({ "finishedAt": Time(ctx.now()) }),
+        )
+        .await?;
         return Ok(Action::await_change());
     };
     if has_finalizer(claim) {

@@ -20,9 +20,9 @@ use crate::controller::claim::chokepoint;
 use crate::controller::claim::release::awaits_forced_shutdown;
 use crate::controller::error::{Error, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
+use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::machine;
-use crate::field_manager::FieldManager;
 use crate::phase;
 
 const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
