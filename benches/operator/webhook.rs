@@ -61,8 +61,10 @@ impl Server {
         )?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
+        let client = plane.client()?;
         let state = WebhookState {
-            client: plane.client()?,
+            caches: homelab_autoscaler::cache::Stores::start(&client, ns),
+            client,
             namespace: ns.to_string(),
             operator_usernames: vec!["admin".into()],
             clock: Box::new(SystemClock),
