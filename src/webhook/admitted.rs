@@ -71,6 +71,8 @@ impl Admitted {
         });
         let mut claims = self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let entry = claims.entry(claim.spec.slot_ref.name.clone()).or_default();
+        // A create retried under the same name is one claim.
+        entry.retain(|(known, _)| known.metadata.name != claim.metadata.name);
         entry.push((claim.clone(), Instant::now()));
     }
 
