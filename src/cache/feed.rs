@@ -131,3 +131,52 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Node as Slot;
+    use futures::FutureExt;
+    use kube::runtime::reflector;
+    use watcher::Event;
+
+    fn slot(name: &str) -> Slot {
+        crate::fixtures::slot(name, "pool")
+    }
+
+    /// The names a stream has ready now, in order.
+    fn drain(changes: &mut Changes<Slot>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Some(Some(object)) = changes.next().now_or_never() {
+            names.push(object.metadata.name.clone().unwrap_or_default());
+        }
+        names
+    }
+
+    #[test]
+    fn a_late_subscriber_starts_from_the_store_and_then_follows_the_changes() {
+        let (store, mut writer) = reflector::store::<Slot>();
+        let subscribers = Subscribers::new(store);
+        let mut feed = |event: Event<Slot>| {
+            writer.apply_watcher_event(&event);
+            subscribers.publish(&event);
+        };
+        let mut early = subscribers.subscribe();
+        feed(Event::Init);
+        feed(Event::InitApply(slot("a")));
+        feed(Event::InitDone);
+        assert_eq!(drain(&mut early), ["a"], "the initial list, once it is complete");
+
+        feed(Event::Apply(slot("b")));
+        let mut late = subscribers.subscribe();
+        assert_eq!(drain(&mut late).len(), 2, "a late subscriber first gets every object held");
+        feed(Event::Delete(slot("a")));
+        assert_eq!(drain(&mut early), ["b", "a"], "applied, then deleted");
+        assert_eq!(drain(&mut late), ["a"], "then only the changes");
+
+        drop(early);
+        feed(Event::Apply(slot("c")));
+        assert_eq!(subscribers.senders().len(), 1, "a stopped subscriber is dropped");
+        assert_eq!(drain(&mut late), ["c"]);
+    }
+}
