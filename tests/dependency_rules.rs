@@ -1,6 +1,7 @@
 //! The shape of the house (the dependency rules in docs/architecture.md), checked on the source:
-//! the built-in scaler and the simulator import nothing of the controllers, and the provider's
-//! modules import one another without cycles. A module's imports are the sibling modules its
+//! the built-in scaler and the simulator import nothing of the controllers, the caches import
+//! nothing of the parts that read them, and the provider's and the caches' modules import one
+//! another without cycles. A module's imports are the sibling modules its
 //! file names through `super::` or `crate::provider::` (tests included).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,8 +93,8 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
 }
 
-/// The files of `src/<dir>/` (recursively) that name `crate::<module>`.
-fn files_naming(dir: &str, module: &str) -> Vec<String> {
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         for entry in entries {
@@ -105,9 +106,15 @@ fn files_naming(dir: &str, module: &str) -> Vec<String> {
             }
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
     let mut files = Vec::new();
-    walk(&root, &mut files);
+    walk(dir, &mut files);
+    files
+}
+
+/// The files of `src/<dir>/` (recursively) that name `crate::<module>`.
+fn files_naming(dir: &str, module: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let files = rust_files(&root);
     let needle = format!("crate::{module}");
     files
         .into_iter()
@@ -141,6 +148,45 @@ fn the_provider_modules_import_one_another_without_cycles() {
     assert!(graph.contains_key("slot_choice") && graph.contains_key("pricing"), "{graph:?}");
     if let Some(cycle) = find_cycle(&graph) {
         panic!("the provider's modules import one another in a circle: {}", cycle.join(" -> "));
+    }
+}
+
+/// The parts that read the caches, and those above them: `src/cache/` must name none of them.
+const ABOVE_THE_CACHES: [&str; 7] =
+    ["provider", "controller", "webhook", "operator", "grpc", "scaler", "simulator"];
+
+#[test]
+fn the_caches_import_nothing_of_their_readers() {
+    for module in ABOVE_THE_CACHES {
+        let files = files_naming("cache", module);
+        assert!(
+            files.is_empty(),
+            "src/cache sits below the provider, the webhooks and the controllers, which all read \
+             it; these files import crate::{module}: {files:?}"
+        );
+    }
+    let graph = module_graph("cache");
+    assert!(graph.contains_key("feed") && graph.contains_key("index"), "{graph:?}");
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("the caches' modules import one another in a circle: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_readers_reach_the_caches_through_the_one_module() {
+    // No second stack of watches: the provider, the controllers and the webhooks name the
+    // shared caches, and none of them starts a reflector of its own.
+    for dir in ["provider", "controller", "webhook"] {
+        assert!(!files_naming(dir, "cache").is_empty(), "src/{dir} does not read crate::cache");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+        for file in rust_files(&root) {
+            let source = std::fs::read_to_string(&file).expect("source");
+            assert!(
+                !source.contains("reflector::store(") && !source.contains("watcher("),
+                "{} starts a watch of its own; read crate::cache instead",
+                file.display()
+            );
+        }
     }
 }
 

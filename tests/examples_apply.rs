@@ -67,8 +67,10 @@ impl Admission {
         .context("loading the serving certificate")?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("https://127.0.0.1:{}", listener.local_addr()?.port());
+        let client = plane.client()?;
         let state = WebhookState {
-            client: plane.client()?,
+            caches: homelab_autoscaler::cache::Stores::start(&client, ns),
+            client,
             namespace: ns.to_string(),
             operator_usernames: Vec::new(),
             clock: Box::new(SystemClock),

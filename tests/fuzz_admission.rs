@@ -238,8 +238,10 @@ fn group_rules_hold_on_mutated_groups() {
 /// rules that need the cluster answer 503 at once, which is all decoding needs.
 fn router() -> axum::Router {
     let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a url"));
+    let client = kube::Client::try_from(config).expect("a client");
     let state = Arc::new(WebhookState {
-        client: kube::Client::try_from(config).expect("a client"),
+        caches: homelab_autoscaler::cache::Stores::start(&client, NS),
+        client,
         namespace: NS.into(),
         operator_usernames: vec!["admin".into()],
         clock: Box::new(SystemClock),

@@ -8,6 +8,9 @@
 //!
 //! Run with one operator replica, and with two (two providers with caches of their own behind
 //! two gRPC servers, the calls split between them, as a Service spreads them).
+//!
+//! Admission's own share: a burst of creates of one slot sent to one replica's webhook, before
+//! the API server has stored any of them, gets one claim admitted and one denied.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -217,6 +220,88 @@ async fn race(prefix: &str, replicas: usize) {
         started.elapsed().as_secs_f64()
     );
     assert!(ready > 0, "the race booted nothing: the suite proves nothing");
+}
+
+/// A validating review of the create of claim `name` of `slot`, as the API server sends it.
+fn create_review(ns: &str, name: &str, slot: &str, dry_run: bool) -> serde_json::Value {
+    let claim = json!({
+        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+        "metadata": { "name": name, "namespace": ns, "uid": format!("uid-{name}") },
+        "spec": {
+            "slotRef": { "name": slot },
+            "request": { "call": "Manual", "group": "pool" },
+            "requestedAt": Time(jiff::Timestamp::now()), "requestedBy": "burst",
+        },
+    });
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("review-{name}"),
+            "kind": { "group": "infra.homecluster.dev", "version": "v2alpha1", "kind": "NodeClaim" },
+            "resource": { "group": "infra.homecluster.dev", "version": "v2alpha1", "resource": "nodeclaims" },
+            "name": name, "namespace": ns, "operation": "CREATE", "dryRun": dry_run,
+            "userInfo": { "username": "someone" },
+            "object": claim,
+        },
+    })
+}
+
+/// Whether the webhook admitted the review, and its message.
+async fn judged(router: axum::Router, review: serde_json::Value) -> Result<(bool, String)> {
+    use tower::ServiceExt as _;
+    let request =
+        http::Request::post(homelab_autoscaler::webhook::configuration::PATH_VALIDATE_CLAIM)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(review.to_string()))?;
+    let response = router.oneshot(request).await?;
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20).await?;
+    let answer: serde_json::Value = serde_json::from_slice(&body)?;
+    let allowed = answer["response"]["allowed"].as_bool().unwrap_or(false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap_or("").to_owned();
+    Ok((allowed, message))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_two_creates_of_one_slot_to_one_replica_gets_one_denial() {
+    use homelab_autoscaler::webhook::{SystemClock, WebhookState};
+    homelab_autoscaler::tls::install_crypto_provider();
+    let lab = Lab::start("burst", With::Controllers).await;
+    let slots = lab.create_pool(2).await.expect("pool");
+    let caches = homelab_autoscaler::cache::Stores::start(&lab.client, &lab.ns);
+    assert!(caches.wait_synced(Duration::from_secs(30)).await, "the caches synced");
+    // The pool as the caches hold it, so the reviews are judged on the caches.
+    let slot = slots[0].clone();
+    eventually("the caches show the pool", Duration::from_secs(30), || async {
+        ensure!(caches.slot(&slot).is_some() && caches.group("pool").is_some());
+        Ok(())
+    })
+    .await
+    .expect("pool cached");
+    let router = homelab_autoscaler::webhook::router(std::sync::Arc::new(WebhookState {
+        client: lab.client.clone(),
+        caches,
+        namespace: lab.ns.clone(),
+        operator_usernames: Vec::new(),
+        clock: Box::new(SystemClock),
+        timeouts: timeouts(),
+    }));
+
+    // A dry run is judged, and never remembered.
+    let dry = judged(router.clone(), create_review(&lab.ns, "dry", &slot, true)).await;
+    assert!(dry.expect("dry run answered").0, "a dry run of a free slot is admitted");
+
+    let burst = join_all(
+        ["first", "second"]
+            .map(|name| judged(router.clone(), create_review(&lab.ns, name, &slot, false))),
+    )
+    .await;
+    let verdicts: Vec<(bool, String)> = burst.into_iter().collect::<Result<_>>().expect("answers");
+    let denied: Vec<&String> = verdicts.iter().filter(|(ok, _)| !ok).map(|(_, m)| m).collect();
+    assert_eq!(denied.len(), 1, "one of the two is denied: {verdicts:?}");
+    assert!(denied[0].contains("already has live claim"), "{}", denied[0]);
+    // The other slot is untouched by what this one remembers.
+    let other = judged(router.clone(), create_review(&lab.ns, "third", &slots[1], false)).await;
+    assert!(other.expect("answered").0, "another slot is free");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,6 +51,7 @@ async fn webhook_server() -> Server {
     )
     .expect("load");
     let state = Arc::new(WebhookState {
+        caches: homelab_autoscaler::cache::Stores::start(&nowhere(), "homelab-autoscaler-system"),
         client: nowhere(),
         namespace: "homelab-autoscaler-system".into(),
         operator_usernames: vec![],

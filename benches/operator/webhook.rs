@@ -61,8 +61,14 @@ impl Server {
         )?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
+        let client = plane.client()?;
+        // Admission reads these caches; the pool is written before the server starts, so once
+        // they have listed they hold it.
+        let caches = homelab_autoscaler::cache::Stores::start(&client, ns);
+        ensure!(caches.wait_synced(Duration::from_secs(60)).await, "the webhook's caches synced");
         let state = WebhookState {
-            client: plane.client()?,
+            caches,
+            client,
             namespace: ns.to_string(),
             operator_usernames: vec!["admin".into()],
             clock: Box::new(SystemClock),

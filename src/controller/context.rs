@@ -1,37 +1,22 @@
-//! What every controller shares: the client, the operator's settings, an event recorder, and
-//! read-only caches (reflector stores) of everything the reconcilers read.
+//! What every controller shares: the client, the operator's settings, an event recorder, and the
+//! process's caches ([`crate::cache::Stores`]) of everything the reconcilers read.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_util::sync::CancellationToken;
 
 use super::error::{KubeContext, Result, is_already_exists};
 use super::jobs::Lifecycle;
-use crate::api::{GROUP_LABEL, Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, Node, NodeClaim};
+use crate::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim};
+use crate::cache::{Changes, NotSynced, Stores};
 use crate::claim::Timeouts;
 use crate::clock::Clock;
 use crate::job_outcome::{JobOutcome, outcome};
-
-/// Read-only caches of the objects the reconcilers read.
-#[derive(Clone)]
-pub struct Stores {
-    pub claims: Store<NodeClaim>,
-    pub slots: Store<Node>,
-    pub groups: Store<Group>,
-    pub nodes: Store<CoreNode>,
-    pub jobs: Store<Job>,
-}
 
 /// What the controllers share.
 pub struct Context {
@@ -58,15 +43,10 @@ pub struct Context {
     boot_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// A stream of changed objects (applied or deleted) of one kind, for one controller. Shared:
-/// every controller that watches a kind gets the same object, and the initial list is sent as
-/// the store's own objects, not copies.
-pub type Changes<K> = UnboundedReceiverStream<Arc<K>>;
-
-/// The change streams of one controller's inputs. Each comes from the same watch that fills
-/// the context's store and yields an object only after the store has taken the change, so a
-/// reconcile triggered by a change always reads it (two separate watches would race), and
-/// deletions are delivered too.
+/// The change streams of every controller's inputs, taken from the caches when a leadership
+/// term starts. Each starts with every object its store holds (so every object is reconciled
+/// once at the start of a term) and then yields each change once the store and its indexes
+/// have taken it, deletions included, so a reconcile a change wakes always reads it.
 pub struct Subscriptions {
     pub claim_controller: ClaimInputs,
     pub slot_controller: SlotInputs,
@@ -123,86 +103,36 @@ impl From<&str> for PowerPods {
     }
 }
 
-/// Why the controllers' inputs could not be set up.
-#[derive(Debug, thiserror::Error)]
-#[error("a cache stopped before it listed: {0}")]
-pub struct StartError(#[from] reflector::store::WriterDropped);
-
-/// A store for `K`, fed by one watch, and `N` streams of its changes. Each change is applied
-/// to the store first and then sent to every stream; the objects of the initial list are sent
-/// once the list is complete (before that, the store still holds the previous list).
-fn fan_out<K, const N: usize>(
-    api: Api<K>,
-    config: watcher::Config,
-    shutdown: &CancellationToken,
-) -> (Store<K>, [Changes<K>; N])
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, mut writer) = reflector::store();
-    type Channel<K> = (UnboundedSender<Arc<K>>, UnboundedReceiver<Arc<K>>);
-    let channels: [Channel<K>; N] = std::array::from_fn(|_| unbounded_channel());
-    let (senders, receivers): (Vec<_>, Vec<_>) = channels.into_iter().unzip();
-    let streams = receivers.map_array::<N>();
-    let mut events = watcher(api, config).default_backoff().modify(crate::cache::slim::<K>).boxed();
-    let shutdown = shutdown.clone();
-    let store = reader.clone();
-    tokio::spawn(async move {
-        loop {
-            let event = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                next = events.next() => match next {
-                    Some(Ok(event)) => event,
-                    Some(Err(error)) => {
-                        tracing::debug!(%error, "watch error; the watcher retries");
-                        continue;
-                    }
-                    None => return,
-                },
-            };
-            writer.apply_watcher_event(&event);
-            let changed: Vec<Arc<K>> = match event {
-                watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => vec![Arc::new(obj)],
-                watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
-                // The store has just taken the whole list: its objects are the list.
-                watcher::Event::InitDone => store.state(),
-            };
-            for obj in changed {
-                for sender in &senders {
-                    // A controller that stopped has dropped its receiver; nothing to tell it.
-                    let _ = sender.send(Arc::clone(&obj));
-                }
-            }
+impl Subscriptions {
+    /// New streams of the caches' changes, one per controller input.
+    pub fn of(stores: &Stores) -> Self {
+        let group_inputs = || GroupInputs {
+            groups: stores.group_changes(),
+            slots: stores.slot_changes(),
+            claims: stores.claim_changes(),
+        };
+        Subscriptions {
+            claim_controller: ClaimInputs {
+                claims: stores.claim_changes(),
+                jobs: stores.job_changes(),
+                nodes: stores.node_changes(),
+                slots: stores.slot_changes(),
+            },
+            slot_controller: SlotInputs {
+                slots: stores.slot_changes(),
+                claims: stores.claim_changes(),
+                nodes: stores.node_changes(),
+                jobs: stores.job_changes(),
+            },
+            group_controller: group_inputs(),
+            schedule_controller: group_inputs(),
         }
-    });
-    (reader, streams)
-}
-
-/// Turns the receivers into an array of streams.
-trait MapArray<K> {
-    fn map_array<const N: usize>(self) -> [Changes<K>; N];
-}
-
-impl<K> MapArray<K> for Vec<UnboundedReceiver<Arc<K>>> {
-    fn map_array<const N: usize>(self) -> [Changes<K>; N] {
-        let mut receivers = self.into_iter();
-        std::array::from_fn(|_| match receivers.next() {
-            Some(receiver) => UnboundedReceiverStream::new(receiver),
-            // `fan_out` made exactly N; an empty stream is the harmless alternative to a panic.
-            None => UnboundedReceiverStream::new(unbounded_channel().1),
-        })
     }
 }
 
 impl Context {
-    /// Starts one watch per kind, and waits until each store has listed once. The returned
-    /// subscriptions must each be consumed by a controller: an unread one stalls its watch.
+    /// Starts caches of its own (for tests and tools that run the controllers alone), then
+    /// [`Context::begin`]s a term on them.
     pub async fn start(
         client: Client,
         namespace: &str,
@@ -210,42 +140,23 @@ impl Context {
         machines: MachineSettings,
         power: PowerPods,
         clock: Arc<dyn Clock>,
-        shutdown: &CancellationToken,
-    ) -> std::result::Result<(Arc<Self>, Subscriptions), StartError> {
-        let managed = watcher::Config::default()
-            .labels(&format!("{}={}", LABEL_MANAGED_BY.0, LABEL_MANAGED_BY.1));
-        let all = watcher::Config::default;
-        let (claims, [claims_a, claims_b, claims_c, claims_d]) =
-            fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
-        let (slots, [slots_a, slots_b, slots_c, slots_d]) =
-            fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
-        let (groups, [groups_a, groups_b]) =
-            fan_out(Api::namespaced(client.clone(), namespace), all(), shutdown);
-        let (nodes, [nodes_a, nodes_b]) = fan_out(Api::all(client.clone()), all(), shutdown);
-        let (jobs, [jobs_a, jobs_b]) =
-            fan_out(Api::namespaced(client.clone(), namespace), managed, shutdown);
-        let subscriptions = Subscriptions {
-            claim_controller: ClaimInputs {
-                claims: claims_a,
-                jobs: jobs_a,
-                nodes: nodes_a,
-                slots: slots_a,
-            },
-            slot_controller: SlotInputs {
-                slots: slots_b,
-                claims: claims_b,
-                nodes: nodes_b,
-                jobs: jobs_b,
-            },
-            group_controller: GroupInputs { groups: groups_a, slots: slots_c, claims: claims_c },
-            schedule_controller: GroupInputs { groups: groups_b, slots: slots_d, claims: claims_d },
-        };
-        let stores = Stores { claims, slots, groups, nodes, jobs };
-        stores.claims.wait_until_ready().await?;
-        stores.slots.wait_until_ready().await?;
-        stores.groups.wait_until_ready().await?;
-        stores.nodes.wait_until_ready().await?;
-        stores.jobs.wait_until_ready().await?;
+    ) -> std::result::Result<(Arc<Self>, Subscriptions), NotSynced> {
+        let stores = Stores::start(&client, namespace);
+        Self::begin(stores, client, timeouts, machines, power, clock).await
+    }
+
+    /// Waits until the caches have listed once, and subscribes the controllers to their
+    /// changes: a term starts from the caches as they are, and every object is reconciled once.
+    pub async fn begin(
+        stores: Stores,
+        client: Client,
+        timeouts: Timeouts,
+        machines: MachineSettings,
+        power: PowerPods,
+        clock: Arc<dyn Clock>,
+    ) -> std::result::Result<(Arc<Self>, Subscriptions), NotSynced> {
+        stores.synced().await?;
+        let subscriptions = Subscriptions::of(&stores);
         let reporter = Reporter {
             controller: "homelab-autoscaler".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -253,7 +164,7 @@ impl Context {
         let ctx = Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            namespace: namespace.to_string(),
+            namespace: stores.namespace().to_owned(),
             timeouts,
             drain_timeout: machines.drain_timeout,
             off_node_grace: machines.off_node_grace,
@@ -281,45 +192,34 @@ impl Context {
     }
 
     pub fn slot(&self, name: &str) -> Option<Arc<Node>> {
-        self.stores.slots.get(&ObjectRef::new(name).within(&self.namespace))
+        self.stores.slot(name)
     }
 
     pub fn group(&self, name: &str) -> Option<Arc<Group>> {
-        self.stores.groups.get(&ObjectRef::new(name).within(&self.namespace))
+        self.stores.group(name)
     }
 
     /// The group a slot belongs to, by its label.
     pub fn group_of(&self, slot: &Node) -> Option<Arc<Group>> {
-        slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).and_then(|g| self.group(g))
+        slot.group().and_then(|g| self.group(g))
     }
 
     pub fn core_node(&self, name: &str) -> Option<Arc<CoreNode>> {
-        self.stores.nodes.get(&ObjectRef::new(name))
+        self.stores.core_node(name)
     }
 
     pub fn job(&self, name: &str) -> Option<Arc<Job>> {
-        self.stores.jobs.get(&ObjectRef::new(name).within(&self.namespace))
+        self.stores.job(name)
     }
 
     /// The cached claims of a slot.
     pub fn claims_of_slot(&self, slot: &str) -> Vec<Arc<NodeClaim>> {
-        self.stores.claims.state().into_iter().filter(|c| c.spec.slot_ref.name == slot).collect()
+        self.stores.claims_of_slot(slot)
     }
 
     /// The cached lifecycle Jobs of a slot.
     pub fn jobs_of_slot(&self, slot: &str) -> Vec<Arc<Job>> {
-        self.stores
-            .jobs
-            .state()
-            .into_iter()
-            .filter(|j| {
-                j.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(crate::api::LABEL_SLOT))
-                    .is_some_and(|s| s == slot)
-            })
-            .collect()
+        self.stores.jobs_of_slot(slot)
     }
 
     /// The cached lifecycle Jobs of a slot of one kind.

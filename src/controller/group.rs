@@ -143,16 +143,10 @@ async fn reconcile(group: Arc<Group>, ctx: Arc<Context>) -> Result<Action> {
 }
 
 async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> Result<Action> {
-    let all_slots = ctx.stores.slots.state();
-    let slots: Vec<&Node> = all_slots
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|s: &&Node| {
-            s.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)) == Some(&name)
-        })
-        .collect();
-    let claims = ctx.stores.claims.state();
-    let counts = count(claims.iter().map(AsRef::as_ref).filter(|c| c.spec.request.group == name));
+    let pool = ctx.stores.slots_of_group(&name);
+    let slots: Vec<&Node> = pool.iter().map(AsRef::as_ref).collect();
+    let claims = ctx.stores.claims_of_group(&name);
+    let counts = count(claims.iter().map(AsRef::as_ref));
     let status = group.status.clone().unwrap_or_default();
     let now = ctx.now();
 

@@ -13,8 +13,7 @@ pub mod schedule;
 pub mod slot;
 
 pub use context::{
-    ClaimInputs, Context, GroupInputs, MachineSettings, PowerPods, SlotInputs, StartError, Stores,
-    Subscriptions,
+    ClaimInputs, Context, GroupInputs, MachineSettings, PowerPods, SlotInputs, Subscriptions,
 };
 pub use error::{Error, Result};
 

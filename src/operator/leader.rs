@@ -1,5 +1,6 @@
 //! Only the Lease holder moves claims. Losing the Lease stops the controllers at once; winning
-//! it (again) starts them with fresh caches.
+//! it (again) starts them on the process's caches as they are (synced since the replica
+//! started), every object reconciled once at the start of the term.
 
 use std::sync::Arc;
 
@@ -10,12 +11,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
 use super::admin::Readiness;
+use crate::cache::Stores;
 use crate::clock::SystemClock;
 use crate::controller::{self, Context};
 use crate::provider::Provider;
 
 async fn run_controllers(
     client: Client,
+    caches: &Stores,
     provider: &Provider,
     args: &RunArgs,
     ready: &Readiness,
@@ -27,9 +30,9 @@ async fn run_controllers(
         ..crate::scaler::ScalerConfig::new(args.namespace.clone())
     };
     let scaler = crate::scaler::run_with(client.clone(), provider.clone(), scaler, stop.clone());
-    let (ctx, inputs) = Context::start(
+    let (ctx, inputs) = Context::begin(
+        caches.clone(),
         client,
-        &args.namespace,
         args.timeouts(),
         super::machine_settings(args),
         crate::controller::PowerPods {
@@ -37,10 +40,9 @@ async fn run_controllers(
             priority_class: args.power_job_priority_class.clone(),
         },
         Arc::new(SystemClock),
-        &stop,
     )
     .await
-    .context("starting the caches")?;
+    .context("waiting for the caches")?;
     wait_for_provider(provider, &stop).await;
     ready.set(true);
     crate::telemetry::set_leader(true);
@@ -51,14 +53,14 @@ async fn run_controllers(
     Ok(())
 }
 
-/// Waits until the provider's caches have synced (or shutdown), logging each slow minute.
+/// Waits until the caches have synced (or shutdown), logging each slow minute.
 async fn wait_for_provider(provider: &Provider, shutdown: &CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             synced = provider.wait_synced(std::time::Duration::from_secs(60)) => match synced {
                 Ok(()) => return,
-                Err(error) => tracing::warn!(%error, "not ready: waiting for the provider's caches"),
+                Err(error) => tracing::warn!(%error, "not ready: waiting for the caches"),
             },
         }
     }
@@ -66,13 +68,14 @@ async fn wait_for_provider(provider: &Provider, shutdown: &CancellationToken) {
 
 pub async fn run_controllers_while_leader(
     client: Client,
+    caches: Stores,
     provider: Provider,
     args: &RunArgs,
     ready: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     if args.no_leader_election {
-        return run_controllers(client, &provider, args, &ready, shutdown).await;
+        return run_controllers(client, &caches, &provider, args, &ready, shutdown).await;
     }
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("homelab-autoscaler-{}", std::process::id()));
@@ -85,7 +88,7 @@ pub async fn run_controllers_while_leader(
         .await
         .context("creating the leader-election Lease manager")?;
     let (mut leading, lease_task) = manager.watch().await;
-    // Webhooks and gRPC serve in every replica: readiness waits for the provider's caches they
+    // Webhooks and gRPC serve in every replica: readiness waits for the caches they
     // answer from, not for the Lease.
     wait_for_provider(&provider, &shutdown).await;
     ready.set(true);
@@ -99,7 +102,8 @@ pub async fn run_controllers_while_leader(
         }
         tracing::info!("elected leader");
         let term = shutdown.child_token();
-        let controllers = run_controllers(client.clone(), &provider, args, &ready, term.clone());
+        let controllers =
+            run_controllers(client.clone(), &caches, &provider, args, &ready, term.clone());
         tokio::pin!(controllers);
         loop {
             tokio::select! {

@@ -1,6 +1,6 @@
 //! `homelab-autoscaler run`: wires the parts together. Admission webhooks and the externalgrpc
 //! server run in every replica (they only read, or create claims); the controllers run only on
-//! the replica holding the Lease.
+//! the replica holding the Lease. All three read the process's one set of caches.
 
 mod admin;
 pub mod autoscaler_restart;
@@ -17,6 +17,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::DEFAULT_NAMESPACE;
+use crate::cache::Stores;
 use crate::claim::Timeouts;
 use crate::clock::SystemClock;
 use crate::controller::MachineSettings;
@@ -219,8 +220,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ready = admin::Readiness::default();
 
     let tls = webhook_tls::serving_config(&client, &args, &shutdown).await?;
+    // The one set of watches and caches the webhooks, the provider and the controllers read.
+    let caches = Stores::start(&client, &args.namespace);
     let state = Arc::new(WebhookState {
         client: client.clone(),
+        caches: caches.clone(),
         namespace: args.namespace.clone(),
         operator_usernames: args.operator_usernames(),
         clock: Box::new(SystemClock),
@@ -237,9 +241,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let admin = tokio::spawn(admin::serve(args.admin_addr, ready.clone(), shutdown.clone()));
-    // One provider core (and one set of caches) serves cluster-autoscaler's calls and the
-    // built-in scaler's.
-    let provider = Provider::start(client.clone(), provider_config(&args));
+    // One provider core serves cluster-autoscaler's calls and the built-in scaler's.
+    let provider = Provider::on(caches.clone(), client.clone(), provider_config(&args));
     let grpc = match args.grpc_addr {
         Some(addr) => {
             let config = grpc_tls::server_config(&client, &args, addr, &shutdown).await?;
@@ -257,8 +260,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::spawn(restart.run(args.tls_reload_interval.into(), shutdown.clone()));
     }
 
-    let controllers =
-        leader::run_controllers_while_leader(client, provider, &args, ready, shutdown.clone());
+    let controllers = leader::run_controllers_while_leader(
+        client,
+        caches,
+        provider,
+        &args,
+        ready,
+        shutdown.clone(),
+    );
     let result = controllers.await;
     shutdown.cancel();
     let _ = tokio::join!(webhooks, admin);

@@ -6,7 +6,7 @@
 //! One file per job: [`groups`] (which groups and slots), [`target_size`], [`increase`] (with
 //! the pure [`slot_choice`] and [`claim_object`]), [`decrease`], [`delete_nodes`],
 //! [`instances`], [`template`], [`options`], [`pricing`] and [`node_lookup`]
-//! (NodeGroupForNode). The caches live in `stores`. The slot's price ([`slot_pricing`]) sits
+//! (NodeGroupForNode). The caches are the process's one set, [`crate::cache::Stores`]. The slot's price ([`slot_pricing`]) sits
 //! below the choice, the template and the pricing, which read it; the modules import one another
 //! without cycles (tests/dependency_rules.rs).
 //!
@@ -27,7 +27,6 @@ pub mod options;
 pub mod pricing;
 pub mod slot_choice;
 pub mod slot_pricing;
-mod stores;
 pub mod target_size;
 pub mod template;
 
@@ -39,6 +38,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{Group, NodeClaim, ScalingDriver};
+use crate::cache::Stores;
 
 pub use decrease::DecreaseOutcome;
 pub use delete_nodes::DeleteOutcome;
@@ -137,31 +137,30 @@ pub struct Provider {
 struct Inner {
     client: Client,
     config: ProviderConfig,
-    stores: stores::Stores,
-    reflectors: stores::Reflectors,
+    stores: Stores,
     /// Serializes writes in this process, so two calls never pick the same free slot.
     writes: tokio::sync::Mutex<()>,
 }
 
 impl Provider {
-    /// Starts the caches (spawned on the current Tokio runtime). Call
-    /// [`Provider::wait_synced`] before serving: until then every read answers `NotSynced`.
+    /// Starts caches of its own (spawned on the current Tokio runtime), for a process that runs
+    /// the provider alone. Call [`Provider::wait_synced`] before serving: until then every read
+    /// answers `NotSynced`.
     pub fn start(client: Client, config: ProviderConfig) -> Self {
-        let (stores, reflectors) = stores::start(&client, &config.namespace);
+        let stores = Stores::start(&client, &config.namespace);
+        Self::on(stores, client, config)
+    }
+
+    /// A provider reading the process's caches (of `config.namespace`).
+    pub fn on(stores: Stores, client: Client, config: ProviderConfig) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                client,
-                config,
-                stores,
-                reflectors,
-                writes: tokio::sync::Mutex::new(()),
-            }),
+            inner: Arc::new(Inner { client, config, stores, writes: tokio::sync::Mutex::new(()) }),
         }
     }
 
     /// Waits until every cache has its first listing, at most `timeout`.
     pub async fn wait_synced(&self, timeout: Duration) -> Result<(), ProviderError> {
-        if self.inner.reflectors.wait_synced(timeout).await {
+        if self.inner.stores.wait_synced(timeout).await {
             Ok(())
         } else {
             Err(ProviderError::NotSynced)
@@ -169,7 +168,7 @@ impl Provider {
     }
 
     pub fn is_synced(&self) -> bool {
-        self.inner.reflectors.is_synced()
+        self.inner.stores.is_synced()
     }
 
     pub fn config(&self) -> &ProviderConfig {
@@ -180,7 +179,7 @@ impl Provider {
         &self.inner.client
     }
 
-    pub(crate) fn stores(&self) -> &stores::Stores {
+    pub(crate) fn stores(&self) -> &Stores {
         &self.inner.stores
     }
 
@@ -266,29 +265,10 @@ impl Provider {
     /// their claims are fetched, so the per-group calls cost the same at any pool size.
     fn build_snapshot(&self, group: Arc<Group>) -> GroupSnapshot {
         let stores = &self.inner.stores;
-        let namespace = &self.inner.config.namespace;
         let name = group.metadata.name.as_deref().unwrap_or_default();
-        // The indexes may still list an object under a key it has just left: each object is
-        // checked by its actual key.
-        let slots: Vec<Arc<Slot>> = stores
-            .slots_by_group
-            .of(name)
-            .iter()
-            .filter_map(|s| stores.slots.get(&ObjectRef::new(s).within(namespace)))
-            .filter(|s| groups::group_of(s) == Some(name))
-            .collect();
-        let claims: Vec<Arc<NodeClaim>> = slots
-            .iter()
-            .flat_map(|slot| {
-                let slot = groups::slot_name(slot);
-                stores.claims_by_slot.of(slot).into_iter().filter_map(move |name| {
-                    stores
-                        .claims
-                        .get(&ObjectRef::new(&name).within(namespace))
-                        .filter(|claim| claim.spec.slot_ref.name == slot)
-                })
-            })
-            .collect();
+        let slots = stores.slots_of_group(name);
+        let claims: Vec<Arc<NodeClaim>> =
+            slots.iter().flat_map(|slot| stores.claims_of_slot(groups::slot_name(slot))).collect();
         PoolIndex::new(&slots, &claims).snapshot(group, |n| stores.is_registered(n))
     }
 

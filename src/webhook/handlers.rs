@@ -9,12 +9,12 @@ use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::WebhookState;
 use super::claim_rules::{self, ClaimFacts};
 use super::group_rules::{self, GroupFacts};
 use super::lookup::{Lookup, LookupError};
 use super::slot_rules::{self, SlotFacts};
 use super::verdict::{Denial, Verdict};
+use super::{Shared, WebhookState};
 use crate::api::{GROUP_LABEL, Group, Node, NodeClaim};
 use crate::{phase, telemetry};
 
@@ -101,11 +101,12 @@ fn unavailable(error: LookupError) -> Verdict {
     })
 }
 
-fn lookup(state: &WebhookState, request: &AdmissionRequest<DynamicObject>) -> Lookup {
-    Lookup::new(state.client.clone(), request.namespace.as_deref().unwrap_or(&state.namespace))
+fn lookup<'a>(state: &'a WebhookState, request: &AdmissionRequest<DynamicObject>) -> Lookup<'a> {
+    let namespace = request.namespace.as_deref().unwrap_or(&state.namespace);
+    Lookup::new(&state.caches, &state.client, namespace)
 }
 
-pub async fn mutate_claim(State(state): State<Arc<WebhookState>>, Json(review): Review) -> Review {
+pub async fn mutate_claim(State(state): State<Arc<Shared>>, Json(review): Review) -> Review {
     answer("mutate-nodeclaim", review, |request| async move {
         let verdict = async {
             if request.operation != Operation::Create {
@@ -135,10 +136,7 @@ pub async fn mutate_claim(State(state): State<Arc<WebhookState>>, Json(review): 
     .await
 }
 
-pub async fn validate_claim(
-    State(state): State<Arc<WebhookState>>,
-    Json(review): Review,
-) -> Review {
+pub async fn validate_claim(State(state): State<Arc<Shared>>, Json(review): Review) -> Review {
     answer("validate-nodeclaim", review, |request| async move {
         let verdict = async {
             let claim: NodeClaim = match parse(request.object.as_ref(), "NodeClaim") {
@@ -146,16 +144,25 @@ pub async fn validate_claim(
                 Err(verdict) => return verdict,
             };
             match request.operation {
-                Operation::Create => match claim_facts(&state, &request, &claim).await {
-                    Ok(facts) => {
-                        let ns = request.namespace.clone().unwrap_or_default();
-                        claim_rules::validate_create(
-                            &claim,
-                            &facts.as_facts(&state, &ns, state.clock.now()),
-                        )
+                Operation::Create => {
+                    // Judged and remembered under the slot's lock: a second create of the slot
+                    // waits, then sees this one (see `admitted`).
+                    let _slot = state.admitted.lock_slot(&claim.spec.slot_ref.name).await;
+                    let verdict = match claim_facts(&state, &request, &claim).await {
+                        Ok(facts) => {
+                            let ns = request.namespace.clone().unwrap_or_default();
+                            claim_rules::validate_create(
+                                &claim,
+                                &facts.as_facts(&state, &ns, state.clock.now()),
+                            )
+                        }
+                        Err(error) => unavailable(error),
+                    };
+                    if verdict.is_allowed() && !request.dry_run {
+                        state.admitted.remember(&claim, &state.caches);
                     }
-                    Err(error) => unavailable(error),
-                },
+                    verdict
+                }
                 Operation::Update => {
                     match parse::<NodeClaim>(request.old_object.as_ref(), "stored NodeClaim") {
                         Ok(old) => {
@@ -179,7 +186,7 @@ pub async fn validate_claim(
     .await
 }
 
-pub async fn validate_slot(State(state): State<Arc<WebhookState>>, Json(review): Review) -> Review {
+pub async fn validate_slot(State(state): State<Arc<Shared>>, Json(review): Review) -> Review {
     answer("validate-node", review, |request| async move {
         let verdict = async {
             if !matches!(request.operation, Operation::Create | Operation::Update) {
@@ -225,10 +232,7 @@ pub async fn validate_slot(State(state): State<Arc<WebhookState>>, Json(review):
     .await
 }
 
-pub async fn validate_group(
-    State(state): State<Arc<WebhookState>>,
-    Json(review): Review,
-) -> Review {
+pub async fn validate_group(State(state): State<Arc<Shared>>, Json(review): Review) -> Review {
     answer("validate-group", review, |request| async move {
         let verdict = async {
             if !matches!(request.operation, Operation::Create | Operation::Update) {
@@ -292,16 +296,20 @@ impl OwnedClaimFacts {
 }
 
 async fn claim_facts(
-    state: &WebhookState,
+    state: &Shared,
     request: &AdmissionRequest<DynamicObject>,
     claim: &NodeClaim,
 ) -> Result<OwnedClaimFacts, LookupError> {
     let lookup = lookup(state, request);
-    let (slot, group, claims) = tokio::try_join!(
+    let (slot, group, mut claims) = tokio::try_join!(
         lookup.slot(&claim.spec.slot_ref.name),
         lookup.group(&claim.spec.request.group),
         lookup.claims_of_slot(&claim.spec.slot_ref.name),
     )?;
+    if lookup.is_cached() {
+        // What this replica admitted and the caches do not show yet.
+        claims.extend(state.admitted.unseen(&claim.spec.slot_ref.name, &state.caches));
+    }
     // On create the claim may have only a generateName; match by name and uid both.
     let me = (claim.metadata.name.as_deref(), claim.metadata.uid.as_deref());
     let others = claims

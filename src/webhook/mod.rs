@@ -1,7 +1,8 @@
 //! Admission webhooks: the rules of the model that can be judged at write time. Handlers read
-//! the cluster and decide; they never write. The rules themselves are pure functions
+//! the process's caches (`lookup`) and decide; they never write. The rules themselves are pure functions
 //! (`claim_rules`, `slot_rules`, `group_rules`) so they are table-tested without a server.
 
+mod admitted;
 pub mod body_limit;
 pub mod claim_rules;
 pub mod configuration;
@@ -24,7 +25,10 @@ pub use crate::clock::{Clock, SystemClock};
 
 /// What the webhook handlers share.
 pub struct WebhookState {
+    /// For the reads made while the caches cannot answer (see `lookup`).
     pub client: Client,
+    /// The process's caches, which admission reads.
+    pub caches: crate::cache::Stores,
     /// The namespace slots, groups and claims live in.
     pub namespace: String,
     /// Usernames allowed to do what only the operator may (clear a claim's deadline).
@@ -40,8 +44,23 @@ impl WebhookState {
     }
 }
 
+/// The handlers' state: the settings, and this router's own claim admissions.
+struct Shared {
+    state: Arc<WebhookState>,
+    admitted: admitted::Admitted,
+}
+
+impl std::ops::Deref for Shared {
+    type Target = WebhookState;
+
+    fn deref(&self) -> &WebhookState {
+        &self.state
+    }
+}
+
 /// The admission routes, one per kind and operation class.
 pub fn router(state: Arc<WebhookState>) -> Router {
+    let state = Arc::new(Shared { state, admitted: admitted::Admitted::default() });
     Router::new()
         .route(configuration::PATH_MUTATE_CLAIM, post(handlers::mutate_claim))
         .route(configuration::PATH_VALIDATE_CLAIM, post(handlers::validate_claim))

@@ -32,7 +32,11 @@ pub async fn controller(ctx: Arc<Context>, inputs: ClaimInputs, shutdown: Cancel
         .owns_shared_stream(inputs.jobs)
         // A machine's node changing wakes the claims of its slot (the gate, machine gone).
         .watches_shared_stream(inputs.nodes, move |node| {
-            claims_of(&by_node, node.metadata.name.as_deref())
+            let slots = node.metadata.name.as_deref().map(|n| by_node.stores.slots_of_node(n));
+            let slots = slots.into_iter().flatten();
+            slots
+                .flat_map(|slot| claims_of(&by_node, slot.metadata.name.as_deref()))
+                .collect::<Vec<_>>()
         })
         .watches_shared_stream(inputs.slots, move |slot| {
             claims_of(&by_slot, slot.metadata.name.as_deref())

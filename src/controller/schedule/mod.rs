@@ -50,10 +50,9 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
         }
         return Ok(Action::await_change());
     }
-    let all_slots = ctx.stores.slots.state();
-    let pool: BTreeMap<&str, &Node> = all_slots
+    let pool_slots = ctx.stores.slots_of_group(&name);
+    let pool: BTreeMap<&str, &Node> = pool_slots
         .iter()
-        .filter(|s| s.group() == Some(name.as_str()))
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s.as_ref())))
         .collect();
@@ -69,11 +68,13 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
                 .map(|p| p.hourly_rate),
         })
         .collect();
-    let claims = ctx.stores.claims.state();
-    let taken: BTreeSet<String> = claims.iter().filter_map(|c| c.metadata.name.clone()).collect();
+    let claims: Vec<Arc<NodeClaim>> =
+        pool.keys().flat_map(|slot| ctx.stores.claims_of_slot(slot)).collect();
+    // A new claim's name must be free in the whole namespace, not only among the pool's.
+    let taken: BTreeSet<String> =
+        ctx.stores.claims.state().iter().filter_map(|c| c.metadata.name.clone()).collect();
     let live: Vec<LiveClaim> = claims
         .iter()
-        .filter(|c| pool.contains_key(c.spec.slot_ref.name.as_str()))
         .filter(|c| phase::is_live(Some(phase::of(c))))
         .map(|c| LiveClaim {
             name: c.metadata.name.clone().unwrap_or_default(),

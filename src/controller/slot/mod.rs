@@ -25,15 +25,20 @@ use crate::api::{LABEL_SLOT, Node};
 /// Runs the slot controller until `shutdown`.
 pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: CancellationToken) {
     let ns_claims = ctx.namespace.clone();
-    let ns_nodes = ctx.namespace.clone();
+    let by_node = ctx.clone();
     let ns_jobs = ctx.namespace.clone();
     let controller = Controller::for_shared_stream(inputs.slots, ctx.stores.slots.clone())
         .watches_shared_stream(inputs.claims, move |claim| {
             Some(ObjectRef::new(&claim.spec.slot_ref.name).within(&ns_claims))
         })
-        // A slot is named after its node, so a node event names its slot (if it has one).
+        // A node event wakes the slots whose machine registers as that node.
         .watches_shared_stream(inputs.nodes, move |node| {
-            node.metadata.name.as_ref().map(|name| ObjectRef::new(name).within(&ns_nodes))
+            let slots = node.metadata.name.as_deref().map(|n| by_node.stores.slots_of_node(n));
+            slots
+                .into_iter()
+                .flatten()
+                .map(|slot| ObjectRef::from_obj(slot.as_ref()))
+                .collect::<Vec<_>>()
         })
         .watches_shared_stream(inputs.jobs, move |job| {
             job.metadata

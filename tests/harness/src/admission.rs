@@ -78,8 +78,10 @@ impl WebhookServer {
         .context("loading the serving certificate")?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
+        let client = plane.client()?;
         let state = WebhookState {
-            client: plane.client()?,
+            caches: homelab_autoscaler::cache::Stores::start(&client, namespace),
+            client,
             namespace: namespace.to_string(),
             operator_usernames: operator_usernames.iter().map(|u| u.to_string()).collect(),
             clock: Box::new(SystemClock),

@@ -73,7 +73,6 @@ async fn start_controllers(
         },
         LAB_POWER_IMAGE.into(),
         Arc::new(SystemClock),
-        &token,
     )
     .await
     .expect("controller context");

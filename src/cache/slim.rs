@@ -1,10 +1,11 @@
-//! What the operator's reflector caches keep of an object. Every cache is fed by a watch and
-//! holds each object for the life of the process, so the fields no reader needs are dropped
+//! What the caches keep of an object. Every cache is fed by a watch and holds each object for
+//! the life of the process, so the fields no reader needs are dropped
 //! before an object is stored: `managedFields` (server-side apply's bookkeeping, often larger
 //! than the object's spec) and kubectl's `last-applied-configuration` annotation (a second copy
 //! of the object as JSON). No reconcile or provider call reads either, and no write sends a
 //! cached object back whole (writes are patches), so dropping them changes nothing but memory.
 
+use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::Resource;
 
 /// The annotation `kubectl apply` keeps a copy of the applied object in.
@@ -16,6 +17,15 @@ pub fn slim<K: Resource>(object: &mut K) {
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// [`slim`], and a Kubernetes node's list of container images: the kubelet reports every image
+/// on the machine (often the largest part of a node), and no reader looks at it.
+pub fn slim_node(node: &mut CoreNode) {
+    slim(node);
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
     }
 }
 
@@ -43,5 +53,25 @@ mod tests {
             node.metadata.annotations.iter().flatten().map(|(k, _)| k.as_str()).collect();
         assert_eq!(kept, ["keep"]);
         assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
+    }
+
+    #[test]
+    fn a_node_loses_its_image_list_and_keeps_its_conditions() {
+        use k8s_openapi::api::core::v1::{ContainerImage, NodeCondition, NodeStatus};
+        let mut node = Node {
+            status: Some(NodeStatus {
+                images: Some(vec![ContainerImage::default()]),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        slim_node(&mut node);
+        let status = node.status.as_ref();
+        assert_eq!(status.and_then(|s| s.images.as_ref()), None);
+        assert_eq!(status.and_then(|s| s.conditions.as_ref()).map(Vec::len), Some(1));
     }
 }
