@@ -24,6 +24,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
             "--all",
             "--replicas",
             "--wait",
+            "--show-managed-fields",
         ],
     ),
     ("helm", &["--set", "--install", "--create-namespace", "--reuse-values", "--strict"]),

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 
 use super::error::{KubeContext, Result, is_already_exists};
 use super::jobs::Lifecycle;
+use crate::field_manager::FieldManager;
 use crate::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim};
 use crate::cache::{Changes, NotSynced, Stores};
 use crate::claim::Timeouts;
@@ -242,10 +243,10 @@ impl Context {
 
     /// Creates a lifecycle Job. Returns false when it already existed: Job names are
     /// deterministic, so a create repeated after a crash or a conflict is a no-op.
-    pub async fn create_job(&self, job: &Job) -> Result<bool> {
+    pub async fn create_job(&self, job: &Job, writer: FieldManager) -> Result<bool> {
         let name = job.metadata.name.clone().unwrap_or_default();
         match Api::<Job>::namespaced(self.client.clone(), &self.namespace)
-            .create(&PostParams::default(), job)
+            .create(&writer.post(), job)
             .await
         {
             Ok(_) => Ok(true),

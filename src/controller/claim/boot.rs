@@ -96,7 +96,7 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         priority_class: ctx.power_priority_class.as_deref(),
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
-    ctx.create_job(&job).await?;
+    ctx.create_job(&job, FieldManager::ClaimController).await?;
     clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
 
     let boot = PhaseMove::new(NodeClaimPhase::Booting, Writer::Lifecycle)

@@ -236,7 +236,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         priority_class: ctx.power_priority_class.as_deref(),
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
-    let created = ctx.create_job(&job).await?;
+    let created = ctx.create_job(&job, FieldManager::SlotController).await?;
     if let Some(claim) = claim {
         chokepoint::patch_status(
             ctx,
