@@ -43,6 +43,7 @@ pub fn group(name: &str) -> Group {
             scale_down: ScaleDownOptions::default(),
             builtin: BuiltinScaler::default(),
             pricing: None,
+            energy: None,
             schedules: vec![],
         },
     );

@@ -11,16 +11,17 @@ mod slot;
 
 pub use common::{Pricing, TaintSelector};
 pub use group::{
-    BuiltinScaler, Group, GroupClaimCounts, GroupSavings, GroupSpec, GroupStatus, ScaleDownOptions,
-    ScalerDecision, ScalingDriver, default_readiness_taints,
+    BuiltinScaler, EnergyTariff, Group, GroupClaimCounts, GroupSavings, GroupSpec, GroupStatus,
+    ScaleDownOptions, ScalerDecision, ScalingDriver, default_readiness_taints,
 };
 pub use nodeclaim::{
     ClaimCall, ClaimRequest, NodeClaim, NodeClaimPhase, NodeClaimSpec, NodeClaimStatus, SlotRef,
 };
 pub use power::{
-    CredentialsRef, DEFAULT_SSH_COMMAND, DriverChoice, HttpHeader, HttpPower, HttpRequest, Ipmi,
-    IpmiOffMethod, IpmiPrivilege, PowerAction, PowerDriverKind, PowerSpec, Redfish, RedfishTls,
-    SecretKeyRef, SshShutdown, WakeOnLan,
+    CredentialsRef, DEFAULT_DRAW_STEADY_SECONDS, DEFAULT_SSH_COMMAND, DEFAULT_STEP_TIMEOUT_SECONDS,
+    DriverChoice, HttpHeader, HttpPower, HttpRequest, Ipmi, IpmiOffMethod, IpmiPrivilege,
+    PowerAction, PowerDriverKind, PowerMeter, PowerSpec, PowerStep, PowerWatts, Redfish,
+    RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
 };
 pub use schedule::{GroupScheduleStatus, ScheduleWindow};
 pub use slot::{

@@ -58,6 +58,7 @@ pub fn check(slot: &Node, findings: &mut Findings) {
     }
     if let Some(spec) = &slot.spec.power {
         check_settings(spec, findings);
+        super::sequence_rules::check(spec, findings);
     }
 }
 
