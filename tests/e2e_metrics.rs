@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use homelab_autoscaler::api::{Group, GroupStatus};
+use homelab_autoscaler::api::{Group, GroupStatus, Node};
 use homelab_harness::e2e::prometheus::{Prometheus, promtool_check_metrics};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World, http_answer};
 use homelab_harness::{Components, ControlPlane, eventually};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// How long Prometheus may take to show what the operator already counts (1 s scrapes).
@@ -138,6 +138,18 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
         "minSize above maxNodes: {denied:?}"
     );
 
+    // The workers declare their draw and the pool its tariff: the energy report counts.
+    let watts = json!({ "spec": { "power": { "watts": { "whenOn": 95.0, "whenOff": 4.0 } } } });
+    let slots: Api<Node> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let workers = slots.list(&ListParams::default().labels("group=workers")).await.expect("slots");
+    assert!(!workers.items.is_empty(), "the workers pool has slots");
+    for slot in workers.items {
+        let name = slot.metadata.name.unwrap_or_default();
+        slots.patch(&name, &PatchParams::default(), &Patch::Merge(&watts)).await.expect("watts");
+    }
+    let tariff = json!({ "spec": { "energy": { "pricePerKWh": 0.32, "currency": "EUR" } } });
+    groups.patch("workers", &PatchParams::default(), &Patch::Merge(&tariff)).await.expect("tariff");
+
     let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
     if let Err(error) = world.autoscaler_scale_up_and_down(&ca, 3).await {
         panic!(
@@ -254,6 +266,18 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
     let savings = savings.expect("workers has a savings report");
     assert!(savings.machine_hours_on > 0.0 && savings.cost > 0.0, "{savings:?}");
     assert!(savings.always_on_cost >= savings.cost && savings.saved >= 0.0, "{savings:?}");
+    assert!(savings.energy_used_kwh > 0.0 && savings.energy_cost > 0.0, "{savings:?}");
+    assert!(
+        savings.energy_saved_kwh >= 0.0 && savings.slots_without_watts.is_empty(),
+        "{savings:?}"
+    );
+    expect_value(
+        p,
+        r#"homelab_autoscaler_group_energy_kwh{group="workers",basis="used"}"#,
+        |v| v > 0.0,
+        "energy used",
+    )
+    .await;
     expect_value(
         p,
         r#"homelab_autoscaler_group_machine_seconds{group="workers",power="on"}"#,
