@@ -347,6 +347,20 @@ mod tests {
     }
 
     #[test]
+    fn energy_adds_up_to_the_worked_example() {
+        // docs/operations.md: the server at 95 W on, 4 W off; the minis at 12 W on, 0.5 W off;
+        // 0.32 per kWh; the day of the cost example.
+        let pool = [("server", 95.0, 4.0), ("mini-a", 12.0, 0.5), ("mini-b", 12.0, 0.5)];
+        let plan: [(&str, &[&str], f64); 4] = [
+            ("2026-12-01T00:00Z", &["server", "mini-a"], 0.32),
+            ("2026-12-01T02:00Z", &["mini-a"], 0.32),
+            ("2026-12-01T08:00Z", &[], 0.32),
+            ("2026-12-02T00:00Z", &[], 0.32),
+        ];
+        assert_eq!(energy_of(&pool, &plan), (0.394, 2.462, 0.12608, 0.78784));
+    }
+
+    #[test]
     fn a_slot_without_watts_counts_no_energy_and_is_named() {
         let slots = [
             metered("server", true, 95.0, 4.0),

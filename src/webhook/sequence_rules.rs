@@ -6,6 +6,10 @@ use crate::api::{PowerAction, PowerDriverKind, PowerSpec, PowerStep};
 
 const RULE: &str = "power_sequence";
 
+/// What the steps' bounds may add up to: a power Job is cut at the startup Job timeout, 300 s
+/// by default (the same room `confirmTimeoutSeconds` leaves).
+const JOB_ROOM_SECONDS: u32 = 290;
+
 /// The rules of both directions' sequences.
 pub fn check(spec: &PowerSpec, findings: &mut Findings) {
     for action in [PowerAction::On, PowerAction::Off] {
@@ -44,6 +48,17 @@ pub fn check(spec: &PowerSpec, findings: &mut Findings) {
             check_wait(spec, &field, index, step, findings);
         }
         check_order(action, steps, &field, findings);
+        let total: u32 = steps
+            .iter()
+            .map(|s| s.timeout_seconds.unwrap_or(crate::api::DEFAULT_STEP_TIMEOUT_SECONDS))
+            .sum();
+        if total > JOB_ROOM_SECONDS {
+            findings.warn(format!(
+                "{field}: the steps may take {total}s together, but the power Job is cut at the \
+                 startup Job timeout (--startup-job-timeout, 5m by default): lower their \
+                 timeoutSeconds to {JOB_ROOM_SECONDS}s in all, or raise the timeout"
+            ));
+        }
     }
 }
 
