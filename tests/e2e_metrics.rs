@@ -71,6 +71,33 @@ fn scraped_families(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// `kubectl get hgroup NAME -o wide` as a person reads it: each header with the text under it
+/// (a column runs from its header to the next header).
+async fn hgroup_columns(plane: &ControlPlane, group: &str) -> Vec<(String, String)> {
+    let out = plane.kubectl(["get", "hgroup", group, "-n", NAMESPACE, "-o", "wide"]).await;
+    let out = out.expect("kubectl get hgroup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = table.lines();
+    let (header, row) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+    let starts: Vec<usize> = header
+        .char_indices()
+        .filter(|(i, c)| !c.is_whitespace() && (*i == 0 || header[..*i].ends_with(' ')))
+        .map(|(i, _)| i)
+        .collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(n, &at)| {
+            let end = starts.get(n + 1).copied().unwrap_or(header.len().max(row.len()));
+            let cell = |line: &str| {
+                line.get(at..end.min(line.len())).unwrap_or_default().trim().to_string()
+            };
+            (cell(header), cell(row))
+        })
+        .collect()
+}
+
 /// Every `expr` of the dashboard's panels, with Grafana's variables as Grafana would fill them
 /// for a range that covers the scenario: all groups, a 15-minute rate window, a 1-hour range.
 fn dashboard_queries() -> Vec<(String, String)> {
@@ -271,6 +298,15 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
         savings.energy_saved_kwh >= 0.0 && savings.slots_without_watts.is_empty(),
         "{savings:?}"
     );
+    // `kubectl get hgroup -o wide` prints the energy as a person reads it.
+    let columns = hgroup_columns(&world.plane, "workers").await;
+    let number = |name: &str| -> f64 {
+        let value = columns.iter().find(|(c, _)| c == name).map(|(_, v)| v.as_str());
+        value.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {columns:?}"))
+    };
+    assert!(number("KWH-USED") > 0.0, "{columns:?}");
+    assert!(number("KWH-SAVED") >= 0.0 && number("ENERGY-SAVED") >= 0.0, "{columns:?}");
+    assert!(columns.contains(&("CURRENCY".into(), "EUR".into())), "{columns:?}");
     expect_value(
         p,
         r#"homelab_autoscaler_group_energy_kwh{group="workers",basis="used"}"#,

@@ -58,18 +58,21 @@ fn power_settings(job: &Job) -> (serde_json::Value, Vec<String>) {
     (spec, secrets)
 }
 
+/// One World for both slots: a test binary's control plane holds one simulated cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_on_a_wake_on_lan_slot_boots_and_is_released() {
+async fn claims_on_a_wake_on_lan_slot_and_a_plug_and_ssh_slot_boot_and_are_released() {
+    let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler")))
+        .expect("operator binary");
+    let world = e2e::World::start(&bin, false).await.expect("start the world");
+    let _logs = world.plane.logs_on_failure();
+
     let (startup, shutdown) =
-        claim_boots_and_is_released("power-wake-on-lan.yaml", "nas-1", "lan").await;
+        claim_boots_and_is_released(&world, "power-wake-on-lan.yaml", "nas-1", "lan").await;
     assert_eq!(args_of(&startup), ["power", "on"]);
     assert_eq!(args_of(&shutdown), ["power", "off"]);
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_on_a_plug_and_ssh_slot_boots_and_is_released() {
     let (startup, shutdown) =
-        claim_boots_and_is_released("power-smart-plug.yaml", "mini-1", "minis").await;
+        claim_boots_and_is_released(&world, "power-smart-plug.yaml", "mini-1", "minis").await;
     assert_eq!(args_of(&startup), ["power", "on"]);
     let (on, secrets) = power_settings(&startup);
     assert_eq!(on["onWith"], json!("http"), "the plug switches the machine on: {on}");
@@ -89,11 +92,12 @@ async fn a_claim_on_a_plug_and_ssh_slot_boots_and_is_released() {
 
 /// Applies `example`, claims `slot` of `group` by hand, waits for it ready, releases it and
 /// waits for the machine off; returns the startup and shutdown Jobs.
-async fn claim_boots_and_is_released(example: &str, slot: &str, group: &str) -> (Job, Job) {
-    let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler")))
-        .expect("operator binary");
-    let world = e2e::World::start(&bin, false).await.expect("start the world");
-    let _logs = world.plane.logs_on_failure();
+async fn claim_boots_and_is_released(
+    world: &e2e::World,
+    example: &str,
+    slot: &str,
+    group: &str,
+) -> (Job, Job) {
     let example = homelab_harness::repo_path(&format!("examples/{example}"));
     let applied = world
         .plane
