@@ -28,7 +28,7 @@ pub fn slot(name: &str, group: &str) -> Node {
         },
     );
     slot.metadata.namespace = Some("ns".into());
-    slot.metadata.labels = Some(BTreeMap::from([(GROUP_LABEL.into(), group.into())]));
+    slot.metadata.labels = Some(BTreeMap::from([(POOL_MEMBERSHIP_LABEL.into(), group.into())]));
     slot
 }
 
@@ -43,6 +43,7 @@ pub fn group(name: &str) -> Group {
             scale_down: ScaleDownOptions::default(),
             builtin: BuiltinScaler::default(),
             pricing: None,
+            energy: None,
             schedules: vec![],
         },
     );

@@ -11,7 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch};
 use serde_json::json;
 
-use crate::api::{ClaimCall, ClaimRequest, GROUP_LABEL, Node, NodeClaim, NodeClaimSpec, SlotRef};
+use crate::api::{
+    ClaimCall, ClaimRequest, Node, NodeClaim, NodeClaimSpec, POOL_MEMBERSHIP_LABEL, SlotRef,
+};
 use crate::field_manager::FieldManager;
 use crate::phase;
 
@@ -58,7 +60,9 @@ pub enum PinError {
     Client(#[source] kube::Error),
     #[error("reading slot {slot} in namespace {namespace}: {source}")]
     Slot { slot: String, namespace: String, source: kube::Error },
-    #[error("slot {slot} has no {GROUP_LABEL} label, so it belongs to no group to claim it in")]
+    #[error(
+        "slot {slot} has no {POOL_MEMBERSHIP_LABEL} label, so it belongs to no group to claim it in"
+    )]
     NoGroup { slot: String },
     #[error("{action}: {source}")]
     Kube { action: String, source: kube::Error },

@@ -3,7 +3,9 @@
 //! power at the last one (as on) and to every other slot still in the pool (as off), at each
 //! slot's hourly rate. The cost is the on-hours priced; the always-on cost prices on- and
 //! off-hours alike, as if no machine had ever been switched off; the saving is the difference.
-//! docs/operations.md works one example through.
+//! Energy is counted the same way from each slot's declared watts: a powered slot draws its
+//! `whenOn`, an off one its `whenOff`, the always-on baseline `whenOn` for every slot; each step
+//! is priced at the tariff in force when it is charged. docs/operations.md works both through.
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -18,6 +20,23 @@ pub struct SlotSample {
     pub powered: bool,
     /// What one hour of the machine costs (the slot's pricing, else the pool's, else 0).
     pub hourly_rate: f64,
+    /// The declared draw on and off, in watts; `None` for a slot that declares none.
+    pub watts: Option<Watts>,
+}
+
+/// A slot's draw in watts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Watts {
+    pub on: f64,
+    pub off: f64,
+}
+
+/// The names of the slots that declare no watts, sorted.
+fn without_watts(slots: &[SlotSample]) -> Vec<String> {
+    let mut names: Vec<String> =
+        slots.iter().filter(|s| s.watts.is_none()).map(|s| s.name.clone()).collect();
+    names.sort();
+    names
 }
 
 /// Stored amounts are rounded to this many decimals, so the status reads cleanly; the error
@@ -40,9 +59,11 @@ fn powered_names(slots: &[SlotSample]) -> Vec<String> {
 /// Brings `previous` up to `now` (or starts a report at `now`). A slot that left the pool is no
 /// longer charged; a slot that joined is charged from the step it was first seen in. A clock
 /// that went backwards charges nothing.
+/// `price_per_kwh` is the pool's tariff now (0 without one): it prices this step only.
 pub fn accrue(
     previous: Option<&GroupSavings>,
     slots: &[SlotSample],
+    price_per_kwh: f64,
     now: Timestamp,
 ) -> GroupSavings {
     let Some(previous) = previous else {
@@ -55,20 +76,32 @@ pub fn accrue(
             cost: 0.0,
             always_on_cost: 0.0,
             saved: 0.0,
+            energy_used_kwh: 0.0,
+            energy_saved_kwh: 0.0,
+            energy_cost: 0.0,
+            energy_saved_cost: 0.0,
+            slots_without_watts: without_watts(slots),
         };
     };
     let elapsed = now.duration_since(previous.observed_at.0).as_secs_f64();
     let hours = if elapsed > 0.0 { elapsed / 3600.0 } else { 0.0 };
     let (mut on, mut off, mut cost, mut always_on) = (0.0, 0.0, 0.0, 0.0);
+    let (mut used_kwh, mut baseline_kwh) = (0.0, 0.0);
     for slot in slots {
-        if previous.powered.contains(&slot.name) {
+        let was_on = previous.powered.contains(&slot.name);
+        if was_on {
             on += hours;
             cost += hours * slot.hourly_rate;
         } else {
             off += hours;
         }
         always_on += hours * slot.hourly_rate;
+        if let Some(watts) = slot.watts {
+            used_kwh += hours * if was_on { watts.on } else { watts.off } / 1000.0;
+            baseline_kwh += hours * watts.on / 1000.0;
+        }
     }
+    let saved_kwh = baseline_kwh - used_kwh;
     let cost = round(previous.cost + cost);
     let always_on_cost = round(previous.always_on_cost + always_on);
     GroupSavings {
@@ -80,6 +113,11 @@ pub fn accrue(
         cost,
         always_on_cost,
         saved: round(always_on_cost - cost),
+        energy_used_kwh: round(previous.energy_used_kwh + used_kwh),
+        energy_saved_kwh: round(previous.energy_saved_kwh + saved_kwh),
+        energy_cost: round(previous.energy_cost + used_kwh * price_per_kwh),
+        energy_saved_cost: round(previous.energy_saved_cost + saved_kwh * price_per_kwh),
+        slots_without_watts: without_watts(slots),
     }
 }
 
@@ -107,7 +145,12 @@ mod tests {
     }
 
     fn slot(name: &str, powered: bool, hourly_rate: f64) -> SlotSample {
-        SlotSample { name: name.into(), powered, hourly_rate }
+        SlotSample {
+            name: name.into(),
+            powered,
+            hourly_rate,
+            watts: Some(Watts { on: 0.0, off: 0.0 }),
+        }
     }
 
     fn report(
@@ -127,6 +170,11 @@ mod tests {
             cost,
             always_on_cost: always,
             saved: round(always - cost),
+            energy_used_kwh: 0.0,
+            energy_saved_kwh: 0.0,
+            energy_cost: 0.0,
+            energy_saved_cost: 0.0,
+            slots_without_watts: Vec::new(),
         }
     }
 
@@ -187,7 +235,7 @@ mod tests {
             ),
         ];
         for (case, previous, slots, now, want) in table {
-            assert_eq!(accrue(previous.as_ref(), &slots, at(now)), want, "{case}");
+            assert_eq!(accrue(previous.as_ref(), &slots, 0.0, at(now)), want, "{case}");
         }
     }
 
@@ -195,7 +243,7 @@ mod tests {
     fn steps_add_up_to_the_worked_example() {
         // docs/operations.md: a server at 0.30/h and two minis at 0.02/h over one day. The
         // server runs 2 h, one mini 8 h, the other never.
-        let mut report = accrue(None, &[], at(0));
+        let mut report = accrue(None, &[], 0.0, at(0));
         let plan = [
             (0, ["server", "mini-a"].as_slice()),
             (2 * 3600, ["mini-a"].as_slice()),
@@ -207,13 +255,122 @@ mod tests {
                 .into_iter()
                 .map(|(name, rate)| slot(name, powered.contains(&name), rate))
                 .collect();
-            report = accrue(Some(&report), &slots, at(seconds));
+            report = accrue(Some(&report), &slots, 0.0, at(seconds));
         }
         assert_eq!(report.machine_hours_on, 10.0);
         assert_eq!(report.machine_hours_off, 62.0);
         assert_eq!(report.cost, 0.76);
         assert_eq!(report.always_on_cost, 8.16);
         assert_eq!(report.saved, 7.4);
+    }
+
+    /// A UTC instant from a civil date and hour.
+    fn utc(date: &str) -> Timestamp {
+        date.parse().unwrap()
+    }
+
+    fn metered(name: &str, powered: bool, on: f64, off: f64) -> SlotSample {
+        SlotSample { name: name.into(), powered, hourly_rate: 0.0, watts: Some(Watts { on, off }) }
+    }
+
+    /// Runs `plan` (instant, powered slots, tariff) through `accrue` over the slots `watts`
+    /// declares, and returns (kWh used, kWh saved, energy cost, energy saved cost).
+    fn energy_of(
+        watts: &[(&str, f64, f64)],
+        plan: &[(&str, &[&str], f64)],
+    ) -> (f64, f64, f64, f64) {
+        let mut report: Option<GroupSavings> = None;
+        for (when, powered, price) in plan {
+            let slots: Vec<SlotSample> = watts
+                .iter()
+                .map(|(name, on, off)| metered(name, powered.contains(name), *on, *off))
+                .collect();
+            report = Some(accrue(report.as_ref(), &slots, *price, utc(when)));
+        }
+        let r = report.unwrap();
+        (r.energy_used_kwh, r.energy_saved_kwh, r.energy_cost, r.energy_saved_cost)
+    }
+
+    #[test]
+    fn energy_table() {
+        // A server of 95 W on and 4 W off, a mini of 12 W on and 0 W off.
+        let pool = [("server", 95.0, 4.0), ("mini", 12.0, 0.0)];
+        #[allow(clippy::type_complexity)]
+        let table: [(&str, Vec<(&str, &[&str], f64)>, (f64, f64, f64, f64)); 6] = [
+            (
+                "an hour on draws whenOn and saves nothing",
+                vec![
+                    ("2026-03-10T10:00Z", &["server"], 0.32),
+                    ("2026-03-10T11:00Z", &["server"], 0.32),
+                ],
+                // the mini, off, draws 0 and saves its 12 Wh
+                (0.095, 0.012, 0.0304, 0.00384),
+            ),
+            (
+                "an hour off draws the standby and saves the rest",
+                vec![("2026-03-10T10:00Z", &[], 0.32), ("2026-03-10T11:00Z", &[], 0.32)],
+                (0.004, 0.103, 0.00128, 0.03296),
+            ),
+            (
+                "a step across a month boundary is charged whole",
+                vec![("2026-01-31T23:00Z", &[], 0.30), ("2026-02-01T01:00Z", &[], 0.30)],
+                (0.008, 0.206, 0.0024, 0.0618),
+            ),
+            (
+                "each step is priced at the tariff read when it is charged; earlier cost stays",
+                vec![
+                    ("2026-03-10T00:00Z", &[], 0.30),
+                    ("2026-03-10T10:00Z", &[], 0.30),
+                    // the pool's tariff reads 0.40 when the second step is charged
+                    ("2026-03-10T20:00Z", &[], 0.40),
+                ],
+                // 20 h x 4 W = 0.08 kWh; 10 h at 0.30 and 10 h at 0.40
+                (0.08, 2.06, 0.028, 0.721),
+            ),
+            (
+                "a pinned or scheduled hour is powered: it draws whenOn and saves nothing",
+                vec![
+                    ("2026-03-10T08:00Z", &["server", "mini"], 0.32),
+                    ("2026-03-10T09:00Z", &["server", "mini"], 0.32),
+                ],
+                (0.107, 0.0, 0.03424, 0.0),
+            ),
+            (
+                "without a tariff the energy counts and costs nothing",
+                vec![("2026-03-10T10:00Z", &["mini"], 0.0), ("2026-03-10T12:00Z", &["mini"], 0.0)],
+                (0.032, 0.182, 0.0, 0.0),
+            ),
+        ];
+        for (case, plan, want) in table {
+            assert_eq!(energy_of(&pool, &plan), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn energy_adds_up_to_the_worked_example() {
+        // docs/operations.md: the server at 95 W on, 4 W off; the minis at 12 W on, 0.5 W off;
+        // 0.32 per kWh; the day of the cost example.
+        let pool = [("server", 95.0, 4.0), ("mini-a", 12.0, 0.5), ("mini-b", 12.0, 0.5)];
+        let plan: [(&str, &[&str], f64); 4] = [
+            ("2026-12-01T00:00Z", &["server", "mini-a"], 0.32),
+            ("2026-12-01T02:00Z", &["mini-a"], 0.32),
+            ("2026-12-01T08:00Z", &[], 0.32),
+            ("2026-12-02T00:00Z", &[], 0.32),
+        ];
+        assert_eq!(energy_of(&pool, &plan), (0.394, 2.462, 0.12608, 0.78784));
+    }
+
+    #[test]
+    fn a_slot_without_watts_counts_no_energy_and_is_named() {
+        let slots = [
+            metered("server", true, 95.0, 4.0),
+            SlotSample { name: "bare".into(), powered: true, hourly_rate: 0.1, watts: None },
+        ];
+        let start = accrue(None, &slots, 0.3, at(0));
+        assert_eq!(start.slots_without_watts, vec!["bare".to_string()]);
+        let hour = accrue(Some(&start), &slots, 0.3, at(3600));
+        assert_eq!((hour.energy_used_kwh, hour.cost), (0.095, 0.1));
+        assert_eq!(hour.slots_without_watts, vec!["bare".to_string()]);
     }
 
     #[test]

@@ -301,6 +301,10 @@ fn registered_metrics() -> BTreeSet<String> {
         cost: 1.0,
         always_on_cost: 2.0,
         saved: 1.0,
+        energy_used_kwh: 1.0,
+        energy_saved_kwh: 1.0,
+        energy_cost: 1.0,
+        energy_saved_cost: 1.0,
     };
     t::savings_reported("docs", &sample);
     let (_, text) = t::render(None);

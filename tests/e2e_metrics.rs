@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use homelab_autoscaler::api::{Group, GroupStatus};
+use homelab_autoscaler::api::{Group, GroupStatus, Node};
 use homelab_harness::e2e::prometheus::{Prometheus, promtool_check_metrics};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World, http_answer};
 use homelab_harness::{Components, ControlPlane, eventually, stays};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// How long Prometheus may take to show what the operator already counts (1 s scrapes).
@@ -67,6 +67,36 @@ fn scraped_families(exposition: &str) -> BTreeSet<String> {
                 .find(|name| declared.contains(name))
                 .unwrap_or(sample)
                 .to_string()
+        })
+        .collect()
+}
+
+/// Two savings steps (a minute each) and room for the group controller's turn.
+const ENERGY_STEP: Duration = Duration::from_secs(150);
+
+/// `kubectl get hgroup NAME -o wide` as a person reads it: each header with the text under it
+/// (a column runs from its header to the next header).
+async fn hgroup_columns(plane: &ControlPlane, group: &str) -> Vec<(String, String)> {
+    let out = plane.kubectl(["get", "hgroup", group, "-n", NAMESPACE, "-o", "wide"]).await;
+    let out = out.expect("kubectl get hgroup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = table.lines();
+    let (header, row) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+    let starts: Vec<usize> = header
+        .char_indices()
+        .filter(|(i, c)| !c.is_whitespace() && (*i == 0 || header[..*i].ends_with(' ')))
+        .map(|(i, _)| i)
+        .collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(n, &at)| {
+            let end = starts.get(n + 1).copied().unwrap_or(header.len().max(row.len()));
+            let cell = |line: &str| {
+                line.get(at..end.min(line.len())).unwrap_or_default().trim().to_string()
+            };
+            (cell(header), cell(row))
         })
         .collect()
 }
@@ -147,6 +177,21 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
         );
     }
     drop(ca);
+
+    // The workers (applied by the scenario) now declare their draw and the pool its tariff: the
+    // energy report counts from its next step, the pool off at 4 W a machine.
+    let watts = json!({ "spec": { "power": { "watts": { "whenOn": 95.0, "whenOff": 4.0 } } } });
+    let slots: Api<Node> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let workers = slots.list(&ListParams::default().labels("group=workers")).await.expect("slots");
+    assert!(!workers.items.is_empty(), "the workers pool has slots");
+    let mut metered = Vec::new();
+    for slot in workers.items {
+        let name = slot.metadata.name.unwrap_or_default();
+        slots.patch(&name, &PatchParams::default(), &Patch::Merge(&watts)).await.expect("watts");
+        metered.push(name);
+    }
+    let tariff = json!({ "spec": { "energy": { "pricePerKWh": 0.32, "currency": "EUR" } } });
+    groups.patch("workers", &PatchParams::default(), &Patch::Merge(&tariff)).await.expect("tariff");
 
     // The exposition passes upstream's linter.
     let exposition = world.admin_get(0, "/metrics").await.expect("GET /metrics");
@@ -254,6 +299,37 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
     let savings = savings.expect("workers has a savings report");
     assert!(savings.machine_hours_on > 0.0 && savings.cost > 0.0, "{savings:?}");
     assert!(savings.always_on_cost >= savings.cost && savings.saved >= 0.0, "{savings:?}");
+    // A step is charged at least once a minute: the next counts the watts declared above.
+    eventually("the energy report to count the declared watts", ENERGY_STEP, || async {
+        let savings = groups.get("workers").await?.status.and_then(|s| s.savings);
+        let savings = savings.context("no savings report")?;
+        ensure!(
+            savings.energy_used_kwh > 0.0
+                && savings.energy_cost > 0.0
+                && savings.energy_saved_kwh >= 0.0
+                && metered.iter().any(|m| !savings.slots_without_watts.contains(m)),
+            "{savings:?} (watts declared on {metered:?})"
+        );
+        Ok(())
+    })
+    .await
+    .expect("the energy report");
+    // `kubectl get hgroup -o wide` prints the energy as a person reads it.
+    let columns = hgroup_columns(&world.plane, "workers").await;
+    let number = |name: &str| -> f64 {
+        let value = columns.iter().find(|(c, _)| c == name).map(|(_, v)| v.as_str());
+        value.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {columns:?}"))
+    };
+    assert!(number("KWH-USED") > 0.0, "{columns:?}");
+    assert!(number("KWH-SAVED") >= 0.0 && number("ENERGY-SAVED") >= 0.0, "{columns:?}");
+    assert!(columns.contains(&("CURRENCY".into(), "EUR".into())), "{columns:?}");
+    expect_value(
+        p,
+        r#"homelab_autoscaler_group_energy_kwh{group="workers",basis="used"}"#,
+        |v| v > 0.0,
+        "energy used",
+    )
+    .await;
     expect_value(
         p,
         r#"homelab_autoscaler_group_machine_seconds{group="workers",power="on"}"#,

@@ -530,6 +530,27 @@ async fn wake_on_lan_example_applies() {
     admission.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smart_plug_example_applies() {
+    let (plane, ns, admission) = fresh("ex-plug").await;
+    let _logs = plane.logs_on_failure();
+    apply(plane, "power-smart-plug.yaml", Some(&ns)).await.expect("kubectl apply");
+    let (groups, slots) = read_pools(plane, &ns).await;
+    let energy = &item(&groups, "minis")["spec"]["energy"];
+    assert_eq!(energy, &json!({ "pricePerKWh": 0.32, "currency": "EUR" }));
+    let power = &item(&slots, "mini-1")["spec"]["power"];
+    assert_eq!(power["watts"], json!({ "whenOn": 18, "whenOff": 0.5 }), "{power}");
+    assert_eq!(power["http"]["meter"]["wattsPointer"], json!("/apower"), "{power}");
+    let steps: Vec<&serde_json::Value> = power["offSequence"]
+        .as_array()
+        .expect("offSequence")
+        .iter()
+        .map(|s| &s["driver"])
+        .collect();
+    assert_eq!(steps, [&json!("ssh"), &json!("http")], "the OS down before the relay");
+    admission.finish().await;
+}
+
 /// Every example file is applied by a test in this file, or by the test named beside it: a new
 /// example must be added here.
 #[test]
@@ -549,6 +570,7 @@ fn every_example_is_applied_here() {
         "pool-cluster-autoscaler.yaml",
         "pool.yaml",
         "pools-by-size.yaml",
+        "power-smart-plug.yaml",
         "power-wake-on-lan.yaml",
     ];
     let mut found: Vec<String> = std::fs::read_dir(repo_path("examples"))

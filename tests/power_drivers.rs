@@ -123,11 +123,13 @@ async fn http_presets_send_what_each_device_expects() {
             format!("{base}/rpc/Switch.Set"),
             Some(r#"{"id":0,"on":false}"#),
         )),
+        meter: None,
         insecure_skip_verify: false,
     };
     let tasmota = HttpPower {
         on: Some(request("GET", format!("{base}/cm?cmnd=Power%20On"), None)),
         off: Some(request("GET", format!("{base}/cm?cmnd=Power%20Off"), None)),
+        meter: None,
         insecure_skip_verify: false,
     };
     let home_assistant = |service: &str| HttpRequest {
@@ -154,6 +156,7 @@ async fn http_presets_send_what_each_device_expects() {
     let ha = HttpPower {
         on: Some(home_assistant("turn_on")),
         off: Some(home_assistant("turn_off")),
+        meter: None,
         insecure_skip_verify: false,
     };
     for http in [shelly, tasmota, ha] {
@@ -189,7 +192,7 @@ async fn http_refusal_names_the_secret() {
     let mut on = request("POST", format!("http://127.0.0.1:{port}/relay/0?turn=on"), None);
     on.basic_auth = Some(CredentialsRef { secret_name: "plug-login".into() });
     let spec = PowerSpec {
-        http: Some(HttpPower { on: Some(on), off: None, insecure_skip_verify: false }),
+        http: Some(HttpPower { on: Some(on), off: None, meter: None, insecure_skip_verify: false }),
         ..PowerSpec::default()
     };
     let error = power::power(&spec, PowerAction::On, &secrets).await.expect_err("refused");

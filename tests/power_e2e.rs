@@ -1,7 +1,9 @@
 //! End to end on the simulated cluster: a claim on a slot that wakes by Wake-on-LAN and shuts
-//! down over SSH (examples/power-wake-on-lan.yaml) boots and is released like any other. The
-//! operator turns `spec.power` into its startup and shutdown Jobs (the operator's image running
-//! `power on|off`); kwok plays their pods and the simulator the machine behind them.
+//! down over SSH (examples/power-wake-on-lan.yaml), and one on a mini PC behind a metering smart
+//! plug shut down over SSH then unplugged (examples/power-smart-plug.yaml), boot and are
+//! released like any other. The operator turns `spec.power` into its startup and shutdown Jobs
+//! (the operator's image running `power on|off`); kwok plays their pods and the simulator the
+//! machine behind them. tests/power_sequences.rs runs the same sequence against real peers.
 
 use std::time::Duration;
 
@@ -17,11 +19,11 @@ use serde_json::json;
 
 const ACT: Duration = Duration::from_secs(120);
 
-/// The power Job of `lifecycle`, once the operator has made one.
-async fn power_job(jobs: &Api<Job>, lifecycle: &str) -> Result<Job> {
+/// The power Job of `lifecycle` for `slot`, once the operator has made one.
+async fn power_job(jobs: &Api<Job>, slot: &str, lifecycle: &str) -> Result<Job> {
     let list = jobs
         .list(&ListParams::default().labels(&format!(
-            "infra.homecluster.dev/node=nas-1,infra.homecluster.dev/lifecycle={lifecycle}"
+            "infra.homecluster.dev/node={slot},infra.homecluster.dev/lifecycle={lifecycle}"
         )))
         .await?;
     list.items.into_iter().next().with_context(|| format!("no {lifecycle} Job yet"))
@@ -36,13 +38,67 @@ fn args_of(job: &Job) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The settings a power Job's pod is given (`HOMELAB_POWER_SPEC`), and the Secrets it mounts.
+fn power_settings(job: &Job) -> (serde_json::Value, Vec<String>) {
+    let pod = job.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+    let env =
+        pod.and_then(|p| p.containers.first()).and_then(|c| c.env.clone()).unwrap_or_default();
+    let spec = env
+        .iter()
+        .find(|e| e.name == "HOMELAB_POWER_SPEC")
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default();
+    let secrets = pod
+        .and_then(|p| p.volumes.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.secret.and_then(|s| s.secret_name))
+        .collect();
+    (spec, secrets)
+}
+
+/// One World for both slots: a test binary's control plane holds one simulated cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_on_a_wake_on_lan_slot_boots_and_is_released() {
+async fn claims_on_a_wake_on_lan_slot_and_a_plug_and_ssh_slot_boot_and_are_released() {
     let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler")))
         .expect("operator binary");
     let world = e2e::World::start(&bin, false).await.expect("start the world");
     let _logs = world.plane.logs_on_failure();
-    let example = homelab_harness::repo_path("examples/power-wake-on-lan.yaml");
+
+    let (startup, shutdown) =
+        claim_boots_and_is_released(&world, "power-wake-on-lan.yaml", "nas-1", "lan").await;
+    assert_eq!(args_of(&startup), ["power", "on"]);
+    assert_eq!(args_of(&shutdown), ["power", "off"]);
+
+    let (startup, shutdown) =
+        claim_boots_and_is_released(&world, "power-smart-plug.yaml", "mini-1", "minis").await;
+    assert_eq!(args_of(&startup), ["power", "on"]);
+    let (on, secrets) = power_settings(&startup);
+    assert_eq!(on["onWith"], json!("http"), "the plug switches the machine on: {on}");
+    assert!(on.get("ssh").is_none() && on["http"].get("meter").is_none(), "{on}");
+    assert!(secrets.is_empty(), "the plug needs no Secret: {secrets:?}");
+
+    assert_eq!(args_of(&shutdown), ["power", "off"]);
+    let (off, secrets) = power_settings(&shutdown);
+    let steps: Vec<&serde_json::Value> =
+        off["offSequence"].as_array().expect("offSequence").iter().map(|s| &s["driver"]).collect();
+    assert_eq!(steps, [&json!("ssh"), &json!("http")], "{off}");
+    assert_eq!(off["offSequence"][1]["afterDrawBelowWatts"], json!(3.0), "{off}");
+    assert_eq!(off["http"]["meter"]["wattsPointer"], json!("/apower"), "the meter it waits on");
+    assert!(off["http"].get("onRequest").is_none(), "only the off direction's request: {off}");
+    assert_eq!(secrets, ["mini-ssh"], "the SSH key is mounted for the first step");
+}
+
+/// Applies `example`, claims `slot` of `group` by hand, waits for it ready, releases it and
+/// waits for the machine off; returns the startup and shutdown Jobs.
+async fn claim_boots_and_is_released(
+    world: &e2e::World,
+    example: &str,
+    slot: &str,
+    group: &str,
+) -> (Job, Job) {
+    let example = homelab_harness::repo_path(&format!("examples/{example}"));
     let applied = world
         .plane
         .kubectl(["apply", "-n", NAMESPACE, "-f", &example.to_string_lossy()])
@@ -54,8 +110,8 @@ async fn a_claim_on_a_wake_on_lan_slot_boots_and_is_released() {
     let claim: NodeClaim = serde_json::from_value(json!({
         "apiVersion": "infra.homecluster.dev/v2alpha1",
         "kind": "NodeClaim",
-        "metadata": { "generateName": "nas-1-" },
-        "spec": { "slotRef": { "name": "nas-1" }, "request": { "call": "Manual", "group": "lan" } },
+        "metadata": { "generateName": format!("{slot}-") },
+        "spec": { "slotRef": { "name": slot }, "request": { "call": "Manual", "group": group } },
     }))
     .expect("claim");
     let name = claims
@@ -65,7 +121,7 @@ async fn a_claim_on_a_wake_on_lan_slot_boots_and_is_released() {
         .metadata
         .name
         .expect("name");
-    eventually("the claim on the WoL slot ready", ACT, || async {
+    eventually(&format!("the claim on {slot} ready"), ACT, || async {
         let phase = claims.get(&name).await?.status.and_then(|s| s.phase);
         ensure!(phase == Some(NodeClaimPhase::Ready), "phase {phase:?}");
         Ok(())
@@ -73,19 +129,18 @@ async fn a_claim_on_a_wake_on_lan_slot_boots_and_is_released() {
     .await
     .expect("ready");
     let jobs: Api<Job> = Api::namespaced(world.client.clone(), NAMESPACE);
-    let startup = power_job(&jobs, "startup").await.expect("startup Job");
-    assert_eq!(args_of(&startup), ["power", "on"]);
+    let startup = power_job(&jobs, slot, "startup").await.expect("startup Job");
 
     claims.delete(&name, &DeleteParams::default()).await.expect("delete the claim");
     let nodes: Api<CoreNode> = Api::all(world.client.clone());
     eventually("the machine off and the claim released", ACT, || async {
         let gone = claims.get_opt(&name).await?.is_none();
-        let up = nodes.get_opt("nas-1").await?.is_some();
+        let up = nodes.get_opt(slot).await?.is_some();
         ensure!(gone && !up, "claim gone: {gone}, machine up: {up}");
         Ok(())
     })
     .await
     .expect("released");
-    let shutdown = power_job(&jobs, "shutdown").await.expect("shutdown Job");
-    assert_eq!(args_of(&shutdown), ["power", "off"]);
+    let shutdown = power_job(&jobs, slot, "shutdown").await.expect("shutdown Job");
+    (startup, shutdown)
 }

@@ -35,6 +35,28 @@ use super::schedule::{GroupScheduleStatus, ScheduleWindow};
     printcolumn(name = "Cost", type_ = "number", json_path = ".status.savings.cost"),
     printcolumn(name = "Saved", type_ = "number", json_path = ".status.savings.saved"),
     printcolumn(
+        name = "kWh-Saved",
+        type_ = "number",
+        json_path = ".status.savings.energySavedKWh"
+    ),
+    printcolumn(
+        name = "Energy-Saved",
+        type_ = "number",
+        json_path = ".status.savings.energySavedCost"
+    ),
+    printcolumn(
+        name = "kWh-Used",
+        type_ = "number",
+        json_path = ".status.savings.energyUsedKWh",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Currency",
+        type_ = "string",
+        json_path = ".spec.energy.currency",
+        priority = 1
+    ),
+    printcolumn(
         name = "Hours-On",
         type_ = "number",
         json_path = ".status.savings.machineHoursOn",
@@ -95,6 +117,11 @@ pub struct GroupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,
 
+    /// The electricity tariff: prices the energy report, and with a slot's
+    /// `spec.power.watts` gives the hourly rate of a slot that declares no pricing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy: Option<EnergyTariff>,
+
     /// Windows of the week during which machines of the pool are kept on, whoever scales it:
     /// the schedule holds them with `Schedule` claims that end with the window (docs/api.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -125,6 +152,19 @@ impl GroupSpec {
         .filter_map(|(field, set)| set.then_some(field))
         .collect()
     }
+}
+
+/// What a kWh costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnergyTariff {
+    /// The price of one kWh.
+    #[serde(rename = "pricePerKWh")]
+    #[schemars(range(min = 0.0))]
+    pub price_per_kwh: f64,
+    /// The currency of the price, for people reading the report (say `EUR`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
 }
 
 /// Who scales a pool.
@@ -273,6 +313,23 @@ pub struct GroupSavings {
     pub always_on_cost: f64,
     /// `alwaysOnCost - cost`.
     pub saved: f64,
+    /// Energy drawn, in kWh: each slot's `spec.power.watts` (`whenOn` while powered, `whenOff`
+    /// while off).
+    #[serde(default, rename = "energyUsedKWh")]
+    pub energy_used_kwh: f64,
+    /// Energy not drawn against every slot always on (`whenOn` around the clock), in kWh.
+    #[serde(default, rename = "energySavedKWh")]
+    pub energy_saved_kwh: f64,
+    /// What the energy drawn cost at the pool's tariff (`spec.energy`), step by step: a tariff
+    /// change prices the time after it.
+    #[serde(default)]
+    pub energy_cost: f64,
+    /// What the energy saved would have cost at the tariff.
+    #[serde(default)]
+    pub energy_saved_cost: f64,
+    /// Slots of the pool that declare no watts: they count no energy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots_without_watts: Vec<String>,
 }
 
 /// Live claims of a pool by phase; an empty phase counts as pending.

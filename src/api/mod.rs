@@ -11,16 +11,17 @@ mod slot;
 
 pub use common::{Pricing, TaintSelector};
 pub use group::{
-    BuiltinScaler, Group, GroupClaimCounts, GroupSavings, GroupSpec, GroupStatus, ScaleDownOptions,
-    ScalerDecision, ScalingDriver, default_readiness_taints,
+    BuiltinScaler, EnergyTariff, Group, GroupClaimCounts, GroupSavings, GroupSpec, GroupStatus,
+    ScaleDownOptions, ScalerDecision, ScalingDriver, default_readiness_taints,
 };
 pub use nodeclaim::{
     ClaimCall, ClaimRequest, NodeClaim, NodeClaimPhase, NodeClaimSpec, NodeClaimStatus, SlotRef,
 };
 pub use power::{
-    CredentialsRef, DEFAULT_SSH_COMMAND, DriverChoice, HttpHeader, HttpPower, HttpRequest, Ipmi,
-    IpmiOffMethod, IpmiPrivilege, PowerAction, PowerDriverKind, PowerSpec, Redfish, RedfishTls,
-    SecretKeyRef, SshShutdown, WakeOnLan,
+    CredentialsRef, DEFAULT_DRAW_STEADY_SECONDS, DEFAULT_SSH_COMMAND, DEFAULT_STEP_TIMEOUT_SECONDS,
+    DriverChoice, HttpHeader, HttpPower, HttpRequest, Ipmi, IpmiOffMethod, IpmiPrivilege,
+    PowerAction, PowerDriverKind, PowerMeter, PowerSpec, PowerStep, PowerWatts, Redfish,
+    RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
 };
 pub use schedule::{GroupScheduleStatus, ScheduleWindow};
 pub use slot::{
@@ -32,9 +33,11 @@ pub use slot::{
 pub const GROUP: &str = "infra.homecluster.dev";
 /// The served and storage version.
 pub const VERSION: &str = "v2alpha1";
-/// The label on a slot that names its Group (the v1alpha1 convention, kept).
-pub const GROUP_LABEL: &str = "group";
-/// Labels the operator mirrors onto the Kubernetes node, Jobs and claims.
+/// The label a person puts on a slot to make it a member of a Group: `group: <name>` (the
+/// v1alpha1 convention, kept). Read only on slots.
+pub const POOL_MEMBERSHIP_LABEL: &str = "group";
+/// Labels the operator writes onto the Kubernetes node, Jobs and claims, under its own prefix:
+/// `LABEL_GROUP` names the Group an object belongs to (copied from the slot's membership).
 pub const LABEL_GROUP: &str = "infra.homecluster.dev/group";
 pub const LABEL_SLOT: &str = "infra.homecluster.dev/node";
 pub const LABEL_NODECLAIM: &str = "infra.homecluster.dev/nodeclaim";

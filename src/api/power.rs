@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// `offWith` pick among them when more than one could do the job (say, a BMC that can do both,
 /// and SSH for a clean shutdown). No field is named `on` or `off`: YAML readers in the 1.1
 /// style, kubectl's and Helm's among them, take an unquoted `on:` or `off:` for a boolean.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, kube::KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PowerSpec {
     /// The driver that powers the machine on. Unset: the one configured driver that can
@@ -42,6 +42,20 @@ pub struct PowerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 290))]
     pub confirm_timeout_seconds: Option<u32>,
+    /// Steps that power the machine on, in order, instead of one `onWith` driver (say `http` to
+    /// switch the plug on, then `wakeOnLan` for a machine that does not boot when AC returns).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
+    pub on_sequence: Vec<PowerStep>,
+    /// Steps that power the machine off, in order, instead of one `offWith` driver: `ssh` to
+    /// shut the OS down, then `http` to cut the plug's relay once the draw has fallen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
+    pub off_sequence: Vec<PowerStep>,
+    /// What the machine draws from the wall, for the pool's energy report and, with the pool's
+    /// tariff, the hourly rate cluster-autoscaler's price expander sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watts: Option<PowerWatts>,
     /// Where the power Jobs may run (a node on the machines' LAN).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub node_selector: std::collections::BTreeMap<String, String>,
@@ -49,6 +63,50 @@ pub struct PowerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
 }
+
+/// The machine's draw in watts. Named `whenOn`/`whenOff`, not `on`/`off`, for the YAML readers
+/// that take an unquoted `on:` for a boolean.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerWatts {
+    /// The draw of the machine running.
+    #[schemars(range(min = 0.0, max = 100000.0))]
+    pub when_on: f64,
+    /// The standby draw of the machine off (its power supply and BMC). Defaults to 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100000.0))]
+    pub when_off: Option<f64>,
+}
+
+/// One step of a power sequence: a driver, run once the step's wait is over, within its bound.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerStep {
+    /// The driver the step runs.
+    pub driver: PowerDriverKind,
+    /// Run the step only once the plug's meter (`http.meter`) reads below this many watts, and
+    /// has for `drawSteadySeconds`: the OS has halted and the relay can be cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100000.0))]
+    pub after_draw_below_watts: Option<f64>,
+    /// How long the draw must stay below `afterDrawBelowWatts`. Defaults to 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub draw_steady_seconds: Option<u32>,
+    /// Wait this long before the step: time for the OS to halt when the plug measures nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub delay_seconds: Option<u32>,
+    /// The step's bound, its wait included. Defaults to 120.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub timeout_seconds: Option<u32>,
+}
+
+/// The default bound of a sequence step.
+pub const DEFAULT_STEP_TIMEOUT_SECONDS: u32 = 120;
+/// The default time a draw must stay under a step's threshold.
+pub const DEFAULT_DRAW_STEADY_SECONDS: u32 = 10;
 
 /// A power driver's name.
 #[derive(
@@ -96,6 +154,14 @@ impl PowerAction {
         match self {
             PowerAction::On => "onWith",
             PowerAction::Off => "offWith",
+        }
+    }
+
+    /// The field of `spec.power` with this direction's sequence.
+    pub fn sequence_field(self) -> &'static str {
+        match self {
+            PowerAction::On => "onSequence",
+            PowerAction::Off => "offSequence",
         }
     }
 
@@ -244,9 +310,26 @@ pub struct HttpPower {
     /// The request that switches the machine off (a hard cut: prefer an SSH shutdown first).
     #[serde(default, rename = "offRequest", skip_serializing_if = "Option::is_none")]
     pub off: Option<HttpRequest>,
+    /// The request that reads the plug's live draw, for a sequence step that waits for the draw
+    /// to fall (`afterDrawBelowWatts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meter: Option<PowerMeter>,
     /// Accept any TLS certificate of the device.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure_skip_verify: bool,
+}
+
+/// A plug's power meter: a request and where the watts are in its JSON answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerMeter {
+    /// The request that reads the meter. Its method defaults to GET.
+    pub request: HttpRequest,
+    /// A JSON pointer (RFC 6901) to the watts in the answer, a number or a numeric string:
+    /// `/apower` for a Shelly Gen2 `Switch.GetStatus`, `/StatusSNS/ENERGY/Power` for Tasmota's
+    /// `Status 8`, `/state` for a Home Assistant sensor.
+    #[schemars(regex(pattern = r"^(/[^/]*)*$"))]
+    pub watts_pointer: String,
 }
 
 /// One HTTP request. Any 2xx answer is a success.
@@ -367,8 +450,24 @@ impl PowerSpec {
         }
     }
 
-    /// The driver that powers the machine `action`.
+    /// The steps of `action`'s sequence (empty without one).
+    pub fn sequence(&self, action: PowerAction) -> &[PowerStep] {
+        match action {
+            PowerAction::On => &self.on_sequence,
+            PowerAction::Off => &self.off_sequence,
+        }
+    }
+
+    /// The driver that powers the machine `action`; with a sequence, its first step's (or the
+    /// first step's driver that cannot go that way).
     pub fn driver_for(&self, action: PowerAction) -> DriverChoice {
+        if let Some(first) = self.sequence(action).first() {
+            let unusable = self.sequence(action).iter().find(|s| !self.can(s.driver, action));
+            return match unusable {
+                Some(step) => DriverChoice::Unusable(step.driver),
+                None => DriverChoice::Chosen(first.driver),
+            };
+        }
         let explicit = match action {
             PowerAction::On => self.on,
             PowerAction::Off => self.off,
@@ -385,6 +484,18 @@ impl PowerSpec {
             [] => DriverChoice::None,
             [one] => DriverChoice::Chosen(*one),
             _ => DriverChoice::Ambiguous(able),
+        }
+    }
+
+    /// The drivers that power the machine `action`, in order: the sequence's steps, else the one
+    /// driver chosen (none when no driver can).
+    pub fn drivers_of(&self, action: PowerAction) -> Vec<PowerDriverKind> {
+        if !self.sequence(action).is_empty() {
+            return self.sequence(action).iter().map(|s| s.driver).collect();
+        }
+        match self.driver_for(action) {
+            DriverChoice::Chosen(kind) => vec![kind],
+            _ => Vec::new(),
         }
     }
 
@@ -418,7 +529,10 @@ impl PowerSpec {
                 }
             }
             PowerDriverKind::Http => {
-                for request in self.http.iter().flat_map(|h| h.on.iter().chain(h.off.iter())) {
+                let requests = self.http.iter().flat_map(|h| {
+                    h.on.iter().chain(h.off.iter()).chain(h.meter.iter().map(|m| &m.request))
+                });
+                for request in requests {
                     if let Some(auth) = &request.basic_auth {
                         names.insert(auth.secret_name.clone());
                     }

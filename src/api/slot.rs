@@ -251,6 +251,6 @@ pub struct SlotClaimDigest {
 impl Node {
     /// The pool the slot joins by its `group` label, if any.
     pub fn group(&self) -> Option<&str> {
-        self.metadata.labels.as_ref()?.get(super::GROUP_LABEL).map(String::as_str)
+        self.metadata.labels.as_ref()?.get(super::POOL_MEMBERSHIP_LABEL).map(String::as_str)
     }
 }

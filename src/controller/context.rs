@@ -12,11 +12,11 @@ use kube::{Client, Resource};
 
 use super::error::{KubeContext, Result, is_already_exists};
 use super::jobs::Lifecycle;
-use crate::field_manager::FieldManager;
 use crate::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim};
 use crate::cache::{Changes, NotSynced, Stores};
 use crate::claim::Timeouts;
 use crate::clock::Clock;
+use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 
 /// What the controllers share.

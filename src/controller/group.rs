@@ -14,10 +14,12 @@ use tracing::Instrument;
 use super::error::{KubeContext, Result};
 use super::{Context, GroupInputs};
 use crate::api::{
-    GROUP_LABEL, Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
+    Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, POOL_MEMBERSHIP_LABEL,
+    SlotPhase,
 };
 use crate::field_manager::{FieldManager, apply_status_of};
-use crate::savings::{self, SlotSample};
+use crate::provider::slot_pricing::pricing_of;
+use crate::savings::{self, SlotSample, Watts};
 use crate::{phase, telemetry};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
@@ -40,7 +42,7 @@ pub(super) fn of_pools(
             slot.metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(GROUP_LABEL))
+                .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
                 .map(|g| ObjectRef::new(g).within(&ns_slots))
         })
         .watches_shared_stream(inputs.claims, move |claim| {
@@ -78,11 +80,12 @@ fn savings_sample(slot: &Node, group: &Group) -> SlotSample {
             status.and_then(|s| s.phase),
             Some(SlotPhase::Booting | SlotPhase::Ready | SlotPhase::Draining)
         );
-    let pricing = slot.spec.pricing.as_ref().or(group.spec.pricing.as_ref());
+    let watts = slot.spec.power.as_ref().and_then(|p| p.watts.as_ref());
     SlotSample {
         name: slot.metadata.name.clone().unwrap_or_default(),
         powered,
-        hourly_rate: pricing.map_or(0.0, |p| p.hourly_rate),
+        hourly_rate: pricing_of(&slot.spec, &group.spec).map_or(0.0, |p| p.hourly_rate),
+        watts: watts.map(|w| Watts { on: w.when_on, off: w.when_off.unwrap_or(0.0) }),
     }
 }
 
@@ -151,11 +154,12 @@ async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> 
     let now = ctx.now();
 
     let samples: Vec<SlotSample> = slots.iter().map(|s| savings_sample(s, &group)).collect();
+    let tariff = group.spec.energy.as_ref().map_or(0.0, |e| e.price_per_kwh);
     let savings_due = savings::due(status.savings.as_ref(), &samples, now, SAVINGS_STEP);
     let report = if savings_due {
-        savings::accrue(status.savings.as_ref(), &samples, now)
+        savings::accrue(status.savings.as_ref(), &samples, tariff, now)
     } else {
-        status.savings.clone().unwrap_or_else(|| savings::accrue(None, &samples, now))
+        status.savings.clone().unwrap_or_else(|| savings::accrue(None, &samples, tariff, now))
     };
     telemetry::group_observed(
         &name,
@@ -174,6 +178,10 @@ async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> 
             cost: report.cost,
             always_on_cost: report.always_on_cost,
             saved: report.saved,
+            energy_used_kwh: report.energy_used_kwh,
+            energy_saved_kwh: report.energy_saved_kwh,
+            energy_cost: report.energy_cost,
+            energy_saved_cost: report.energy_saved_cost,
         },
     );
 

@@ -122,8 +122,9 @@ fn source<'a>(slot: &'a Node, lifecycle: Lifecycle) -> Result<Source<'a>, NoLife
     Ok(Source::Power { spec, kind, action })
 }
 
-/// The settings a power Job's pod is given: the slot's `spec.power` reduced to the one driver
-/// it runs, so the pod sees no other driver's settings.
+/// The settings a power Job's pod is given: the slot's `spec.power` reduced to the drivers it
+/// runs (the one driver, or the steps of the direction's sequence), so the pod sees no other
+/// driver's settings.
 pub fn reduced_power_spec(
     spec: &PowerSpec,
     kind: PowerDriverKind,
@@ -131,10 +132,36 @@ pub fn reduced_power_spec(
 ) -> PowerSpec {
     let mut reduced =
         PowerSpec { confirm_timeout_seconds: spec.confirm_timeout_seconds, ..PowerSpec::default() };
+    let sequence = spec.sequence(action).to_vec();
+    let kinds: Vec<PowerDriverKind> = if sequence.is_empty() {
+        match action {
+            PowerAction::On => reduced.on = Some(kind),
+            PowerAction::Off => reduced.off = Some(kind),
+        }
+        vec![kind]
+    } else {
+        sequence.iter().map(|s| s.driver).collect()
+    };
+    let metered = sequence.iter().any(|s| s.after_draw_below_watts.is_some());
     match action {
-        PowerAction::On => reduced.on = Some(kind),
-        PowerAction::Off => reduced.off = Some(kind),
+        PowerAction::On => reduced.on_sequence = sequence,
+        PowerAction::Off => reduced.off_sequence = sequence,
     }
+    for kind in kinds {
+        copy_driver(spec, &mut reduced, kind, action, metered);
+    }
+    reduced
+}
+
+/// Copies the settings of driver `kind` for `action` into `reduced`; the meter only when a step
+/// reads it.
+fn copy_driver(
+    spec: &PowerSpec,
+    reduced: &mut PowerSpec,
+    kind: PowerDriverKind,
+    action: PowerAction,
+    metered: bool,
+) {
     match kind {
         PowerDriverKind::WakeOnLan => reduced.wake_on_lan = spec.wake_on_lan.clone(),
         PowerDriverKind::Redfish => reduced.redfish = spec.redfish.clone(),
@@ -146,12 +173,14 @@ pub fn reduced_power_spec(
                     PowerAction::On => http.off = None,
                     PowerAction::Off => http.on = None,
                 }
+                if !metered {
+                    http.meter = None;
+                }
                 http
             });
         }
         PowerDriverKind::Ssh => reduced.ssh = spec.ssh.clone(),
     }
-    reduced
 }
 
 /// Builds the Job. Pure; the caller creates it.
@@ -302,7 +331,9 @@ fn power_pod(
     env.push(env_var(power::SPEC_ENV, &serde_json::to_string(&reduced).unwrap_or_default()));
     env.push(env_var("HOMELAB_POWER_SECRETS_DIR", power::DEFAULT_SECRETS_DIR));
     env.push(env_var("HOMELAB_POWER_TERMINATION_LOG", TERMINATION_LOG));
-    let secrets = reduced.secrets_of(kind);
+    let drivers = reduced.drivers_of(action);
+    let secrets: std::collections::BTreeSet<String> =
+        drivers.iter().flat_map(|k| reduced.secrets_of(*k)).collect();
     let volumes: Vec<Volume> = secrets
         .iter()
         .enumerate()
@@ -326,7 +357,7 @@ fn power_pod(
         })
         .collect();
     // A magic packet must leave on the machines' LAN, not on the pod network.
-    let host_network = kind == PowerDriverKind::WakeOnLan;
+    let host_network = drivers.contains(&PowerDriverKind::WakeOnLan);
     PodSpec {
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),

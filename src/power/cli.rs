@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use super::{PowerError, SPEC_ENV, Secrets, driver_for, power, status};
-use crate::api::{GROUP_LABEL, Node, NodeClaim, PowerAction, PowerSpec};
+use crate::api::{Node, NodeClaim, POOL_MEMBERSHIP_LABEL, PowerAction, PowerSpec};
 use crate::phase;
 
 /// What `power` does.
@@ -171,7 +171,7 @@ async fn claim_warning(
 /// `power on` with no live claim: the operator powers an unwanted machine off again.
 fn power_on_warning(slot: &Node, namespace: &str) -> String {
     let slot_name = slot.metadata.name.as_deref().unwrap_or_default();
-    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
+    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL));
     format!(
         "warning: no live NodeClaim holds slot {slot_name}, so nothing wants this machine: once \
          the operator sees it up, it drains it and powers it off again. To keep it on, pin it \

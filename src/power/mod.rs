@@ -10,6 +10,7 @@ pub mod redfish;
 pub mod resolve;
 mod rmcp_ping;
 pub mod secrets;
+pub mod sequence;
 pub mod ssh;
 pub mod wol;
 
@@ -66,6 +67,9 @@ pub enum PowerError {
     Protocol { peer: String, detail: String },
     #[error("{peer} did not report {wanted} within {waited:?} (last reported {last})")]
     NotConfirmed { peer: String, wanted: PowerState, waited: Duration, last: String },
+    /// A step of a power sequence failed: which one, and why.
+    #[error("spec.power.{sequence}[{index}] ({driver}) failed: {detail}")]
+    Step { sequence: &'static str, index: usize, driver: &'static str, detail: String },
 }
 
 impl PowerError {
@@ -105,6 +109,15 @@ pub fn driver_for(spec: &PowerSpec, action: PowerAction) -> Result<PowerDriverKi
             "no configured driver can power the machine {}",
             action.as_str()
         ))),
+        DriverChoice::Unusable(kind) if !spec.sequence(action).is_empty() => {
+            Err(PowerError::Settings(format!(
+                "spec.power.{} names {}, which is not configured or cannot power a machine {}: {}",
+                action.sequence_field(),
+                kind.field(),
+                action.as_str(),
+                sequence::how_to_configure(kind, action)
+            )))
+        }
         DriverChoice::Unusable(kind) => Err(PowerError::Settings(format!(
             "spec.power.{} is {}, but {} is not configured or cannot power a machine {}",
             action.driver_field(),
@@ -121,8 +134,8 @@ pub fn driver_for(spec: &PowerSpec, action: PowerAction) -> Result<PowerDriverKi
     }
 }
 
-/// Powers the machine `action` with the driver `spec` picks, and confirms the new state where
-/// the protocol can read it.
+/// Powers the machine `action` with the driver `spec` picks (or the steps of its sequence), and
+/// confirms the new state where the protocol can read it.
 #[tracing::instrument(skip_all, fields(action = action.as_str()))]
 pub async fn power(
     spec: &PowerSpec,
@@ -130,6 +143,22 @@ pub async fn power(
     secrets: &Secrets,
 ) -> Result<Done, PowerError> {
     let kind = driver_for(spec, action)?;
+    if !spec.sequence(action).is_empty() {
+        let summary = sequence::run(spec, action, secrets).await?;
+        return Ok(Done { driver: kind, summary });
+    }
+    let summary = run_driver(spec, kind, action, secrets).await?;
+    tracing::info!(driver = kind.field(), summary, "done");
+    Ok(Done { driver: kind, summary })
+}
+
+/// Runs one driver.
+pub(crate) async fn run_driver(
+    spec: &PowerSpec,
+    kind: PowerDriverKind,
+    action: PowerAction,
+    secrets: &Secrets,
+) -> Result<String, PowerError> {
     let confirm = spec
         .confirm_timeout_seconds
         .map_or(DEFAULT_CONFIRM_TIMEOUT, |s| Duration::from_secs(u64::from(s)));
@@ -154,8 +183,7 @@ pub async fn power(
             set_and_confirm(&bmc, action, confirm).await?
         }
     };
-    tracing::info!(driver = kind.field(), summary, "done");
-    Ok(Done { driver: kind, summary })
+    Ok(summary)
 }
 
 /// Reads the power state, if a configured driver can.

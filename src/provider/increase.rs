@@ -56,12 +56,11 @@ pub fn plan_increase(
             delta,
         });
     }
-    let group_pricing = snapshot.group.spec.pricing.as_ref();
     let candidates: Vec<SlotCandidate> = snapshot
         .slots
         .iter()
         .filter(|s| s.is_free())
-        .map(|s| candidate(s, group_pricing, now))
+        .map(|s| candidate(s, &snapshot.group.spec, now))
         .collect();
     let wanted = usize::try_from(delta).unwrap_or(usize::MAX);
     let chosen =

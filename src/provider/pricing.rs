@@ -109,29 +109,29 @@ impl Provider {
 
 /// The rate of one slot of a group.
 fn slot_rate(snapshot: &GroupSnapshot, slot: &str, rate: impl Fn(&Pricing) -> f64) -> Option<f64> {
-    let own = snapshot.slot(slot).and_then(|s| s.slot.spec.pricing.as_ref());
-    pricing_of(own, snapshot.group.spec.pricing.as_ref()).map(rate)
+    match snapshot.slot(slot) {
+        Some(state) => pricing_of(&state.slot.spec, &snapshot.group.spec).as_ref().map(rate),
+        None => snapshot.group.spec.pricing.as_ref().map(rate),
+    }
 }
 
 /// The rate of the slot a template of the group is built from.
 fn representative_rate(snapshot: &GroupSnapshot, rate: impl Fn(&Pricing) -> f64) -> Option<f64> {
-    let group = snapshot.group.spec.pricing.as_ref();
     match representative(snapshot) {
-        Some(state) => pricing_of(state.slot.spec.pricing.as_ref(), group).map(rate),
-        None => group.map(rate),
+        Some(state) => pricing_of(&state.slot.spec, &snapshot.group.spec).as_ref().map(rate),
+        None => snapshot.group.spec.pricing.as_ref().map(rate),
     }
 }
 
 /// The lowest rate over a group's slots.
 fn cheapest(snapshot: &GroupSnapshot, rate: impl Fn(&Pricing) -> f64) -> Option<f64> {
-    let group = snapshot.group.spec.pricing.as_ref();
     if snapshot.slots.is_empty() {
-        return group.map(rate);
+        return snapshot.group.spec.pricing.as_ref().map(rate);
     }
     snapshot
         .slots
         .iter()
-        .map(|s| pricing_of(s.slot.spec.pricing.as_ref(), group).map(&rate))
+        .map(|s| pricing_of(&s.slot.spec, &snapshot.group.spec).as_ref().map(&rate))
         .fold(None, min_rate)
 }
 

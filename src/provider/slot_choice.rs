@@ -7,7 +7,7 @@ use std::cmp::Ordering;
 
 use jiff::Timestamp;
 
-use crate::api::Pricing;
+use crate::api::GroupSpec;
 use crate::claim::{AttemptSeed, prior_of_slot, reset_of_slot, seed_attempt};
 
 use super::error::ExhaustedSlot;
@@ -89,16 +89,12 @@ fn cheaper_first(a: Option<f64>, b: Option<f64>) -> Ordering {
 /// Describes a free slot for the choice. The attempt is seeded exactly as admission seeds it
 /// (the slot's newest claim, else its digest, and the person's reset annotation), so the
 /// provider never picks a slot admission would refuse as exhausted.
-pub fn candidate(
-    state: &SlotState,
-    group_pricing: Option<&Pricing>,
-    now: Timestamp,
-) -> SlotCandidate {
+pub fn candidate(state: &SlotState, group: &GroupSpec, now: Timestamp) -> SlotCandidate {
     let slot = &state.slot;
     let prior = prior_of_slot(slot, state.claims.iter().map(|c| c.as_ref()));
     SlotCandidate {
         name: state.name().to_owned(),
-        hourly_rate: pricing_of(slot.spec.pricing.as_ref(), group_pricing).map(|p| p.hourly_rate),
+        hourly_rate: pricing_of(&slot.spec, group).map(|p| p.hourly_rate),
         seed: seed_attempt(prior, reset_of_slot(slot), now),
     }
 }
@@ -214,7 +210,10 @@ mod tests {
         let no_claims =
             SlotState { slot: Arc::new(with_digest.clone()), claims: vec![], registered: false };
         let now = ts("2026-03-04T10:00:00Z");
-        assert_eq!(candidate(&no_claims, None, now).seed, AttemptSeed::Attempt(3));
+        assert_eq!(
+            candidate(&no_claims, &crate::fixtures::group("pool").spec, now).seed,
+            AttemptSeed::Attempt(3)
+        );
 
         let mut failed = claim("a-new", "a", Some(NodeClaimPhase::Failed), "2026-03-04T09:55:00Z");
         failed.spec.attempt = Some(3);
@@ -229,7 +228,10 @@ mod tests {
             claims: vec![Arc::new(failed)],
             registered: false,
         };
-        assert!(matches!(candidate(&with_claim, None, now).seed, AttemptSeed::Exhausted { .. }));
+        assert!(matches!(
+            candidate(&with_claim, &crate::fixtures::group("pool").spec, now).seed,
+            AttemptSeed::Exhausted { .. }
+        ));
     }
 
     #[test]
@@ -255,6 +257,9 @@ mod tests {
         let state =
             SlotState { slot: Arc::new(reset), claims: vec![Arc::new(failed)], registered: false };
         let now = ts("2026-03-04T10:00:00Z");
-        assert_eq!(candidate(&state, None, now).seed, AttemptSeed::Attempt(1));
+        assert_eq!(
+            candidate(&state, &crate::fixtures::group("pool").spec, now).seed,
+            AttemptSeed::Attempt(1)
+        );
     }
 }

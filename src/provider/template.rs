@@ -30,13 +30,12 @@ const DEFAULT_PODS: &str = "110";
 
 /// The slot a template of the group describes.
 pub fn representative(snapshot: &GroupSnapshot) -> Option<&SlotState> {
-    let group_pricing = snapshot.group.spec.pricing.as_ref();
     let now = Timestamp::now();
     let candidates: Vec<_> = snapshot
         .slots
         .iter()
         .filter(|s| s.is_free())
-        .map(|s| candidate(s, group_pricing, now))
+        .map(|s| candidate(s, &snapshot.group.spec, now))
         .collect();
     let next = choose(&candidates, 1).ok().and_then(|c| c.into_iter().next());
     match next {

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub machine_seconds: FloatGauges<2>,
     pub cost: FloatGauges<2>,
     pub savings: FloatGauges<1>,
+    pub energy: FloatGauges<2>,
+    pub energy_cost: FloatGauges<2>,
 }
 
 /// Request latencies: 0.5 ms to about 4 s.
@@ -85,6 +87,8 @@ impl Metrics {
             machine_seconds: Family::default(),
             cost: Family::default(),
             savings: Family::default(),
+            energy: Family::default(),
+            energy_cost: Family::default(),
         };
         let r = registry;
         let m = &metrics;
@@ -206,6 +210,17 @@ impl Metrics {
             "group_savings",
             "Cost saved against keeping every slot of the group on, since its savings start",
             m.savings.clone(),
+        );
+        r.register(
+            "group_energy_kwh",
+            "Energy of a group since its savings start from its slots' declared watts, in kWh: \
+             used, or saved against every slot always on",
+            m.energy.clone(),
+        );
+        r.register(
+            "group_energy_cost",
+            "The group's energy (used, or saved) priced at its tariff, in the tariff's currency",
+            m.energy_cost.clone(),
         );
         metrics
     }

@@ -131,6 +131,8 @@ pub fn set_leader(leading: bool) {
         m().machine_seconds.clear();
         m().cost.clear();
         m().savings.clear();
+        m().energy.clear();
+        m().energy_cost.clear();
         m().scaler_demand.clear();
         m().scaler_target.clear();
     }
@@ -179,6 +181,10 @@ pub struct SavingsSample {
     pub cost: f64,
     pub always_on_cost: f64,
     pub saved: f64,
+    pub energy_used_kwh: f64,
+    pub energy_saved_kwh: f64,
+    pub energy_cost: f64,
+    pub energy_saved_cost: f64,
 }
 
 /// The savings report of `group`.
@@ -192,6 +198,12 @@ pub fn savings_reported(group: &str, report: &SavingsSample) {
         .get_or_create(&[label("group", group), label("basis", "always_on")])
         .set(report.always_on_cost);
     m().savings.get_or_create(&[label("group", group)]).set(report.saved);
+    let used = [label("group", group), label("basis", "used")];
+    let saved = [label("group", group), label("basis", "saved")];
+    m().energy.get_or_create(&used).set(report.energy_used_kwh);
+    m().energy.get_or_create(&saved).set(report.energy_saved_kwh);
+    m().energy_cost.get_or_create(&used).set(report.energy_cost);
+    m().energy_cost.get_or_create(&saved).set(report.energy_saved_cost);
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::verdict::{Findings, Verdict};
-use crate::api::{GROUP_LABEL, Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase};
+use crate::api::{
+    Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, POOL_MEMBERSHIP_LABEL,
+};
 use crate::claim::{self, AttemptSeed, DEFAULT_CLAIM_TTL_SECONDS};
 use crate::phase;
 
@@ -138,7 +140,7 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
         );
         return findings.verdict();
     };
-    let slot_group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
+    let slot_group = slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL));
     if slot_group != Some(group_name) {
         findings.invalid(
             "group_matches_slot",

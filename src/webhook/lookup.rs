@@ -11,7 +11,7 @@
 use kube::Client;
 use kube::api::{Api, ListParams};
 
-use crate::api::{GROUP_LABEL, Group, Node, NodeClaim};
+use crate::api::{Group, Node, NodeClaim, POOL_MEMBERSHIP_LABEL};
 use crate::cache::Stores;
 
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +102,7 @@ impl<'a> Lookup<'a> {
         if let Some(stores) = self.cached {
             return Ok(owned(stores.slots_of_group(group)));
         }
-        let params = ListParams::default().labels(&format!("{GROUP_LABEL}={group}"));
+        let params = ListParams::default().labels(&format!("{POOL_MEMBERSHIP_LABEL}={group}"));
         let listed = self.live.slots.list(&params).await;
         Ok(listed.map_err(ctx(format!("slots of group {group}")))?.items)
     }

@@ -11,6 +11,7 @@ mod handlers;
 mod lookup;
 pub mod power_rules;
 pub mod schedule_rules;
+pub mod sequence_rules;
 pub mod server;
 pub mod slot_rules;
 pub mod verdict;

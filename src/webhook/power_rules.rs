@@ -58,12 +58,14 @@ pub fn check(slot: &Node, findings: &mut Findings) {
     }
     if let Some(spec) = &slot.spec.power {
         check_settings(spec, findings);
+        super::sequence_rules::check(spec, findings);
     }
 }
 
 /// What the schema cannot say about a driver's fields.
 fn check_settings(spec: &PowerSpec, findings: &mut Findings) {
-    if spec.configured().is_empty() {
+    // A slot powered by its pod specs may still declare its watts for the energy report.
+    if spec.configured().is_empty() && spec.watts.is_none() {
         findings.invalid(
             "power_driver_settings",
             "spec.power configures no driver: set wakeOnLan, redfish, ipmi, http or ssh"
@@ -254,6 +256,48 @@ mod tests {
                     })
                 },
                 Some("ssh.knownHostKey \"not a key\" is not a host key"),
+            ),
+            (
+                "pod specs power the machine; spec.power only declares its watts",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        watts: Some(crate::api::PowerWatts { when_on: 95.0, when_off: None }),
+                        ..Default::default()
+                    });
+                    s.spec.startup_pod_spec = Some(pod_spec());
+                    s.spec.shutdown_pod_spec = Some(pod_spec());
+                },
+                None,
+            ),
+            (
+                "a plug step without a plug",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(wol()),
+                        ssh: Some(ssh()),
+                        off_sequence: vec![
+                            crate::api::PowerStep {
+                                driver: PowerDriverKind::Ssh,
+                                after_draw_below_watts: None,
+                                draw_steady_seconds: None,
+                                delay_seconds: None,
+                                timeout_seconds: None,
+                            },
+                            crate::api::PowerStep {
+                                driver: PowerDriverKind::Http,
+                                after_draw_below_watts: None,
+                                draw_steady_seconds: None,
+                                delay_seconds: Some(30),
+                                timeout_seconds: None,
+                            },
+                        ],
+                        ..Default::default()
+                    })
+                },
+                Some(
+                    "spec.power.offSequence names http, which is not configured or cannot power \
+                     a machine off: configure spec.power.http with an offRequest",
+                ),
             ),
             (
                 "a bad broadcast address",

@@ -4,7 +4,9 @@
 //! instances by it).
 
 use super::verdict::{Findings, Verdict};
-use crate::api::{ANNOTATION_ATTEMPTS_RESET_AT, GROUP_LABEL, LifecyclePodSpec, Node, NodeClaim};
+use crate::api::{
+    ANNOTATION_ATTEMPTS_RESET_AT, LifecyclePodSpec, Node, NodeClaim, POOL_MEMBERSHIP_LABEL,
+};
 use crate::phase;
 
 /// Why `spec.powerState` is refused, and what to do instead, naming the slot and its pool.
@@ -31,7 +33,7 @@ pub struct SlotFacts<'a> {
 pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdict {
     let mut findings = Findings::default();
     let name = slot.metadata.name.as_deref().unwrap_or_default();
-    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL));
+    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL));
     if slot.spec.power_state.is_some() {
         findings.invalid(
             "power_state_removed",
@@ -51,19 +53,19 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
         None => findings.invalid(
             "group_label",
             format!(
-            "metadata.labels.{GROUP_LABEL}: a slot joins a pool by this label; add `{GROUP_LABEL}: <group name>`"
+            "metadata.labels.{POOL_MEMBERSHIP_LABEL}: a slot joins a pool by this label; add `{POOL_MEMBERSHIP_LABEL}: <group name>`"
         )),
         Some(group) if !facts.group_exists => {
             let unchanged = old
                 .and_then(|o| o.metadata.labels.as_ref())
-                .and_then(|l| l.get(GROUP_LABEL))
+                .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
                 .is_some_and(|g| g == group);
             // A slot whose pool was deleted may still be edited (or emptied) in place.
             if !unchanged {
                 findings.invalid(
                     "group_exists",
                     format!(
-                    "metadata.labels.{GROUP_LABEL}: there is no group {group:?} in namespace {:?}; \
+                    "metadata.labels.{POOL_MEMBERSHIP_LABEL}: there is no group {group:?} in namespace {:?}; \
                      create the Group first",
                     facts.namespace
                 ));

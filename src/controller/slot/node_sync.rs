@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::autoscaler_marks::{self, Marks};
-use crate::api::{GROUP_LABEL, LABEL_GROUP, LABEL_SLOT, Node};
+use crate::api::{LABEL_GROUP, LABEL_SLOT, Node, POOL_MEMBERSHIP_LABEL};
 use crate::machine;
 
 /// The labels and taints the operator last wrote onto the node from the slot's declaration.
@@ -114,7 +114,7 @@ impl Wanted {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(GROUP_LABEL))
+            .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
             .cloned()
             .unwrap_or_default();
         self.labels.insert(LABEL_GROUP.into(), group);
@@ -231,7 +231,8 @@ mod tests {
                 ..serde_json::from_value(json!({ "kubernetesNodeName": "m1" })).unwrap()
             },
         );
-        slot.metadata.labels = Some([(GROUP_LABEL.to_string(), "pool".to_string())].into());
+        slot.metadata.labels =
+            Some([(POOL_MEMBERSHIP_LABEL.to_string(), "pool".to_string())].into());
         slot
     }
 

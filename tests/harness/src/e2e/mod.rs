@@ -591,7 +591,7 @@ impl World {
         let slots: Api<homelab_autoscaler::api::Node> =
             Api::namespaced(self.client.clone(), NAMESPACE);
         let of_group = ListParams::default()
-            .labels(&format!("{}={group}", homelab_autoscaler::api::GROUP_LABEL));
+            .labels(&format!("{}={group}", homelab_autoscaler::api::POOL_MEMBERSHIP_LABEL));
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let mut present = Vec::new();
         for slot in slots.list(&of_group).await?.items {

@@ -1,0 +1,136 @@
+//! Power sequences: a direction's steps run in order, each within its bound. A step may wait
+//! first, for the plug's measured draw to stay under a threshold (the OS has halted) or for a
+//! fixed time (a plug that measures nothing), then runs its driver. The first failure ends the
+//! sequence with an error that names the step and what to check.
+
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::{PowerError, Secrets, http, run_driver};
+use crate::api::{
+    DEFAULT_DRAW_STEADY_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS, PowerAction, PowerDriverKind,
+    PowerSpec, PowerStep,
+};
+
+/// How often the meter is read while a step waits for the draw to fall.
+const METER_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What to set for a driver a sequence names but the slot does not configure.
+pub fn how_to_configure(kind: PowerDriverKind, action: PowerAction) -> String {
+    match (kind, action) {
+        (PowerDriverKind::Http, _) => format!(
+            "configure spec.power.http with an {} (docs/power.md shows Shelly, Tasmota and Home \
+             Assistant)",
+            action.request_field()
+        ),
+        (PowerDriverKind::WakeOnLan, PowerAction::Off) => {
+            "Wake-on-LAN can only power a machine on".to_string()
+        }
+        (PowerDriverKind::Ssh, PowerAction::On) => "SSH can only shut a machine down".to_string(),
+        (kind, _) => format!("configure spec.power.{}", kind.field()),
+    }
+}
+
+/// Runs the steps of `action`'s sequence; says what each did.
+#[tracing::instrument(skip_all, fields(action = action.as_str()))]
+pub async fn run(
+    spec: &PowerSpec,
+    action: PowerAction,
+    secrets: &Secrets,
+) -> Result<String, PowerError> {
+    let mut done = Vec::new();
+    for (index, step) in spec.sequence(action).iter().enumerate() {
+        let span = tracing::info_span!("step", index, driver = step.driver.field());
+        let failed = |detail: String| PowerError::Step {
+            sequence: action.sequence_field(),
+            index,
+            driver: step.driver.field(),
+            detail,
+        };
+        let bound = Duration::from_secs(u64::from(
+            step.timeout_seconds.unwrap_or(DEFAULT_STEP_TIMEOUT_SECONDS),
+        ));
+        let summary = tokio::time::timeout(bound, run_step(spec, step, action, secrets))
+            .instrument(span)
+            .await
+            .map_err(|_| {
+                failed(format!(
+                    "it did not finish within its timeoutSeconds ({}s): {}",
+                    bound.as_secs(),
+                    what_to_check(step)
+                ))
+            })?
+            .map_err(|error| failed(error.to_string()))?;
+        tracing::info!(summary, "step done");
+        done.push(format!("{}: {summary}", step.driver.field()));
+    }
+    Ok(done.join("; "))
+}
+
+/// What a step that ran out of time was most likely waiting for.
+fn what_to_check(step: &PowerStep) -> String {
+    match (step.after_draw_below_watts, step.driver) {
+        (Some(watts), _) => format!(
+            "it was waiting for the plug's draw to stay under {watts} W; check that the step \
+             before really shuts the OS down, and that afterDrawBelowWatts is above the \
+             machine's standby draw (read http.meter by hand)"
+        ),
+        (None, PowerDriverKind::Ssh) => {
+            "check that the machine answers SSH and the command returns".to_string()
+        }
+        (None, _) => format!("check that spec.power.{} answers", step.driver.field()),
+    }
+}
+
+async fn run_step(
+    spec: &PowerSpec,
+    step: &PowerStep,
+    action: PowerAction,
+    secrets: &Secrets,
+) -> Result<String, PowerError> {
+    let mut waited = String::new();
+    if let Some(seconds) = step.delay_seconds {
+        // A fixed wait is the only way to give an unmetered machine time to halt.
+        tokio::time::sleep(Duration::from_secs(u64::from(seconds))).await;
+        waited = format!("after {seconds}s, ");
+    }
+    if let Some(threshold) = step.after_draw_below_watts {
+        let steady = Duration::from_secs(u64::from(
+            step.draw_steady_seconds.unwrap_or(DEFAULT_DRAW_STEADY_SECONDS),
+        ));
+        let watts = draw_fallen(spec, secrets, threshold, steady).await?;
+        waited =
+            format!("the draw stayed under {threshold} W for {}s ({watts} W), ", steady.as_secs());
+    }
+    let summary = run_driver(spec, step.driver, action, secrets).await?;
+    Ok(format!("{waited}{summary}"))
+}
+
+/// Reads the meter until the draw has stayed under `threshold` for `steady`; returns the last
+/// reading. Runs until its caller's bound cuts it.
+async fn draw_fallen(
+    spec: &PowerSpec,
+    secrets: &Secrets,
+    threshold: f64,
+    steady: Duration,
+) -> Result<f64, PowerError> {
+    let settings = spec.http.as_ref().ok_or_else(|| {
+        PowerError::Settings("afterDrawBelowWatts needs spec.power.http.meter".into())
+    })?;
+    let mut below_since: Option<tokio::time::Instant> = None;
+    loop {
+        let watts = http::read_watts(settings, secrets).await?;
+        let now = tokio::time::Instant::now();
+        if watts < threshold {
+            let since = *below_since.get_or_insert(now);
+            if now.duration_since(since) >= steady {
+                return Ok(watts);
+            }
+        } else {
+            below_since = None;
+        }
+        tracing::debug!(watts, threshold, "waiting for the draw to fall");
+        tokio::time::sleep(METER_INTERVAL).await;
+    }
+}
