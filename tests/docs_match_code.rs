@@ -364,3 +364,69 @@ fn the_scanners_find_what_they_look_for() {
     assert!(runs_the_operator("homelab-autoscaler power status --slot rack-1"));
     assert!(!runs_the_operator("kubectl scale --replicas=0"));
 }
+
+/// Every text file a reader of the repository gets: sources, tests, docs, chart, examples.
+fn repository_texts() -> Vec<(PathBuf, String)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(PathBuf, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| {
+                ["rs", "md", "yaml", "yml", "toml", "sh", "json", "tpl", "proto"]
+                    .contains(&e.to_string_lossy().as_ref())
+            }) && let Ok(text) = std::fs::read_to_string(&path)
+            {
+                out.push((path, text));
+            }
+        }
+    }
+    let root = repo();
+    let mut texts = Vec::new();
+    for dir in
+        ["src", "tests", "docs", "charts", "examples", "benches", "webhooks", "crds", "proto"]
+    {
+        walk(&root.join(dir), &mut texts);
+    }
+    for file in ["README.md", "Cargo.toml", "Makefile", "Dockerfile", "build.rs"] {
+        if let Ok(text) = std::fs::read_to_string(root.join(file)) {
+            texts.push((root.join(file), text));
+        }
+    }
+    texts
+}
+
+/// A citation of a design document that is not in the repository: the notes, the seed and the
+/// plan the project started from. A reader with only the repository cannot follow one.
+fn outside_citations(text: &str) -> Vec<String> {
+    // Built from parts, so this file does not cite what it looks for.
+    let notes = ["NOTES", ".md"].concat();
+    let patterns =
+        [notes, ["seed", " §"].concat(), ["plan", " §"].concat(), ["seeds", "/"].concat()];
+    let mut found: Vec<String> =
+        patterns.iter().filter(|p| text.contains(p.as_str())).cloned().collect();
+    let numbered = ["NOTES", " "].concat();
+    for (at, _) in text.match_indices(&numbered) {
+        if text[at + numbered.len()..].starts_with(|c: char| c.is_ascii_digit()) {
+            found.push(text[at..(at + numbered.len() + 2).min(text.len())].to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn nothing_cites_a_document_outside_the_repository() {
+    let texts = repository_texts();
+    assert!(texts.len() > 100, "the scan found only {} files", texts.len());
+    let cited: Vec<String> = texts
+        .iter()
+        .flat_map(|(path, text)| {
+            outside_citations(text).into_iter().map(move |c| format!("{}: {c}", path.display()))
+        })
+        .collect();
+    assert!(cited.is_empty(), "cite docs/decisions.md instead: {cited:?}");
+    assert_eq!(outside_citations(&["see ", "NOTES", " 13"].concat()).len(), 1);
+    assert_eq!(outside_citations(&["plan", " §4.3"].concat()).len(), 1);
+    assert!(outside_citations("docs/decisions.md, D5").is_empty());
+}
