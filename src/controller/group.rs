@@ -14,8 +14,7 @@ use tracing::Instrument;
 use super::error::{KubeContext, Result};
 use super::{Context, GroupInputs};
 use crate::api::{
-    Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, POOL_MEMBERSHIP_LABEL,
-    SlotPhase,
+    Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::provider::slot_pricing::pricing_of;
@@ -39,11 +38,7 @@ pub(super) fn of_pools(
     let ns_claims = ctx.namespace.clone();
     Controller::for_shared_stream(inputs.groups, ctx.stores.groups.clone())
         .watches_shared_stream(inputs.slots, move |slot| {
-            slot.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
-                .map(|g| ObjectRef::new(g).within(&ns_slots))
+            slot.group().map(|g| ObjectRef::new(g).within(&ns_slots))
         })
         .watches_shared_stream(inputs.claims, move |claim| {
             Some(ObjectRef::new(&claim.spec.request.group).within(&ns_claims))

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use super::{PowerError, SPEC_ENV, Secrets, driver_for, power, status};
-use crate::api::{Node, NodeClaim, POOL_MEMBERSHIP_LABEL, PowerAction, PowerSpec};
+use crate::api::{Node, NodeClaim, PowerAction, PowerSpec};
 use crate::phase;
 
 /// What `power` does.
@@ -171,7 +171,7 @@ async fn claim_warning(
 /// `power on` with no live claim: the operator powers an unwanted machine off again.
 fn power_on_warning(slot: &Node, namespace: &str) -> String {
     let slot_name = slot.metadata.name.as_deref().unwrap_or_default();
-    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL));
+    let group = slot.group();
     format!(
         "warning: no live NodeClaim holds slot {slot_name}, so nothing wants this machine: once \
          the operator sees it up, it drains it and powers it off again. To keep it on, pin it \
@@ -179,11 +179,7 @@ fn power_on_warning(slot: &Node, namespace: &str) -> String {
          --namespace {namespace}` (add `--for 2h` or `--until 18:00` for an end; the operator \
          then boots it itself, and `homelab-autoscaler release --slot {slot_name}` powers it \
          off), or create a Manual claim yourself:\n\n{}",
-        manual_claim_command(
-            slot_name,
-            group.map_or("<group of the slot>", String::as_str),
-            namespace
-        )
+        manual_claim_command(slot_name, group.unwrap_or("<group of the slot>"), namespace)
     )
 }
 

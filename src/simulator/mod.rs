@@ -35,9 +35,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{
-    Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_SLOT, Node, POOL_MEMBERSHIP_LABEL,
-};
+use crate::api::{Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_SLOT, Node};
 use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 
@@ -167,7 +165,7 @@ async fn power_on(
         tracing::info!(slot = slot_name, "playing a machine that never boots");
         return Ok(());
     }
-    let group = match slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL)) {
+    let group = match slot.group() {
         Some(g) => Api::<Group>::namespaced(client.clone(), &args.namespace)
             .get_opt(g)
             .await

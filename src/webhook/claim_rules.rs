@@ -9,9 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::verdict::{Findings, Verdict};
-use crate::api::{
-    Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, POOL_MEMBERSHIP_LABEL,
-};
+use crate::api::{Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{self, AttemptSeed, DEFAULT_CLAIM_TTL_SECONDS};
 use crate::phase;
 
@@ -140,14 +138,14 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
         );
         return findings.verdict();
     };
-    let slot_group = slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL));
-    if slot_group != Some(group_name) {
+    let slot_group = slot.group();
+    if slot_group != Some(group_name.as_str()) {
         findings.invalid(
             "group_matches_slot",
             format!(
                 "spec.request.group: slot {slot_name:?} belongs to group {:?}, not {group_name:?}; \
              set spec.request.group to the slot's group",
-                slot_group.map_or("<none>", String::as_str)
+                slot_group.unwrap_or("<none>")
             ),
         );
     }

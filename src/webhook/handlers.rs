@@ -15,7 +15,7 @@ use super::lookup::{Lookup, LookupError};
 use super::slot_rules::{self, SlotFacts};
 use super::verdict::{Denial, Verdict};
 use super::{Shared, WebhookState};
-use crate::api::{Group, Node, NodeClaim, POOL_MEMBERSHIP_LABEL};
+use crate::api::{Group, Node, NodeClaim};
 use crate::{phase, telemetry};
 
 type Review = Json<AdmissionReview<DynamicObject>>;
@@ -204,8 +204,7 @@ pub async fn validate_slot(State(state): State<Arc<Shared>>, Json(review): Revie
                 _ => None,
             };
             let lookup = lookup(&state, &request);
-            let group =
-                slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL)).cloned();
+            let group = slot.group().map(str::to_owned);
             let group_exists = match &group {
                 Some(g) => match lookup.group(g).await {
                     Ok(found) => found.is_some(),

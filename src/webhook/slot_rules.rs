@@ -33,11 +33,11 @@ pub struct SlotFacts<'a> {
 pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdict {
     let mut findings = Findings::default();
     let name = slot.metadata.name.as_deref().unwrap_or_default();
-    let group = slot.metadata.labels.as_ref().and_then(|l| l.get(POOL_MEMBERSHIP_LABEL));
+    let group = slot.group();
     if slot.spec.power_state.is_some() {
         findings.invalid(
             "power_state_removed",
-            power_state_removed(name, group.map_or("<its group>", String::as_str)),
+            power_state_removed(name, group.unwrap_or("<its group>")),
         );
     }
     if !name.is_empty() && name != slot.spec.kubernetes_node_name {
@@ -56,10 +56,7 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
             "metadata.labels.{POOL_MEMBERSHIP_LABEL}: a slot joins a pool by this label; add `{POOL_MEMBERSHIP_LABEL}: <group name>`"
         )),
         Some(group) if !facts.group_exists => {
-            let unchanged = old
-                .and_then(|o| o.metadata.labels.as_ref())
-                .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
-                .is_some_and(|g| g == group);
+            let unchanged = old.and_then(Node::group) == Some(group);
             // A slot whose pool was deleted may still be edited (or emptied) in place.
             if !unchanged {
                 findings.invalid(

@@ -55,9 +55,7 @@ pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: Cancell
 
 async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     let name = slot.metadata.name.clone().unwrap_or_default();
-    let group =
-        slot.metadata.labels.as_ref().and_then(|l| l.get(crate::api::POOL_MEMBERSHIP_LABEL));
-    let span = tracing::info_span!("reconcile_slot", slot = %name, group = group.map_or("", String::as_str));
+    let span = tracing::info_span!("reconcile_slot", slot = %name, group = slot.group().unwrap_or_default());
     async move {
         if slot.metadata.deletion_timestamp.is_some() {
             return Ok(Action::await_change());

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::autoscaler_marks::{self, Marks};
-use crate::api::{LABEL_GROUP, LABEL_SLOT, Node, POOL_MEMBERSHIP_LABEL};
+use crate::api::{LABEL_GROUP, LABEL_SLOT, Node};
 use crate::machine;
 
 /// The labels and taints the operator last wrote onto the node from the slot's declaration.
@@ -110,13 +110,7 @@ impl Wanted {
 
     fn identity(&mut self, slot: &Node) {
         let slot_name = slot.metadata.name.clone().unwrap_or_default();
-        let group = slot
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
-            .cloned()
-            .unwrap_or_default();
+        let group = slot.group().unwrap_or_default().to_owned();
         self.labels.insert(LABEL_GROUP.into(), group);
         self.labels.insert(LABEL_SLOT.into(), slot_name);
         if self.provider_id.as_deref().is_none_or(str::is_empty) {
@@ -208,6 +202,7 @@ pub fn patch(slot: &Node, node: &CoreNode, marks: &Marks) -> Option<Value> {
 mod tests {
     use super::*;
     use crate::api::NodeSpec as SlotSpec;
+    use crate::api::POOL_MEMBERSHIP_LABEL;
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -13,9 +13,7 @@ use serde_json::json;
 
 use super::drain::{self, Drained};
 use super::observe::newest;
-use crate::api::{
-    LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase, POOL_MEMBERSHIP_LABEL,
-};
+use crate::api::{LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
 use crate::controller::claim::chokepoint;
@@ -225,13 +223,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         None => (format!("{slot_name}-{}", now.as_second()), attempt),
     };
     let job_name = jobs::shutdown_job_name(&owner, sequence);
-    let group = slot
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(POOL_MEMBERSHIP_LABEL))
-        .cloned()
-        .unwrap_or_default();
+    let group = slot.group().unwrap_or_default().to_owned();
     let job = jobs::build(&JobContext {
         slot,
         group: &group,
