@@ -6,49 +6,16 @@
 //! created with the real kubectl. In a power Job (`--spec`, no API access) nothing is read and
 //! nothing is warned.
 
-use std::sync::{Arc, Mutex};
-
 use homelab_autoscaler::api::{Group, Node, NodeClaim};
+use homelab_harness::http::Recorder;
 use homelab_harness::{Components, ControlPlane};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 
-/// A smart plug on 127.0.0.1: answers 200 to every request and records its path.
-struct Plug {
-    base: String,
-    seen: Arc<Mutex<Vec<String>>>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Plug {
-    async fn start() -> Self {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let record = seen.clone();
-        let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
-            let record = record.clone();
-            async move {
-                record.lock().unwrap().push(uri.path().to_string());
-                "ok"
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("address"));
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("plug server");
-        });
-        Self { base, seen, server }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Plug {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
+/// The paths a smart plug on 127.0.0.1 was asked for, in order.
+fn requests(plug: &Recorder) -> Vec<String> {
+    plug.seen().into_iter().map(|s| s.uri).collect()
 }
 
 /// The output of one `homelab-autoscaler power ...` run.
@@ -96,7 +63,7 @@ fn heredoc(stderr: &str) -> String {
     body[..end].to_string()
 }
 
-fn power_spec(plug: &Plug) -> Value {
+fn power_spec(plug: &Recorder) -> Value {
     json!({
         "http": {
             "onRequest": { "url": format!("{}/on", plug.base) },
@@ -106,7 +73,7 @@ fn power_spec(plug: &Plug) -> Value {
 }
 
 /// Group `pool` and its slot `box-1`, powered by `plug`, in `ns`.
-async fn create_pool(plane: &ControlPlane, ns: &str, plug: &Plug) {
+async fn create_pool(plane: &ControlPlane, ns: &str, plug: &Recorder) {
     let client = plane.client().expect("client");
     let groups: Api<Group> = Api::namespaced(client.clone(), ns);
     let group = serde_json::from_value(json!({
@@ -132,7 +99,7 @@ async fn power_by_hand_warns_against_the_claims_and_names_what_to_do() {
     plane.install_crds().await.expect("install CRDs");
     let client = plane.client().expect("client");
     let ns = plane.fresh_namespace("power-cli").await.expect("namespace");
-    let plug = Plug::start().await;
+    let plug = Recorder::start(200).await.expect("the plug");
     create_pool(plane, &ns, &plug).await;
     let target = ["--slot", "box-1", "--namespace", ns.as_str()];
 
@@ -140,7 +107,7 @@ async fn power_by_hand_warns_against_the_claims_and_names_what_to_do() {
     let on = power(plane, &[&["on"][..], &target[..]].concat(), &[]).await;
     assert!(on.ok, "power on failed: {}", on.stderr);
     assert!(on.stdout.contains("on (http)"), "{}", on.stdout);
-    assert_eq!(plug.requests(), ["/on"], "the machine is powered on all the same");
+    assert_eq!(requests(&plug), ["/on"], "the machine is powered on all the same");
     assert!(on.stderr.contains("no live NodeClaim holds slot box-1"), "{}", on.stderr);
     assert!(on.stderr.contains("powers it off again"), "{}", on.stderr);
     assert!(on.stderr.contains("create a Manual claim"), "{}", on.stderr);
@@ -171,7 +138,7 @@ async fn power_by_hand_warns_against_the_claims_and_names_what_to_do() {
     // `off` under the live claim: it powers off, and says the claim still wants the machine.
     let off = power(plane, &[&["off"][..], &target[..]].concat(), &[]).await;
     assert!(off.ok, "power off failed: {}", off.stderr);
-    assert_eq!(plug.requests(), ["/on", "/on", "/off"]);
+    assert_eq!(requests(&plug), ["/on", "/on", "/off"]);
     assert!(
         off.stderr
             .contains(&format!("live NodeClaim {claim_name} (phase pending) holds slot box-1")),
@@ -200,7 +167,7 @@ async fn power_by_hand_warns_against_the_claims_and_names_what_to_do() {
     let off = power(plane, &[&["off"][..], &target[..]].concat(), &[]).await;
     assert!(off.ok, "power off failed: {}", off.stderr);
     assert!(!off.stderr.contains("warning"), "{}", off.stderr);
-    assert_eq!(plug.requests(), ["/on", "/on", "/off", "/off"]);
+    assert_eq!(requests(&plug), ["/on", "/on", "/off", "/off"]);
 }
 
 /// A power Job's pod: settings from the environment, no API access. It powers the machine and
@@ -208,7 +175,7 @@ async fn power_by_hand_warns_against_the_claims_and_names_what_to_do() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_power_job_reads_no_claims() {
     let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let plug = Plug::start().await;
+    let plug = Recorder::start(200).await.expect("the plug");
     let spec = power_spec(&plug).to_string();
     let run = power(
         plane,
@@ -217,7 +184,7 @@ async fn a_power_job_reads_no_claims() {
     )
     .await;
     assert!(run.ok, "power on failed: {}", run.stderr);
-    assert_eq!(plug.requests(), ["/on"]);
+    assert_eq!(requests(&plug), ["/on"]);
     assert!(!run.stderr.contains("warning"), "{}", run.stderr);
 }
 
@@ -229,7 +196,7 @@ async fn a_user_who_cannot_list_claims_still_powers_the_machine() {
     let _logs = plane.logs_on_failure();
     plane.install_crds().await.expect("install CRDs");
     let ns = plane.fresh_namespace("power-cli-rbac").await.expect("namespace");
-    let plug = Plug::start().await;
+    let plug = Recorder::start(200).await.expect("the plug");
     create_pool(plane, &ns, &plug).await;
     kubectl(
         plane,
@@ -280,6 +247,6 @@ async fn a_user_who_cannot_list_claims_still_powers_the_machine() {
     let run =
         power(plane, &["on", "--slot", "box-1", "--namespace", &ns], &[("KUBECONFIG", &bob)]).await;
     assert!(run.ok, "power on failed: {}", run.stderr);
-    assert_eq!(plug.requests(), ["/on"]);
+    assert_eq!(requests(&plug), ["/on"]);
     assert!(!run.stderr.contains("warning"), "{}", run.stderr);
 }

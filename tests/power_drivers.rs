@@ -4,7 +4,6 @@
 //! 127.0.0.153:53. The peers come from tests/harness/install-power-peers.sh.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use homelab_autoscaler::api::{
@@ -12,6 +11,7 @@ use homelab_autoscaler::api::{
     PowerSpec, Redfish, RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
 };
 use homelab_autoscaler::power::{self, PowerError, PowerState, Secrets};
+use homelab_harness::http::Recorder;
 use homelab_harness::power_peers::{FakeBmcPeer, IpmiPeer, RedfishPeer, SshPeer};
 
 /// Writes Secrets the way a power Job's pod sees them: `<dir>/<secret>/<key>`.
@@ -67,38 +67,6 @@ async fn wake_on_lan_sends_exactly_the_magic_packet() {
 }
 
 /// One request as the in-test endpoint saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    method: String,
-    uri: String,
-    headers: http::HeaderMap,
-    body: String,
-}
-
-/// An HTTP endpoint that records every request and answers `status`.
-async fn recording_endpoint(status: u16) -> (u16, Arc<Mutex<Vec<Seen>>>) {
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let record = seen.clone();
-    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let record = record.clone();
-        async move {
-            let (parts, body) = request.into_parts();
-            let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
-            record.lock().expect("lock").push(Seen {
-                method: parts.method.to_string(),
-                uri: parts.uri.to_string(),
-                headers: parts.headers,
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-            });
-            http::StatusCode::from_u16(status).expect("status")
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (port, seen)
-}
-
 fn request(method: &str, url: String, body: Option<&str>) -> HttpRequest {
     HttpRequest {
         method: Some(method.into()),
@@ -111,7 +79,8 @@ fn request(method: &str, url: String, body: Option<&str>) -> HttpRequest {
 
 #[tokio::test]
 async fn http_presets_send_what_each_device_expects() {
-    let (port, seen) = recording_endpoint(200).await;
+    let endpoint = Recorder::start(200).await.expect("endpoint");
+    let port = endpoint.port;
     let base = format!("http://127.0.0.1:{port}");
     let dir = tempfile::tempdir().expect("tempdir");
     let secrets = secrets(dir.path(), &[("ha-token", "token", "abc123\n")]);
@@ -164,7 +133,7 @@ async fn http_presets_send_what_each_device_expects() {
         power::power(&spec, PowerAction::On, &secrets).await.expect("on");
         power::power(&spec, PowerAction::Off, &secrets).await.expect("off");
     }
-    let seen = seen.lock().expect("lock").clone();
+    let seen = endpoint.seen();
     let summary: Vec<(String, String, String)> =
         seen.iter().map(|s| (s.method.clone(), s.uri.clone(), s.body.clone())).collect();
     let want = [
@@ -186,7 +155,8 @@ async fn http_presets_send_what_each_device_expects() {
 
 #[tokio::test]
 async fn http_refusal_names_the_secret() {
-    let (port, _) = recording_endpoint(401).await;
+    let endpoint = Recorder::start(401).await.expect("endpoint");
+    let port = endpoint.port;
     let dir = tempfile::tempdir().expect("tempdir");
     let secrets = secrets_owned(dir.path(), &login("plug-login", "admin", "wrong"));
     let mut on = request("POST", format!("http://127.0.0.1:{port}/relay/0?turn=on"), None);

@@ -7,10 +7,9 @@
 //! values (raw, base64 and as the Authorization header), the private keys the processes hold (the
 //! webhook's and the admin kubeconfig's), and anything shaped like a token or a key.
 
-use std::sync::{Arc, Mutex};
-
 use homelab_harness::ControlPlane;
 use homelab_harness::e2e::{self, NAMESPACE, WebhookTls, World};
+use homelab_harness::http::Recorder;
 
 /// The lines of base64 inside a PEM: what a leaked key would show.
 fn pem_body_lines(pem: &str) -> Vec<String> {
@@ -44,52 +43,8 @@ async fn admin_key_pem(plane: &ControlPlane) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("admin key {path}: {e}"))
 }
 
-/// A smart plug on 127.0.0.1 that records the credentials of every request: its Authorization
-/// and X-Api-Token headers.
-struct Plug {
-    base: String,
-    seen: Arc<Mutex<Vec<(String, String)>>>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Plug {
-    async fn start() -> Self {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let record = seen.clone();
-        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-            let record = record.clone();
-            async move {
-                let header = |name: &str| {
-                    headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
-                };
-                record
-                    .lock()
-                    .expect("plug record")
-                    .push((header("authorization"), header("x-api-token")));
-                "ok"
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("address"));
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("plug server");
-        });
-        Self { base, seen, server }
-    }
-
-    fn seen(&self) -> Vec<(String, String)> {
-        self.seen.lock().expect("plug record").clone()
-    }
-}
-
-impl Drop for Plug {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
 /// `spec.power` of a slot switched by `plug`, with basic auth and an API token from `secret`.
-fn plug_power(plug: &Plug, secret: &str) -> serde_json::Value {
+fn plug_power(plug: &Recorder, secret: &str) -> serde_json::Value {
     let request = |path: &str| {
         serde_json::json!({
             "url": format!("{}/{path}", plug.base),
@@ -141,7 +96,7 @@ async fn a_full_run_logs_no_secret_value_key_or_token() {
     let unique = format!("{}-{}", std::process::id(), jiff::Timestamp::now().as_nanosecond());
     let (user, password, token) =
         (format!("plug-admin-{unique}"), format!("s3cr3t-{unique}"), format!("t0ken-{unique}"));
-    let plug = Plug::start().await;
+    let plug = Recorder::start(200).await.expect("the plug");
     let power = plug_power(&plug, "plug-credentials");
     let manifest = format!(
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: plug-credentials\nstringData:\n  \
@@ -172,8 +127,13 @@ async fn a_full_run_logs_no_secret_value_key_or_token() {
     // The driver really read the Secret: the plug got the credentials, both times.
     let basic = format!("Basic {}", base64(format!("{user}:{password}").as_bytes()));
     let bearer = format!("Bearer {token}");
+    let seen: Vec<(String, String)> = plug
+        .header_values("authorization")
+        .into_iter()
+        .zip(plug.header_values("x-api-token"))
+        .collect();
     assert_eq!(
-        plug.seen(),
+        seen,
         vec![(basic.clone(), bearer.clone()), (basic.clone(), bearer.clone())],
         "the plug got the Secret's credentials from `power on --slot` and from the Job's `power off`"
     );

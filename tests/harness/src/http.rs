@@ -51,3 +51,71 @@ pub async fn get(addr: &str, path: &str) -> Result<Answer> {
         .await
         .with_context(|| format!("GET http://{addr}{path}"))
 }
+
+/// One request a [`Recorder`] received.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    /// The path and query.
+    pub uri: String,
+    pub headers: axum::http::HeaderMap,
+    pub body: String,
+}
+
+/// An HTTP endpoint on 127.0.0.1 that answers every request with one status and records it: a
+/// smart plug, a switch or a webhook receiver as the power drivers meet them. Stops when
+/// dropped.
+pub struct Recorder {
+    pub port: u16,
+    /// `http://127.0.0.1:<port>`
+    pub base: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    pub async fn start(status: u16) -> Result<Self> {
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>> = Default::default();
+        let record = seen.clone();
+        let status = axum::http::StatusCode::from_u16(status).context("an HTTP status")?;
+        let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let record = record.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+                record.lock().unwrap_or_else(|p| p.into_inner()).push(Seen {
+                    method: parts.method.to_string(),
+                    uri: parts.uri.to_string(),
+                    headers: parts.headers,
+                    body: String::from_utf8_lossy(&bytes).into_owned(),
+                });
+                status
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding")?;
+        let port = listener.local_addr()?.port();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { port, base: format!("http://127.0.0.1:{port}"), seen, server })
+    }
+
+    /// Every request so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The value of header `name` of every request so far (empty where it was absent).
+    pub fn header_values(&self, name: &str) -> Vec<String> {
+        self.seen()
+            .iter()
+            .map(|s| s.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().into())
+            .collect()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
