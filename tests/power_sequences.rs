@@ -138,13 +138,7 @@ fn plug(shape: Shape, port: u16, metered: bool) -> HttpPower {
 }
 
 fn step(driver: PowerDriverKind) -> PowerStep {
-    PowerStep {
-        driver,
-        after_draw_below_watts: None,
-        draw_steady_seconds: None,
-        delay_seconds: None,
-        timeout_seconds: None,
-    }
+    PowerStep::of(driver)
 }
 
 /// `ssh` then the relay once the draw has stayed under the threshold.

@@ -103,6 +103,19 @@ pub struct PowerStep {
     pub timeout_seconds: Option<u32>,
 }
 
+impl PowerStep {
+    /// A step that runs `driver` at once, within the default bound.
+    pub fn of(driver: PowerDriverKind) -> Self {
+        PowerStep {
+            driver,
+            after_draw_below_watts: None,
+            draw_steady_seconds: None,
+            delay_seconds: None,
+            timeout_seconds: None,
+        }
+    }
+}
+
 /// The default bound of a sequence step.
 pub const DEFAULT_STEP_TIMEOUT_SECONDS: u32 = 120;
 /// The default time a draw must stay under a step's threshold.

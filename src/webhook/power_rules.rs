@@ -276,19 +276,10 @@ mod tests {
                         wake_on_lan: Some(wol()),
                         ssh: Some(ssh()),
                         off_sequence: vec![
+                            crate::api::PowerStep::of(PowerDriverKind::Ssh),
                             crate::api::PowerStep {
-                                driver: PowerDriverKind::Ssh,
-                                after_draw_below_watts: None,
-                                draw_steady_seconds: None,
-                                delay_seconds: None,
-                                timeout_seconds: None,
-                            },
-                            crate::api::PowerStep {
-                                driver: PowerDriverKind::Http,
-                                after_draw_below_watts: None,
-                                draw_steady_seconds: None,
                                 delay_seconds: Some(30),
-                                timeout_seconds: None,
+                                ..crate::api::PowerStep::of(PowerDriverKind::Http)
                             },
                         ],
                         ..Default::default()

@@ -206,13 +206,7 @@ mod tests {
     }
 
     fn step(driver: PowerDriverKind) -> PowerStep {
-        PowerStep {
-            driver,
-            after_draw_below_watts: None,
-            draw_steady_seconds: None,
-            delay_seconds: None,
-            timeout_seconds: None,
-        }
+        PowerStep::of(driver)
     }
 
     fn after_draw(watts: f64) -> PowerStep {
