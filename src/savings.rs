@@ -3,9 +3,13 @@
 //! power at the last one (as on) and to every other slot still in the pool (as off), at each
 //! slot's hourly rate. The cost is the on-hours priced; the always-on cost prices on- and
 //! off-hours alike, as if no machine had ever been switched off; the saving is the difference.
-//! Energy is counted the same way from each slot's declared watts: a powered slot draws its
-//! `whenOn`, an off one its `whenOff`, the always-on baseline `whenOn` for every slot; each step
-//! is priced at the tariff in force when it is charged. docs/operations.md works both through.
+//! Energy is counted the same way from each slot's draw: the draw its plug's meter read at the
+//! last step where there is a fresh reading, else its declared watts (a powered slot draws its
+//! `whenOn`, an off one its `whenOff`); the always-on baseline is the on-draw for every slot.
+//! Each step is priced at the tariff in force when it is charged. docs/operations.md works both
+//! through.
+
+use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -20,8 +24,11 @@ pub struct SlotSample {
     pub powered: bool,
     /// What one hour of the machine costs (the slot's pricing, else the pool's, else 0).
     pub hourly_rate: f64,
-    /// The declared draw on and off, in watts; `None` for a slot that declares none.
+    /// The draw on and off, in watts: on as the meter read it while the slot was ready, else as
+    /// declared; off as declared. `None` for a slot whose on-draw is not known.
     pub watts: Option<Watts>,
+    /// The draw the slot's meter reads now, if it has a fresh reading.
+    pub measured_watts: Option<f64>,
 }
 
 /// A slot's draw in watts.
@@ -46,6 +53,15 @@ const DECIMALS: i32 = 6;
 fn round(value: f64) -> f64 {
     let scale = 10f64.powi(DECIMALS);
     (value * scale).round() / scale
+}
+
+/// The fresh meter readings of the slots whose draw is known, by slot.
+fn measured(slots: &[SlotSample]) -> BTreeMap<String, f64> {
+    slots
+        .iter()
+        .filter(|s| s.watts.is_some())
+        .filter_map(|s| Some((s.name.clone(), s.measured_watts?)))
+        .collect()
 }
 
 /// The powered slots' names, sorted, as the report stores them.
@@ -81,6 +97,7 @@ pub fn accrue(
             energy_cost: 0.0,
             energy_saved_cost: 0.0,
             slots_without_watts: without_watts(slots),
+            measured_watts: measured(slots),
         };
     };
     let elapsed = now.duration_since(previous.observed_at.0).as_secs_f64();
@@ -97,7 +114,9 @@ pub fn accrue(
         }
         always_on += hours * slot.hourly_rate;
         if let Some(watts) = slot.watts {
-            used_kwh += hours * if was_on { watts.on } else { watts.off } / 1000.0;
+            let declared = if was_on { watts.on } else { watts.off };
+            let draw = previous.measured_watts.get(&slot.name).copied().unwrap_or(declared);
+            used_kwh += hours * draw / 1000.0;
             baseline_kwh += hours * watts.on / 1000.0;
         }
     }
@@ -118,11 +137,13 @@ pub fn accrue(
         energy_cost: round(previous.energy_cost + used_kwh * price_per_kwh),
         energy_saved_cost: round(previous.energy_saved_cost + saved_kwh * price_per_kwh),
         slots_without_watts: without_watts(slots),
+        measured_watts: measured(slots),
     }
 }
 
-/// Whether the report should be written now: there is none yet, the set of powered slots
-/// changed (the step must end where the power did), or `every` has passed since the last step.
+/// Whether the report should be written now: there is none yet, the set of powered slots or of
+/// slots counted from a reading changed (the step must end where the power or its source did),
+/// or `every` has passed since the last step.
 pub fn due(
     previous: Option<&GroupSavings>,
     slots: &[SlotSample],
@@ -130,7 +151,9 @@ pub fn due(
     every: std::time::Duration,
 ) -> bool {
     let Some(previous) = previous else { return true };
-    if previous.powered != powered_names(slots) {
+    if previous.powered != powered_names(slots)
+        || !previous.measured_watts.keys().eq(measured(slots).keys())
+    {
         return true;
     }
     now.duration_since(previous.observed_at.0).as_secs_f64() >= every.as_secs_f64()
@@ -150,6 +173,7 @@ mod tests {
             powered,
             hourly_rate,
             watts: Some(Watts { on: 0.0, off: 0.0 }),
+            measured_watts: None,
         }
     }
 
@@ -175,6 +199,7 @@ mod tests {
             energy_cost: 0.0,
             energy_saved_cost: 0.0,
             slots_without_watts: Vec::new(),
+            measured_watts: BTreeMap::new(),
         }
     }
 
@@ -270,7 +295,13 @@ mod tests {
     }
 
     fn metered(name: &str, powered: bool, on: f64, off: f64) -> SlotSample {
-        SlotSample { name: name.into(), powered, hourly_rate: 0.0, watts: Some(Watts { on, off }) }
+        SlotSample {
+            name: name.into(),
+            powered,
+            hourly_rate: 0.0,
+            watts: Some(Watts { on, off }),
+            measured_watts: None,
+        }
     }
 
     /// Runs `plan` (instant, powered slots, tariff) through `accrue` over the slots `watts`
@@ -364,13 +395,87 @@ mod tests {
     fn a_slot_without_watts_counts_no_energy_and_is_named() {
         let slots = [
             metered("server", true, 95.0, 4.0),
-            SlotSample { name: "bare".into(), powered: true, hourly_rate: 0.1, watts: None },
+            SlotSample {
+                name: "bare".into(),
+                powered: true,
+                hourly_rate: 0.1,
+                watts: None,
+                measured_watts: Some(40.0),
+            },
         ];
         let start = accrue(None, &slots, 0.3, at(0));
         assert_eq!(start.slots_without_watts, vec!["bare".to_string()]);
         let hour = accrue(Some(&start), &slots, 0.3, at(3600));
         assert_eq!((hour.energy_used_kwh, hour.cost), (0.095, 0.1));
         assert_eq!(hour.slots_without_watts, vec!["bare".to_string()]);
+        assert!(hour.measured_watts.is_empty(), "a reading without an on-draw counts nothing");
+    }
+
+    /// A step of one slot: hours from the start, its on/off draw if known, powered, its fresh
+    /// reading.
+    type Step = (i64, Option<(f64, f64)>, bool, Option<f64>);
+
+    /// One slot through `steps`; returns (kWh used, kWh saved, the readings the last report
+    /// holds).
+    fn measured_energy(steps: &[Step]) -> (f64, f64, BTreeMap<String, f64>) {
+        let mut report: Option<GroupSavings> = None;
+        for (hour, watts, powered, reading) in steps {
+            let slot = SlotSample {
+                name: "server".into(),
+                powered: *powered,
+                hourly_rate: 0.0,
+                watts: watts.map(|(on, off)| Watts { on, off }),
+                measured_watts: *reading,
+            };
+            report = Some(accrue(report.as_ref(), &[slot], 0.0, at(hour * 3600)));
+        }
+        let r = report.unwrap();
+        (r.energy_used_kwh, r.energy_saved_kwh, r.measured_watts)
+    }
+
+    #[test]
+    fn measured_draw_table() {
+        let declared = Some((95.0, 4.0));
+        let read = |w: f64| BTreeMap::from([("server".to_string(), w)]);
+        let table: [(&str, Vec<Step>, _); 5] = [
+            (
+                "a fresh reading is charged instead of the declared draw",
+                vec![(0, declared, true, Some(80.0)), (1, declared, true, Some(80.0))],
+                (0.08, 0.015, read(80.0)),
+            ),
+            (
+                "without a fresh reading the declared draw counts",
+                vec![(0, declared, true, None), (1, declared, true, None)],
+                (0.095, 0.0, BTreeMap::new()),
+            ),
+            (
+                "a step is charged at the reading taken at its start",
+                vec![
+                    (0, declared, true, Some(80.0)),
+                    (1, declared, false, Some(3.0)),
+                    (2, declared, false, Some(3.0)),
+                ],
+                // 80 Wh, then 3 Wh, against 2 x 95 Wh always on
+                (0.083, 0.107, read(3.0)),
+            ),
+            (
+                "a slot that declares nothing counts once its meter read it ready",
+                vec![(0, Some((90.0, 0.0)), false, Some(2.0)), (1, Some((90.0, 0.0)), false, None)],
+                (0.002, 0.088, BTreeMap::new()),
+            ),
+            (
+                "a reading that stops falls back to the declared standby",
+                vec![
+                    (0, declared, false, Some(2.5)),
+                    (1, declared, false, None),
+                    (2, declared, false, None),
+                ],
+                (0.0065, 0.1835, BTreeMap::new()),
+            ),
+        ];
+        for (case, steps, want) in table {
+            assert_eq!(measured_energy(&steps), want, "{case}");
+        }
     }
 
     #[test]
@@ -388,6 +493,13 @@ mod tests {
                 true,
             ),
             ("the power changed", Some(&last), vec![slot("server", false, 0.3)], 1, true),
+            (
+                "a meter started answering",
+                Some(&last),
+                vec![SlotSample { measured_watts: Some(90.0), ..slot("server", true, 0.3) }],
+                1,
+                true,
+            ),
         ];
         for (case, previous, slots, now, want) in table {
             assert_eq!(due(previous, &slots, at(now), every), want, "{case}");

@@ -578,6 +578,147 @@ async fn declared_capacity_that_the_node_contradicts_is_reported() {
     assert!(message.contains("cpu: declared 4 vs allocatable 2"), "{message}");
 }
 
+/// A Shelly Gen2 plug's meter on 127.0.0.1: `GET /rpc/Switch.GetStatus?id=0` answers the draw
+/// the test sets, and every read is counted.
+struct ShellyMeter {
+    base: String,
+    watts: Arc<Mutex<f64>>,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl ShellyMeter {
+    async fn start(watts: f64) -> Self {
+        let draw = Arc::new(Mutex::new(watts));
+        let reads: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (answer, count) = (draw.clone(), Arc::clone(&reads));
+        let app = axum::Router::new().route(
+            "/rpc/Switch.GetStatus",
+            axum::routing::get(move || {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let apower = *answer.lock().unwrap();
+                async move { axum::Json(json!({ "id": 0, "output": true, "apower": apower })) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        ShellyMeter { base, watts: draw, reads, server }
+    }
+
+    fn set(&self, watts: f64) {
+        *self.watts.lock().unwrap() = watts;
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ShellyMeter {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn meter_condition(
+    slot: &Node,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    slot.status.as_ref()?.conditions.iter().find(|c| c.type_ == "MeterRead").cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plug_meter_is_read_into_the_slot_and_counted_by_the_energy_report() {
+    let lab = Lab::start("ctl-meter", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let meter = ShellyMeter::start(3.5).await;
+    let started = std::time::Instant::now();
+    let tariff = json!({ "spec": { "energy": { "pricePerKWh": 0.32, "currency": "EUR" } } });
+    lab.groups()
+        .patch("pool", &PatchParams::default(), &Patch::Merge(&tariff))
+        .await
+        .expect("tariff");
+    let metered = json!({ "spec": { "power": {
+        "watts": { "whenOn": 95, "whenOff": 4 },
+        "http": { "meter": {
+            "request": { "url": format!("{}/rpc/Switch.GetStatus?id=0", meter.base) },
+            "wattsPointer": "/apower",
+        } },
+    } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&metered))
+        .await
+        .expect("meter");
+
+    // The machine is off: the reading is its standby draw, and not its on-draw.
+    let read = lab
+        .slot_until(&slot, "the standby draw read", |s| {
+            s.status.as_ref().and_then(|st| st.draw.as_ref()).is_some_and(|d| d.watts == 3.5)
+        })
+        .await;
+    let draw = read.status.as_ref().and_then(|s| s.draw.clone()).expect("draw");
+    assert_eq!(draw.when_on_watts, None, "an off machine's reading is not its on-draw");
+    assert_eq!(meter_condition(&read).map(|c| c.status).as_deref(), Some("True"));
+    // The pool's report counts the slot from its reading, and says so.
+    let group = eventually("the report counts the reading", ACT, || async {
+        let group = lab.groups().get("pool").await?;
+        let savings = group.status.as_ref().and_then(|s| s.savings.clone());
+        let measured = savings.map(|s| s.measured_watts).unwrap_or_default();
+        anyhow::ensure!(measured.get(&slot) == Some(&3.5), "measuredWatts {measured:?}");
+        Ok(group)
+    })
+    .await
+    .expect("measuredWatts");
+    let savings = group.status.and_then(|s| s.savings).expect("savings");
+    assert!(savings.slots_without_watts.is_empty(), "{:?}", savings.slots_without_watts);
+
+    // Ready, the machine draws 88 W: that reading becomes its on-draw.
+    meter.set(88.0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    lab.slot_until(&slot, "the on-draw read while ready", |s| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.draw.as_ref())
+            .is_some_and(|d| d.when_on_watts == Some(88.0))
+    })
+    .await;
+
+    let (_, metrics) = homelab_autoscaler::telemetry::render(None);
+    let series = format!("homelab_autoscaler_slot_draw_watts{{group=\"pool\",slot=\"{slot}\"}} 88");
+    assert!(metrics.lines().any(|l| l.starts_with(&series)), "no {series} in:\n{metrics}");
+
+    // Events wake the slot often; the meter is still read at most once per interval (2 s).
+    let allowed = started.elapsed().as_secs_f64() / 2.0 + 2.0;
+    assert!(
+        (meter.reads() as f64) <= allowed,
+        "{} reads in {:?}",
+        meter.reads(),
+        started.elapsed()
+    );
+
+    // A meter behind a token the operator may not read: the condition says what to do, and
+    // the last reading is kept (the report counts it only while it is fresh).
+    let locked = json!({ "spec": { "power": { "http": { "meter": { "request": {
+        "url": format!("{}/rpc/Switch.GetStatus?id=0", meter.base),
+        "headers": [{ "name": "Authorization", "valuePrefix": "Bearer ",
+                      "valueFrom": { "name": "plug-token", "key": "token" } }],
+    } } } } } });
+    lab.slots().patch(&slot, &PatchParams::default(), &Patch::Merge(&locked)).await.expect("token");
+    let failed = lab
+        .slot_until(&slot, "the failed read reported", |s| {
+            meter_condition(s).is_some_and(|c| c.status == "False")
+        })
+        .await;
+    let message = meter_condition(&failed).map(|c| c.message).unwrap_or_default();
+    assert!(message.contains("Secret plug-token"), "{message}");
+    assert!(message.contains("energy.meterSecrets"), "{message}");
+    let kept = failed.status.as_ref().and_then(|s| s.draw.as_ref()).map(|d| d.when_on_watts);
+    assert_eq!(kept, Some(Some(88.0)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_honours_a_disruption_budget_for_a_bounded_time() {
     use k8s_openapi::api::core::v1::Pod;

@@ -307,6 +307,7 @@ fn registered_metrics() -> BTreeSet<String> {
         energy_saved_cost: 1.0,
     };
     t::savings_reported("docs", &sample);
+    t::slot_draw_read("docs", "m1", 1.0);
     let (_, text) = t::render(None);
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -282,3 +282,48 @@ async fn rbac_of(rendered: &str) -> Vec<serde_json::Value> {
         })
         .collect()
 }
+
+/// The operator reads plug meters itself: it may read exactly the Secrets the chart's
+/// `energy.meterSecrets` names, and none without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_may_read_exactly_the_meter_secrets_it_is_given() {
+    let plane = ControlPlane::start(Components::CLUSTER).await.expect("control plane");
+    let out = plane.kubectl(["create", "namespace", NAMESPACE]).await.expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("service-account.kubeconfig");
+    let can_i = |verb: &'static str, what: &'static str| {
+        let (plane, kubeconfig) = (&plane, kubeconfig.display().to_string());
+        async move {
+            let out = plane
+                .kubectl([
+                    "--kubeconfig",
+                    &kubeconfig,
+                    "auth",
+                    "can-i",
+                    verb,
+                    what,
+                    "-n",
+                    NAMESPACE,
+                ])
+                .await
+                .expect("kubectl auth can-i");
+            String::from_utf8_lossy(&out.stdout).trim() == "yes"
+        }
+    };
+
+    let plain = render(NAMESPACE, &["tls.mode=selfManaged"]).await.expect("helm template");
+    apply(&plane, &rbac_of(&plain).await).await.expect("apply the chart's RBAC");
+    service_account_kubeconfig(&plane, NAMESPACE, "homelab-autoscaler", &kubeconfig)
+        .await
+        .expect("a kubeconfig of the ServiceAccount");
+    assert!(!can_i("get", "secret/plug-token").await, "no meter Secret without the value");
+
+    let given = ["tls.mode=selfManaged", "energy.meterSecrets={plug-token,ha-token}"];
+    let rendered = render(NAMESPACE, &given).await.expect("helm template");
+    apply(&plane, &rbac_of(&rendered).await).await.expect("apply the chart's RBAC");
+    assert!(can_i("get", "secret/plug-token").await, "a meter Secret it was given");
+    assert!(can_i("get", "secret/ha-token").await, "a meter Secret it was given");
+    assert!(!can_i("get", "secret/another").await, "a Secret it was not given");
+    assert!(!can_i("list", "secrets").await, "listing Secrets");
+}

@@ -274,6 +274,53 @@ async fn an_unmetered_plug_cuts_the_relay_after_the_fixed_wait() {
     assert!(since_halt >= Duration::from_secs(2), "the relay waited the delay: {since_halt:?}");
 }
 
+/// A machine whose BIOS does not power on when AC returns: the on sequence switches the plug
+/// on, gives the power supply a moment, then wakes the machine over the LAN.
+#[tokio::test]
+async fn the_on_sequence_switches_the_plug_on_and_then_wakes_the_machine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (port, log) = metered_plug(Shape::ShellyGen2, dir.path().join("never-halts")).await;
+    let nic = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let nic_port = nic.local_addr().expect("addr").port();
+    let woken = tokio::spawn(async move {
+        let mut packet = [0u8; 512];
+        let (len, _) = nic.recv_from(&mut packet).await.expect("recv");
+        (Instant::now(), packet[..len].to_vec())
+    });
+    let spec = PowerSpec {
+        http: Some(plug(Shape::ShellyGen2, port, false)),
+        wake_on_lan: Some(homelab_autoscaler::api::WakeOnLan {
+            mac: "52:54:00:ab:cd:ef".into(),
+            broadcast_address: Some("127.0.0.1".into()),
+            port: Some(nic_port),
+        }),
+        on_sequence: vec![
+            step(PowerDriverKind::Http),
+            PowerStep { delay_seconds: Some(1), ..step(PowerDriverKind::WakeOnLan) },
+        ],
+        ..PowerSpec::default()
+    };
+    power::power(&spec, PowerAction::On, &Secrets::mounted(dir.path())).await.expect("on");
+    let (woken_at, packet) = tokio::time::timeout(Duration::from_secs(5), woken)
+        .await
+        .expect("a magic packet within 5 s")
+        .expect("the NIC");
+    assert_eq!(packet.len(), 102, "a magic packet");
+    assert_eq!(&packet[6..12], &[0x52, 0x54, 0x00, 0xab, 0xcd, 0xef]);
+    let log = log.lock().expect("lock").clone();
+    let switched_on: Vec<Instant> = log
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Switch { at, on: true } => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(switched_on.len(), 1, "the relay is switched on once: {log:?}");
+    assert!(cuts(&log).is_empty(), "{log:?}");
+    let gap = woken_at.duration_since(switched_on[0]);
+    assert!(gap >= Duration::from_secs(1), "woken {gap:?} after the relay, not after the delay");
+}
+
 /// Runs `power off` as a power Job's pod does; returns its error and termination message.
 async fn off_as_a_job(spec: &PowerSpec, secrets_dir: &Path) -> (String, String) {
     let termination = secrets_dir.join("termination-log");

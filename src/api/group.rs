@@ -1,6 +1,8 @@
 // kube-derive takes one `printcolumn(...)` per column; clippy reads repeated keys as duplicates.
 #![allow(clippy::duplicated_attributes)]
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::Duration;
 use kube::{CustomResource, KubeSchema};
@@ -327,9 +329,15 @@ pub struct GroupSavings {
     /// What the energy saved would have cost at the tariff.
     #[serde(default)]
     pub energy_saved_cost: f64,
-    /// Slots of the pool that declare no watts: they count no energy.
+    /// Slots of the pool whose draw is not known: they declare no `spec.power.watts` and their
+    /// meter has not read them ready. They count no energy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slots_without_watts: Vec<String>,
+    /// The draw each metered slot's plug read at `observedAt` (its `status.draw`, when fresh),
+    /// in watts: the time until the next update is charged to these slots at it. Every other
+    /// slot is counted from its declared watts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub measured_watts: BTreeMap<String, f64>,
 }
 
 /// Live claims of a pool by phase; an empty phase counts as pending.

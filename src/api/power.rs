@@ -367,6 +367,16 @@ pub struct HttpRequest {
     pub basic_auth: Option<CredentialsRef>,
 }
 
+impl HttpRequest {
+    /// The Secrets the request reads: its basic auth and its headers' values.
+    pub fn secret_names(&self) -> impl Iterator<Item = String> + '_ {
+        let auth = self.basic_auth.iter().map(|a| a.secret_name.clone());
+        auth.chain(
+            self.headers.iter().filter_map(|h| h.value_from.as_ref()).map(|r| r.name.clone()),
+        )
+    }
+}
+
 /// An HTTP header: a literal value or one read from a Secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -545,16 +555,7 @@ impl PowerSpec {
                 let requests = self.http.iter().flat_map(|h| {
                     h.on.iter().chain(h.off.iter()).chain(h.meter.iter().map(|m| &m.request))
                 });
-                for request in requests {
-                    if let Some(auth) = &request.basic_auth {
-                        names.insert(auth.secret_name.clone());
-                    }
-                    for header in &request.headers {
-                        if let Some(from) = &header.value_from {
-                            names.insert(from.name.clone());
-                        }
-                    }
-                }
+                names.extend(requests.flat_map(HttpRequest::secret_names));
             }
             PowerDriverKind::Ssh => {
                 if let Some(s) = &self.ssh {

@@ -34,6 +34,7 @@ use super::power::PowerSpec;
     printcolumn(name = "Claim", type_ = "string", json_path = ".status.lastClaim.name"),
     printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.lastClaim.attempt"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.lastClaim.reason", priority = 1),
+    printcolumn(name = "Watts", type_ = "number", json_path = ".status.draw.watts", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -190,6 +191,25 @@ pub struct NodeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+    /// What the plug's meter (`spec.power.http.meter`) last read. The energy report counts it
+    /// instead of the declared watts while it is fresh; the `MeterRead` condition says why a
+    /// read failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draw: Option<MeasuredDraw>,
+}
+
+/// A slot's draw as its plug's meter reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MeasuredDraw {
+    /// The draw at `readAt`, in watts.
+    pub watts: f64,
+    /// When the meter answered.
+    pub read_at: Time,
+    /// The last draw read while the slot was ready (wanted, up and serving): the always-on
+    /// baseline of the energy report, in place of `spec.power.watts.whenOn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_on_watts: Option<f64>,
 }
 
 /// Whether a machine is observed up.

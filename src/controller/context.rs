@@ -32,6 +32,8 @@ pub struct Context {
     /// kube-controller-manager's `--node-monitor-grace-period`: how long a powered-off machine's
     /// node still reads Ready.
     pub node_monitor_grace: Duration,
+    /// How often a plug's meter is read for the energy report.
+    pub meter_interval: Duration,
     /// The image power Jobs run (the operator's own).
     pub power_image: String,
     /// The PriorityClass of every lifecycle Job's pod (None: the cluster's default).
@@ -42,6 +44,9 @@ pub struct Context {
     /// One lock per slot around "may this claim boot?" and the booting write, so two claims
     /// of one slot never both pass the check (reconciles of different claims run at once).
     boot_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
+    /// once per `meter_interval`. A new term starts empty: one read each at its start.
+    meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
 }
 
 /// The change streams of every controller's inputs, taken from the caches when a leadership
@@ -88,6 +93,8 @@ pub struct MachineSettings {
     /// Unknown (its `--node-monitor-grace-period`): until then a powered-off machine's node
     /// still reads Ready.
     pub node_monitor_grace: Duration,
+    /// How often a plug's meter is read for the energy report.
+    pub meter_interval: Duration,
 }
 
 /// How lifecycle Jobs' pods are run: the image power Jobs run (the operator's own), and the
@@ -170,13 +177,29 @@ impl Context {
             drain_timeout: machines.drain_timeout,
             off_node_grace: machines.off_node_grace,
             node_monitor_grace: machines.node_monitor_grace,
+            meter_interval: machines.meter_interval,
             power_image: power.image,
             power_priority_class: power.priority_class,
             clock,
             stores,
             boot_locks: std::sync::Mutex::default(),
+            meter_reads: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))
+    }
+
+    /// Whether `slot`'s meter is due a read (none within `meter_interval`); if so, the read
+    /// counts as tried now.
+    pub fn meter_read_due(&self, slot: &str) -> bool {
+        let now = self.now();
+        let mut reads = self.meter_reads.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let due = reads.get(slot).is_none_or(|last| {
+            now.duration_since(*last).as_secs_f64() >= self.meter_interval.as_secs_f64()
+        });
+        if due {
+            reads.insert(slot.to_owned(), now);
+        }
+        due
     }
 
     /// Holds the slot's boot lock until the guard is dropped.

@@ -2,7 +2,9 @@
 //! has no slot, and keeps the pool's savings report (see [`crate::savings`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -62,25 +64,41 @@ pub fn count<'a>(claims: impl IntoIterator<Item = &'a NodeClaim>) -> GroupClaimC
 }
 
 /// How often a pool's savings report is brought up to date while its power does not change.
-pub const SAVINGS_STEP: std::time::Duration = std::time::Duration::from_secs(60);
+pub const SAVINGS_STEP: Duration = Duration::from_secs(60);
 
 /// The condition that says whether a pool has slots at all.
 pub const CONDITION_HAS_SLOTS: &str = "HasSlots";
 
-/// What the slot contributes to its pool's savings report.
-fn savings_sample(slot: &Node, group: &Group) -> SlotSample {
+/// A meter reading older than this many meter intervals is stale: the plug stopped answering,
+/// and the report falls back to the declared watts.
+const READINGS_KEPT_FRESH: u32 = 3;
+
+/// What the slot contributes to its pool's savings report. Its on-draw is what its meter read
+/// while it was ready, else its declared `whenOn`; its draw now is a fresh reading, if any.
+fn savings_sample(
+    slot: &Node,
+    group: &Group,
+    now: Timestamp,
+    meter_interval: Duration,
+) -> SlotSample {
     let status = slot.status.as_ref();
     let powered = status.and_then(|s| s.power_state) == Some(ObservedPower::On)
         || matches!(
             status.and_then(|s| s.phase),
             Some(SlotPhase::Booting | SlotPhase::Ready | SlotPhase::Draining)
         );
-    let watts = slot.spec.power.as_ref().and_then(|p| p.watts.as_ref());
+    let declared = slot.spec.power.as_ref().and_then(|p| p.watts.as_ref());
+    let draw = status.and_then(|s| s.draw.as_ref());
+    let fresh_for = (meter_interval * READINGS_KEPT_FRESH).as_secs_f64();
+    let on = draw.and_then(|d| d.when_on_watts).or(declared.map(|w| w.when_on));
     SlotSample {
         name: slot.metadata.name.clone().unwrap_or_default(),
         powered,
         hourly_rate: pricing_of(&slot.spec, &group.spec).map_or(0.0, |p| p.hourly_rate),
-        watts: watts.map(|w| Watts { on: w.when_on, off: w.when_off.unwrap_or(0.0) }),
+        watts: on.map(|on| Watts { on, off: declared.and_then(|w| w.when_off).unwrap_or(0.0) }),
+        measured_watts: draw
+            .filter(|d| now.duration_since(d.read_at.0).as_secs_f64() <= fresh_for)
+            .map(|d| d.watts),
     }
 }
 
@@ -148,7 +166,8 @@ async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> 
     let status = group.status.clone().unwrap_or_default();
     let now = ctx.now();
 
-    let samples: Vec<SlotSample> = slots.iter().map(|s| savings_sample(s, &group)).collect();
+    let samples: Vec<SlotSample> =
+        slots.iter().map(|s| savings_sample(s, &group, now, ctx.meter_interval)).collect();
     let tariff = group.spec.energy.as_ref().map_or(0.0, |e| e.price_per_kwh);
     let savings_due = savings::due(status.savings.as_ref(), &samples, now, SAVINGS_STEP);
     let report = if savings_due {
@@ -254,11 +273,63 @@ mod tests {
         off.status = Some(NodeStatus { phase: Some(SlotPhase::Pending), ..Default::default() });
         let table = [(&own, true, 0.3), (&inherits, true, 0.05), (&off, false, 0.05)];
         for (slot, powered, rate) in table {
-            let sample = savings_sample(slot, &group);
+            let sample = savings_sample(slot, &group, at(0).0, MINUTE);
             assert_eq!((sample.powered, sample.hourly_rate), (powered, rate), "{}", sample.name);
         }
         group.spec.pricing = None;
-        assert_eq!(savings_sample(&off, &group).hourly_rate, 0.0);
+        assert_eq!(savings_sample(&off, &group, at(0).0, MINUTE).hourly_rate, 0.0);
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_slot_is_counted_from_its_meter_while_the_reading_is_fresh() {
+        use crate::api::{MeasuredDraw, NodeStatus, PowerSpec, PowerWatts};
+        let group = crate::fixtures::group("pool");
+        let slot = |declared: Option<(f64, f64)>, draw: Option<(f64, i64, Option<f64>)>| {
+            let mut slot = crate::fixtures::slot("m1", "pool");
+            slot.spec.power = declared.map(|(on, off)| PowerSpec {
+                watts: Some(PowerWatts { when_on: on, when_off: Some(off) }),
+                ..Default::default()
+            });
+            slot.status = Some(NodeStatus {
+                draw: draw.map(|(watts, read, when_on_watts)| MeasuredDraw {
+                    watts,
+                    read_at: at(read),
+                    when_on_watts,
+                }),
+                ..Default::default()
+            });
+            slot
+        };
+        // Now is 600 s; with a 60 s interval a reading is fresh for 180 s.
+        let table = [
+            ("declared only", slot(Some((95.0, 4.0)), None), Some((95.0, 4.0)), None),
+            (
+                "a fresh reading, and the on-draw it measured",
+                slot(Some((95.0, 4.0)), Some((3.0, 500, Some(88.0)))),
+                Some((88.0, 4.0)),
+                Some(3.0),
+            ),
+            (
+                "a stale reading is not counted; its on-draw is",
+                slot(Some((95.0, 4.0)), Some((3.0, 400, Some(88.0)))),
+                Some((88.0, 4.0)),
+                None,
+            ),
+            (
+                "nothing declared, never read ready: the draw is not known",
+                slot(None, Some((3.0, 590, None))),
+                None,
+                Some(3.0),
+            ),
+            ("nothing declared or read", slot(None, None), None, None),
+        ];
+        for (case, slot, watts, measured) in table {
+            let sample = savings_sample(&slot, &group, at(600).0, MINUTE);
+            assert_eq!(sample.watts.map(|w| (w.on, w.off)), watts, "{case}");
+            assert_eq!(sample.measured_watts, measured, "{case}");
+        }
     }
 
     #[test]

@@ -146,6 +146,9 @@ pub struct RunArgs {
     /// is powered off keeps a Ready node this long, so a shutdown is retried only after it.
     #[arg(long, default_value = "50s", value_parser = crate::api::duration::parse_go_duration)]
     pub node_monitor_grace_period: kube::core::Duration,
+    /// How often a plug's meter (`spec.power.http.meter`) is read for the energy report.
+    #[arg(long, default_value = "1m", value_parser = crate::api::duration::parse_go_duration)]
+    pub meter_interval: kube::core::Duration,
     /// How often the built-in scaler decides for each `builtin` pool (it also wakes on new
     /// pending pods).
     #[arg(long, default_value = "10s", value_parser = crate::api::duration::parse_go_duration)]
@@ -326,6 +329,7 @@ fn machine_settings(args: &RunArgs) -> MachineSettings {
         drain_timeout: args.drain_timeout.into(),
         off_node_grace: args.off_node_grace.into(),
         node_monitor_grace: args.node_monitor_grace_period.into(),
+        meter_interval: args.meter_interval.into(),
     }
 }
 

@@ -104,11 +104,7 @@ fn method<'a>(request: &'a HttpRequest, default: &'a str) -> &'a str {
 }
 
 fn credential_secrets(request: &HttpRequest) -> String {
-    let mut names: Vec<&str> = request.basic_auth.iter().map(|a| a.secret_name.as_str()).collect();
-    names.extend(
-        request.headers.iter().filter_map(|h| h.value_from.as_ref()).map(|r| r.name.as_str()),
-    );
-    names.join(", ")
+    request.secret_names().collect::<Vec<_>>().join(", ")
 }
 
 fn build(

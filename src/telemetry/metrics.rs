@@ -47,6 +47,7 @@ pub struct Metrics {
     pub savings: FloatGauges<1>,
     pub energy: FloatGauges<2>,
     pub energy_cost: FloatGauges<2>,
+    pub slot_draw: FloatGauges<2>,
 }
 
 /// Request latencies: 0.5 ms to about 4 s.
@@ -89,6 +90,7 @@ impl Metrics {
             savings: Family::default(),
             energy: Family::default(),
             energy_cost: Family::default(),
+            slot_draw: Family::default(),
         };
         let r = registry;
         let m = &metrics;
@@ -213,14 +215,19 @@ impl Metrics {
         );
         r.register(
             "group_energy_kwh",
-            "Energy of a group since its savings start from its slots' declared watts, in kWh: \
-             used, or saved against every slot always on",
+            "Energy of a group since its savings start from its slots' watts (read by a plug \
+             meter, else declared), in kWh: used, or saved against every slot always on",
             m.energy.clone(),
         );
         r.register(
             "group_energy_cost",
             "The group's energy (used, or saved) priced at its tariff, in the tariff's currency",
             m.energy_cost.clone(),
+        );
+        r.register(
+            "slot_draw_watts",
+            "A slot's draw as its plug's meter last read it, in watts",
+            m.slot_draw.clone(),
         );
         metrics
     }

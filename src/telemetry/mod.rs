@@ -133,9 +133,15 @@ pub fn set_leader(leading: bool) {
         m().savings.clear();
         m().energy.clear();
         m().energy_cost.clear();
+        m().slot_draw.clear();
         m().scaler_demand.clear();
         m().scaler_target.clear();
     }
+}
+
+/// `slot`'s plug meter read `watts`.
+pub fn slot_draw_read(group: &str, slot: &str, watts: f64) {
+    m().slot_draw.get_or_create(&[label("group", group), label("slot", slot)]).set(watts);
 }
 
 /// Whether the caches this replica serves from have synced.

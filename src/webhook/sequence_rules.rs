@@ -282,6 +282,22 @@ mod tests {
                 Some("offSequence[1] waits 200s (delaySeconds) but may take only 120s"),
             ),
             (
+                "the plug, then a magic packet once the power supply is up",
+                false,
+                |p| {
+                    p.wake_on_lan = Some(WakeOnLan {
+                        mac: "aa:bb:cc:dd:ee:ff".into(),
+                        broadcast_address: None,
+                        port: None,
+                    });
+                    p.on_sequence = vec![
+                        step(Http),
+                        PowerStep { delay_seconds: Some(5), ..step(PowerDriverKind::WakeOnLan) },
+                    ];
+                },
+                None,
+            ),
+            (
                 "a magic packet before the plug",
                 false,
                 |p| {

@@ -2,10 +2,12 @@
 //! (`shutdown`), removes the node of a machine that is confirmed off (`node_removal`), keeps
 //! the Kubernetes node tied to its slot and carrying what the slot declares (`node_sync`),
 //! marks the node for cluster-autoscaler while it boots or a person holds it
-//! (`autoscaler_marks`), and writes the slot's observed status and derived report (`observe`).
+//! (`autoscaler_marks`), reads the plug's meter (`meter`), and writes the slot's observed
+//! status and derived report (`observe`).
 
 mod autoscaler_marks;
 mod drain;
+mod meter;
 mod node_removal;
 mod node_sync;
 mod observe;
@@ -81,18 +83,20 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 recheck = Some(at);
             }
         }
-        let action = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
-        observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref()).await?;
-        // A silent kubelet's grace is the one deadline no event announces. (The shutdown path
-        // only asks to be requeued while the machine is up or owed a shutdown, when there is
-        // no such deadline.)
-        Ok(match recheck {
-            Some(at) => {
-                let wait = at.duration_since(ctx.now()).as_secs_f64().max(1.0);
-                Action::requeue(std::time::Duration::from_secs_f64(wait))
-            }
-            None => action,
-        })
+        let shutdown_retry = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
+        let reading = meter::read_if_due(&ctx, &slot).await;
+        observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), reading.as_ref())
+            .await?;
+        // A silent kubelet's grace and the next meter read are deadlines no event announces.
+        let grace = recheck.map(|at| {
+            std::time::Duration::from_secs_f64(at.duration_since(ctx.now()).as_secs_f64().max(1.0))
+        });
+        let meter = meter::metered(&slot).map(|_| ctx.meter_interval);
+        Ok([shutdown_retry, grace, meter]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or_else(Action::await_change, Action::requeue))
     }
     .instrument(span)
     .await

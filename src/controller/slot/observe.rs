@@ -1,6 +1,6 @@
 //! What the operator observes of a slot's machine, and the slot's status: observed power, the
-//! derived report, the digest of the newest claim, and a capacity-drift condition. Written only
-//! when it changes.
+//! derived report, the digest of the newest claim, the plug meter's last reading, and a
+//! capacity-drift condition. Written only when it changes.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
 
+use super::meter::{self, Reading};
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
 use crate::controller::Context;
@@ -116,6 +117,7 @@ pub async fn write_status(
     slot: &Node,
     node: Option<&CoreNode>,
     live: Option<&NodeClaim>,
+    reading: Option<&Reading>,
 ) -> Result<()> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let claims = ctx.claims_of_slot(&slot_name);
@@ -134,7 +136,8 @@ pub async fn write_status(
     let previous = slot.status.clone().unwrap_or_default();
     let last_claim =
         newest(claims.iter().map(AsRef::as_ref)).map(digest).or(previous.last_claim.clone());
-    const OWN: [&str; 3] = ["CapacityMatches", "ProviderIDMatches", "NodeLabelsDeclared"];
+    const OWN: [&str; 4] =
+        ["CapacityMatches", "ProviderIDMatches", "NodeLabelsDeclared", "MeterRead"];
     let mut conditions: Vec<Condition> =
         previous.conditions.iter().filter(|c| !OWN.contains(&c.type_.as_str())).cloned().collect();
     let kept = |type_: &str| previous.conditions.iter().find(|c| c.type_ == type_).cloned();
@@ -215,6 +218,27 @@ pub async fn write_status(
         }
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
+    match reading {
+        Some(Reading::Watts { .. }) => conditions.push(condition(
+            "MeterRead",
+            true,
+            "Read",
+            "the plug's meter answered; status.draw holds its reading".into(),
+            &previous.conditions,
+            ctx.now(),
+        )),
+        Some(Reading::Failed(message)) => conditions.push(condition(
+            "MeterRead",
+            false,
+            "ReadFailed",
+            message.clone(),
+            &previous.conditions,
+            ctx.now(),
+        )),
+        // Not read this time; a meter that is gone takes its condition with it.
+        None if meter::metered(slot).is_some() => conditions.extend(kept("MeterRead")),
+        None => {}
+    }
     let status = NodeStatus {
         observed_generation: slot.metadata.generation,
         power_state: Some(if observed.powered_on { ObservedPower::On } else { ObservedPower::Off }),
@@ -222,6 +246,11 @@ pub async fn write_status(
         provider_id: registered_id.map(str::to_owned).or(previous.provider_id.clone()),
         last_claim,
         conditions,
+        draw: if meter::metered(slot).is_some() {
+            meter::next_draw(previous.draw.as_ref(), reading, report)
+        } else {
+            None
+        },
     };
     let was_mismatched =
         previous.conditions.iter().any(|c| c.type_ == "ProviderIDMatches" && c.status == "False");

@@ -7,7 +7,6 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
@@ -86,18 +85,24 @@ pub fn last_attempt_ended(
         .max()
 }
 
-pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> Result<Action> {
+/// Powers the machine off when no claim wants it; returns when to look again (`None`: on the
+/// next change).
+pub async fn reconcile(
+    ctx: &Context,
+    slot: &Node,
+    node: Option<&CoreNode>,
+) -> Result<Option<std::time::Duration>> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let owned = ctx.claims_of_slot(&slot_name);
     let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
     let on = machine::powered_on(node);
     let MachineFate::PowerOff { claim } = decide(&claims, on) else {
-        return Ok(Action::await_change());
+        return Ok(None);
     };
 
     let shutdown_jobs = ctx.lifecycle_jobs_of_slot(&slot_name, Lifecycle::Shutdown);
     if shutdown_jobs.iter().any(|j| outcome(j) == JobOutcome::Running) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let now = ctx.now();
     let grace =
@@ -125,7 +130,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
     };
     if attempts > 0 && !on && claim.is_some_and(|c| !awaits_forced_shutdown(c)) {
         // The last shutdown landed; the claim's release path takes it from here.
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     if attempts >= MAX_CONSECUTIVE_ATTEMPTS {
         let pause_end = last_at.and_then(|t| t.checked_add(grace).ok()).unwrap_or(now);
@@ -156,7 +161,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
                 }
             }
             let wait = pause_end.duration_since(now).as_secs().max(1);
-            return Ok(Action::requeue(std::time::Duration::from_secs(
+            return Ok(Some(std::time::Duration::from_secs(
                 u64::try_from(wait).unwrap_or(u64::MAX),
             )));
         }
@@ -175,7 +180,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
             let settled = finished.checked_add(settle).unwrap_or(Timestamp::MAX);
             if now < settled {
                 let wait = settled.duration_since(now).as_secs_f64().max(1.0);
-                return Ok(Action::requeue(std::time::Duration::from_secs_f64(wait)));
+                return Ok(Some(std::time::Duration::from_secs_f64(wait)));
             }
         }
         let who = claim.and_then(|c| c.metadata.name.clone()).unwrap_or_default();
@@ -205,7 +210,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         {
             if now < drain_end {
                 tracing::info!(pods, "eviction blocked by a PodDisruptionBudget; retrying");
-                return Ok(Action::requeue(DRAIN_RETRY));
+                return Ok(Some(DRAIN_RETRY));
             }
             tracing::warn!(pods, "drain timed out on PodDisruptionBudgets; powering off anyway");
         }
@@ -249,7 +254,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         .and_then(|c| c.metadata.name.clone())
         .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
     if !created {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     ctx.publish(
         slot,
@@ -258,7 +263,7 @@ pub async fn reconcile(ctx: &Context, slot: &Node, node: Option<&CoreNode>) -> R
         format!("{about}: shutdown Job {job_name} (attempt {attempt})"),
     )
     .await;
-    Ok(Action::await_change())
+    Ok(None)
 }
 
 #[cfg(test)]

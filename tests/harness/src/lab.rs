@@ -70,6 +70,8 @@ async fn start_controllers(
             off_node_grace: Duration::from_secs(10),
             // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
             node_monitor_grace: Duration::from_secs(30),
+            // Often enough that a suite sees a plug's reading within seconds.
+            meter_interval: Duration::from_secs(2),
         },
         LAB_POWER_IMAGE.into(),
         Arc::new(SystemClock),
