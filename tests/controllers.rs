@@ -13,6 +13,7 @@ use homelab_autoscaler::api::{
 use homelab_autoscaler::claim::FINALIZER;
 use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
 use homelab_harness::claims::{phase, provider_claim_for, reason};
+use homelab_harness::http::ShellyMeter;
 use homelab_harness::lab::{Lab, With};
 use homelab_harness::{KWOK_NODE_ANNOTATION, eventually};
 use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
@@ -578,51 +579,6 @@ async fn declared_capacity_that_the_node_contradicts_is_reported() {
     assert!(message.contains("cpu: declared 4 vs allocatable 2"), "{message}");
 }
 
-/// A Shelly Gen2 plug's meter on 127.0.0.1: `GET /rpc/Switch.GetStatus?id=0` answers the draw
-/// the test sets, and every read is counted.
-struct ShellyMeter {
-    base: String,
-    watts: Arc<Mutex<f64>>,
-    reads: Arc<std::sync::atomic::AtomicUsize>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl ShellyMeter {
-    async fn start(watts: f64) -> Self {
-        let draw = Arc::new(Mutex::new(watts));
-        let reads: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
-        let (answer, count) = (draw.clone(), Arc::clone(&reads));
-        let app = axum::Router::new().route(
-            "/rpc/Switch.GetStatus",
-            axum::routing::get(move || {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let apower = *answer.lock().unwrap();
-                async move { axum::Json(json!({ "id": 0, "output": true, "apower": apower })) }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        ShellyMeter { base, watts: draw, reads, server }
-    }
-
-    fn set(&self, watts: f64) {
-        *self.watts.lock().unwrap() = watts;
-    }
-
-    fn reads(&self) -> usize {
-        self.reads.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for ShellyMeter {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
 fn meter_condition(
     slot: &Node,
 ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
@@ -633,7 +589,7 @@ fn meter_condition(
 async fn a_plug_meter_is_read_into_the_slot_and_counted_by_the_energy_report() {
     let lab = Lab::start("ctl-meter", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
-    let meter = ShellyMeter::start(3.5).await;
+    let meter = ShellyMeter::start(3.5).await.expect("meter");
     let started = std::time::Instant::now();
     let tariff = json!({ "spec": { "energy": { "pricePerKWh": 0.32, "currency": "EUR" } } });
     lab.groups()
@@ -643,7 +599,7 @@ async fn a_plug_meter_is_read_into_the_slot_and_counted_by_the_energy_report() {
     let metered = json!({ "spec": { "power": {
         "watts": { "whenOn": 95, "whenOff": 4 },
         "http": { "meter": {
-            "request": { "url": format!("{}/rpc/Switch.GetStatus?id=0", meter.base) },
+            "request": { "url": format!("{}{}", meter.base, ShellyMeter::STATUS) },
             "wattsPointer": "/apower",
         } },
     } } });
@@ -702,7 +658,7 @@ async fn a_plug_meter_is_read_into_the_slot_and_counted_by_the_energy_report() {
     // A meter behind a token the operator may not read: the condition says what to do, and
     // the last reading is kept (the report counts it only while it is fresh).
     let locked = json!({ "spec": { "power": { "http": { "meter": { "request": {
-        "url": format!("{}/rpc/Switch.GetStatus?id=0", meter.base),
+        "url": format!("{}{}", meter.base, ShellyMeter::STATUS),
         "headers": [{ "name": "Authorization", "valuePrefix": "Bearer ",
                       "valueFrom": { "name": "plug-token", "key": "token" } }],
     } } } } } });

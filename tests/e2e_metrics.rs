@@ -11,6 +11,7 @@ use anyhow::{Context as _, ensure};
 use homelab_autoscaler::api::{Group, GroupStatus, Node};
 use homelab_harness::e2e::prometheus::{Prometheus, promtool_check_metrics};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World, http_answer};
+use homelab_harness::http::ShellyMeter;
 use homelab_harness::{Components, ControlPlane, eventually, stays};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -190,6 +191,20 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
         slots.patch(&name, &PatchParams::default(), &Patch::Merge(&watts)).await.expect("watts");
         metered.push(name);
     }
+    // The first worker's plug also measures it: the operator reads the meter itself.
+    let meter = ShellyMeter::start(21.0).await.expect("meter");
+    let plug = json!({ "spec": { "power": { "http": { "meter": {
+        "request": { "url": format!("{}{}", meter.base, ShellyMeter::STATUS) },
+        "wattsPointer": "/apower",
+    } } } } });
+    slots.patch(&metered[0], &PatchParams::default(), &Patch::Merge(&plug)).await.expect("meter");
+    eventually("the meter read into the slot", SCRAPED, || async {
+        let draw = slots.get(&metered[0]).await?.status.and_then(|s| s.draw);
+        ensure!(draw.as_ref().is_some_and(|d| d.watts == 21.0), "draw {draw:?}");
+        Ok(())
+    })
+    .await
+    .expect("the meter read");
     let tariff = json!({ "spec": { "energy": { "pricePerKWh": 0.32, "currency": "EUR" } } });
     groups.patch("workers", &PatchParams::default(), &Patch::Merge(&tariff)).await.expect("tariff");
 
@@ -285,6 +300,8 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
     )
     .await;
     expect_value(p, "homelab_autoscaler_leader", exactly(1.0), "the one replica leads").await;
+    let draw = format!(r#"homelab_autoscaler_slot_draw_watts{{slot="{}"}}"#, metered[0]);
+    expect_value(p, &draw, exactly(21.0), "the plug's reading").await;
     expect_value(p, "homelab_autoscaler_caches_synced", exactly(1.0), "synced").await;
     expect_value(
         p,

@@ -3,14 +3,17 @@
 //! plug shut down over SSH then unplugged (examples/power-smart-plug.yaml), boot and are
 //! released like any other. The operator turns `spec.power` into its startup and shutdown Jobs
 //! (the operator's image running `power on|off`); kwok plays their pods and the simulator the
-//! machine behind them. tests/power_sequences.rs runs the same sequence against real peers.
+//! machine behind them. The plug's meter is an in-test Shelly endpoint on 127.0.0.1, which the
+//! operator reads into the slot's status. tests/power_sequences.rs runs the same sequence
+//! against real peers.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use homelab_autoscaler::api::{NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{Node as Slot, NodeClaim, NodeClaimPhase};
 use homelab_harness::e2e::{self, NAMESPACE};
-use homelab_harness::eventually;
+use homelab_harness::http::ShellyMeter;
+use homelab_harness::{eventually, repo_path};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::Api;
@@ -66,13 +69,31 @@ async fn claims_on_a_wake_on_lan_slot_and_a_plug_and_ssh_slot_boot_and_are_relea
     let world = e2e::World::start(&bin, false).await.expect("start the world");
     let _logs = world.plane.logs_on_failure();
 
+    let wake_on_lan = repo_path("examples/power-wake-on-lan.yaml");
     let (startup, shutdown) =
-        claim_boots_and_is_released(&world, "power-wake-on-lan.yaml", "nas-1", "lan").await;
+        claim_boots_and_is_released(&world, &wake_on_lan, "nas-1", "lan").await;
     assert_eq!(args_of(&startup), ["power", "on"]);
     assert_eq!(args_of(&shutdown), ["power", "off"]);
 
-    let (startup, shutdown) =
-        claim_boots_and_is_released(&world, "power-smart-plug.yaml", "mini-1", "minis").await;
+    // The example's plug, at its LAN address there, is an in-test Shelly meter here: the
+    // operator reads it itself for the energy report.
+    let meter = ShellyMeter::start(17.5).await.expect("meter");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example =
+        std::fs::read_to_string(repo_path("examples/power-smart-plug.yaml")).expect("the example");
+    let plug = dir.path().join("power-smart-plug.yaml");
+    std::fs::write(&plug, example.replace("http://192.168.1.41", &meter.base)).expect("write");
+    let (startup, shutdown) = claim_boots_and_is_released(&world, &plug, "mini-1", "minis").await;
+    let slots: Api<Slot> = Api::namespaced(world.client.clone(), NAMESPACE);
+    eventually("the plug's reading in the slot's status", ACT, || async {
+        let slot = slots.get("mini-1").await?;
+        let draw = slot.status.and_then(|s| s.draw);
+        ensure!(draw.as_ref().is_some_and(|d| d.watts == 17.5), "draw {draw:?}");
+        Ok(())
+    })
+    .await
+    .expect("the meter read by the operator");
+    assert!(meter.reads() >= 1);
     assert_eq!(args_of(&startup), ["power", "on"]);
     let (on, secrets) = power_settings(&startup);
     assert_eq!(on["onWith"], json!("http"), "the plug switches the machine on: {on}");
@@ -90,15 +111,14 @@ async fn claims_on_a_wake_on_lan_slot_and_a_plug_and_ssh_slot_boot_and_are_relea
     assert_eq!(secrets, ["mini-ssh"], "the SSH key is mounted for the first step");
 }
 
-/// Applies `example`, claims `slot` of `group` by hand, waits for it ready, releases it and
-/// waits for the machine off; returns the startup and shutdown Jobs.
+/// Applies `example` with kubectl, claims `slot` of `group` by hand, waits for it ready,
+/// releases it and waits for the machine off; returns the startup and shutdown Jobs.
 async fn claim_boots_and_is_released(
     world: &e2e::World,
-    example: &str,
+    example: &std::path::Path,
     slot: &str,
     group: &str,
 ) -> (Job, Job) {
-    let example = homelab_harness::repo_path(&format!("examples/{example}"));
     let applied = world
         .plane
         .kubectl(["apply", "-n", NAMESPACE, "-f", &example.to_string_lossy()])

@@ -93,13 +93,19 @@ fn check_settings(spec: &PowerSpec, findings: &mut Findings) {
         findings.invalid("power_driver_settings", error.to_string());
     }
     if let Some(http) = &spec.http {
-        if http.on.is_none() && http.off.is_none() {
+        // A plug that only measures (the machine powered otherwise) is a meter alone.
+        if http.on.is_none() && http.off.is_none() && http.meter.is_none() {
             findings.invalid(
                 "power_driver_settings",
-                "spec.power.http: set onRequest, offRequest or both",
+                "spec.power.http: set onRequest, offRequest, meter, or several of them",
             );
         }
-        for (direction, request) in [("onRequest", &http.on), ("offRequest", &http.off)] {
+        let meter = http.meter.as_ref().map(|m| &m.request);
+        for (direction, request) in [
+            ("onRequest", http.on.as_ref()),
+            ("offRequest", http.off.as_ref()),
+            ("meter.request", meter),
+        ] {
             for (i, header) in request.iter().flat_map(|r| r.headers.iter()).enumerate() {
                 if header.value.is_some() == header.value_from.is_some() {
                     findings.invalid(
@@ -148,6 +154,25 @@ mod tests {
         }
     }
 
+    /// A plug that only measures: a Shelly's meter, no relay requests.
+    fn meter_only() -> crate::api::HttpPower {
+        crate::api::HttpPower {
+            on: None,
+            off: None,
+            meter: Some(crate::api::PowerMeter {
+                request: crate::api::HttpRequest {
+                    method: None,
+                    url: "http://plug/rpc/Switch.GetStatus?id=0".into(),
+                    headers: vec![],
+                    body: None,
+                    basic_auth: None,
+                },
+                watts_pointer: "/apower".into(),
+            }),
+            insecure_skip_verify: false,
+        }
+    }
+
     fn findings_of(edit: impl FnOnce(&mut Node)) -> Vec<String> {
         let mut s = slot("m1", "pool");
         s.spec.startup_pod_spec = None;
@@ -186,6 +211,27 @@ mod tests {
                     s.spec.shutdown_pod_spec = Some(pod_spec());
                 },
                 None,
+            ),
+            (
+                "pod specs, and a plug that only measures",
+                |s| {
+                    s.spec.power =
+                        Some(PowerSpec { http: Some(meter_only()), ..Default::default() });
+                    s.spec.startup_pod_spec = Some(pod_spec());
+                    s.spec.shutdown_pod_spec = Some(pod_spec());
+                },
+                None,
+            ),
+            (
+                "a plug that neither switches nor measures",
+                |s| {
+                    let mut http = meter_only();
+                    http.meter = None;
+                    s.spec.power = Some(PowerSpec { http: Some(http), ..Default::default() });
+                    s.spec.startup_pod_spec = Some(pod_spec());
+                    s.spec.shutdown_pod_spec = Some(pod_spec());
+                },
+                Some("spec.power.http: set onRequest, offRequest, meter, or several of them"),
             ),
             ("neither", |_| {}, Some("nothing powers the machine on: set spec.power.wakeOnLan")),
             (

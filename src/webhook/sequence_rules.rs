@@ -209,6 +209,11 @@ mod tests {
         PowerStep::of(driver)
     }
 
+    /// The machine's network card, for Wake-on-LAN.
+    fn nic() -> WakeOnLan {
+        WakeOnLan { mac: "aa:bb:cc:dd:ee:ff".into(), broadcast_address: None, port: None }
+    }
+
     fn after_draw(watts: f64) -> PowerStep {
         PowerStep { after_draw_below_watts: Some(watts), ..step(PowerDriverKind::Http) }
     }
@@ -285,11 +290,7 @@ mod tests {
                 "the plug, then a magic packet once the power supply is up",
                 false,
                 |p| {
-                    p.wake_on_lan = Some(WakeOnLan {
-                        mac: "aa:bb:cc:dd:ee:ff".into(),
-                        broadcast_address: None,
-                        port: None,
-                    });
+                    p.wake_on_lan = Some(nic());
                     p.on_sequence = vec![
                         step(Http),
                         PowerStep { delay_seconds: Some(5), ..step(PowerDriverKind::WakeOnLan) },
@@ -301,11 +302,7 @@ mod tests {
                 "a magic packet before the plug",
                 false,
                 |p| {
-                    p.wake_on_lan = Some(WakeOnLan {
-                        mac: "aa:bb:cc:dd:ee:ff".into(),
-                        broadcast_address: None,
-                        port: None,
-                    });
+                    p.wake_on_lan = Some(nic());
                     p.on_sequence = vec![step(PowerDriverKind::WakeOnLan), step(Http)];
                 },
                 Some("a machine without power cannot wake; put http first"),

@@ -119,3 +119,56 @@ impl Drop for Recorder {
         self.server.abort();
     }
 }
+
+/// A Shelly Gen2 plug's meter on 127.0.0.1: `GET /rpc/Switch.GetStatus?id=0` answers
+/// `{"id":0,"output":true,"apower":<watts>}` with the draw a test sets, and counts the reads.
+/// Stops when dropped.
+pub struct ShellyMeter {
+    /// `http://127.0.0.1:<port>`
+    pub base: String,
+    watts: std::sync::Arc<std::sync::Mutex<f64>>,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl ShellyMeter {
+    /// The path and query a meter request names.
+    pub const STATUS: &str = "/rpc/Switch.GetStatus?id=0";
+
+    pub async fn start(watts: f64) -> Result<Self> {
+        let draw = std::sync::Arc::new(std::sync::Mutex::new(watts));
+        let reads: std::sync::Arc<std::sync::atomic::AtomicUsize> = Default::default();
+        let (answer, count) = (draw.clone(), reads.clone());
+        let app = axum::Router::new().route(
+            "/rpc/Switch.GetStatus",
+            axum::routing::get(move || {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let apower = *answer.lock().unwrap_or_else(|p| p.into_inner());
+                let body = serde_json::json!({ "id": 0, "output": true, "apower": apower });
+                async move { ([("content-type", "application/json")], body.to_string()) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding")?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { base, watts: draw, reads, server })
+    }
+
+    /// The draw the next reads answer.
+    pub fn set(&self, watts: f64) {
+        *self.watts.lock().unwrap_or_else(|p| p.into_inner()) = watts;
+    }
+
+    /// How many times the meter was read.
+    pub fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ShellyMeter {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
