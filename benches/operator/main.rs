@@ -20,6 +20,7 @@
 //! each pool size, to compare two builds in one run; default the one built beside the bench,
 //! which the other sections use).
 
+mod apiserver;
 mod grpc;
 mod pool;
 mod process;
@@ -342,22 +343,82 @@ async fn admission(run: &Run) -> Result<()> {
     webhook::write_pool(&run.client, &ns, 3 * n + 1).await?;
     let server = webhook::Server::start(run.plane, &ns).await?;
     // Slot 0 stays free; each arm creates claims for slots of its own.
-    let without = webhook::time_creates(&run.client, &ns, 1..n + 1).await;
+    let without = creates_seen(run, &ns, 1..n + 1).await?;
     webhook::register(run.plane, &ns, server.port).await?;
     webhook::wait_webhooks(&run.client, &ns, true).await?;
-    let with = webhook::time_creates(&run.client, &ns, n + 1..2 * n + 1).await;
+    server.take_calls();
+    let open_before = apiserver::connections_to(server.port)?;
+    let own_before = apiserver::scrape_own();
+    let with = creates_seen(run, &ns, n + 1..2 * n + 1).await?;
+    let own_after = apiserver::scrape_own();
+    let open_after = apiserver::connections_to(server.port)?;
+    let served = server.take_calls();
     webhook::unregister(&run.client, &ns).await?;
     webhook::wait_webhooks(&run.client, &ns, false).await?;
-    let without_again = webhook::time_creates(&run.client, &ns, 2 * n + 1..3 * n + 1).await;
-    println!("{}", without.line("create without webhooks"));
-    println!("{}", with.line("create with webhooks (mutate + validate)"));
-    println!("{}", without_again.line("create without webhooks, again"));
+    let without_again = creates_seen(run, &ns, 2 * n + 1..3 * n + 1).await?;
+    println!("{}", without.samples.line("create without webhooks"));
+    println!("{}", with.samples.line("create with webhooks (mutate + validate)"));
+    println!("{}", without_again.samples.line("create without webhooks, again"));
     let mean = |a: Duration, b: Duration| (a + b) / 2;
+    let (w, a, b) = (&with.samples, &without.samples, &without_again.samples);
     println!(
         "with / without (mean of both arms): p50 {:.2}, p99 {:.2}",
-        ratio(with.quantile(0.5), mean(without.quantile(0.5), without_again.quantile(0.5))),
-        ratio(with.quantile(0.99), mean(without.quantile(0.99), without_again.quantile(0.99))),
+        ratio(w.quantile(0.5), mean(a.quantile(0.5), b.quantile(0.5))),
+        ratio(w.quantile(0.99), mean(a.quantile(0.99), b.quantile(0.99))),
+    );
+
+    println!(
+        "\nkube-apiserver's view, calls and mean per call in each arm (its /metrics before and after):"
+    );
+    println!("{:<44} {:>18} {:>18} {:>18}", "", "without", "with webhooks", "without, again");
+    let cell = |(calls, mean): (u64, Duration)| format!("n={calls:<4} {:>9}", ms(mean));
+    for row in apiserver::create_rows(
+        homelab_autoscaler::webhook::configuration::STAMP_CLAIMS,
+        homelab_autoscaler::webhook::configuration::VALIDATE_CLAIMS,
+    ) {
+        println!(
+            "{:<44} {:>18} {:>18} {:>18}",
+            row.title,
+            cell(without.after.since(&without.before, &row)),
+            cell(with.after.since(&with.before, &row)),
+            cell(without_again.after.since(&without_again.before, &row)),
+        );
+    }
+    println!("the webhook server's view of the arm with webhooks (router in to response out):");
+    let paths: std::collections::BTreeSet<&str> = served.iter().map(|s| s.path.as_str()).collect();
+    for path in paths {
+        let mut samples = stats::Samples::default();
+        let mut versions = std::collections::BTreeSet::new();
+        for call in served.iter().filter(|s| s.path == path) {
+            samples.push(call.took);
+            versions.insert(format!("{:?}", call.version));
+        }
+        let versions = versions.into_iter().collect::<Vec<_>>().join(", ");
+        println!("{}  mean={}  {versions}", samples.line(path), ms(samples.mean()));
+    }
+    for row in apiserver::own_rows() {
+        let (calls, mean) = own_after.since(&own_before, &row);
+        println!("{:<52} n={calls:<6} mean={}", row.title, ms(mean));
+    }
+    println!(
+        "TCP connections to the webhook server: {} listed before the arm (the dry-run probes'), {} new during it",
+        open_before.len(),
+        open_after.difference(&open_before).count(),
     );
     drop(server);
     Ok(())
+}
+
+/// One arm of creates, and the apiserver's metrics just before and just after it.
+struct Arm {
+    samples: stats::Samples,
+    before: apiserver::Scrape,
+    after: apiserver::Scrape,
+}
+
+async fn creates_seen(run: &Run, ns: &str, slots: std::ops::Range<usize>) -> Result<Arm> {
+    let before = apiserver::scrape(&run.client).await?;
+    let samples = webhook::time_creates(&run.client, ns, slots).await;
+    let after = apiserver::scrape(&run.client).await?;
+    Ok(Arm { samples, before, after })
 }

@@ -19,6 +19,14 @@ impl Samples {
         self.values.len()
     }
 
+    /// The arithmetic mean; zero when empty.
+    pub fn mean(&self) -> Duration {
+        match u32::try_from(self.values.len()) {
+            Ok(n) if n > 0 => self.values.iter().sum::<Duration>() / n,
+            _ => Duration::ZERO,
+        }
+    }
+
     /// The `q` quantile (0..=1), nearest rank; zero when empty.
     pub fn quantile(&self, q: f64) -> Duration {
         let mut sorted = self.values.clone();

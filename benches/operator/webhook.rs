@@ -6,9 +6,11 @@
 //!   for the claim, slot and group rules; beside it, the same reads the claim rule makes, sent
 //!   straight to the apiserver at the same rate, so the share of the reads is a ratio;
 //! - kube-apiserver's own create latency for a NodeClaim with our webhooks registered against
-//!   the same without them.
+//!   the same without them; the server records each request it answers (path, HTTP version,
+//!   time in the router), so the create's time can be split with the apiserver's own metrics
+//!   (`apiserver`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -39,8 +41,18 @@ pub const GROUP: &str = "pool";
 /// The webhook server, running in this process until dropped.
 pub struct Server {
     pub port: u16,
+    /// Every request the server answered: its path, HTTP version and time in the router.
+    calls: Arc<Mutex<Vec<Served>>>,
     _dir: tempfile::TempDir,
     shutdown: CancellationToken,
+}
+
+/// One request as the server saw it: from the router receiving it to its response built (the
+/// review parsed, the rules run, the answer serialized); TLS and the connection are outside.
+pub struct Served {
+    pub path: String,
+    pub version: http::Version,
+    pub took: Duration,
 }
 
 impl Drop for Server {
@@ -75,8 +87,32 @@ impl Server {
             timeouts: Timeouts::default(),
         };
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_https(listener, tls, router(Arc::new(state)), shutdown.clone()));
-        Ok(Server { port, _dir: dir, shutdown })
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let record = calls.clone();
+        let app = router(Arc::new(state)).layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let record = record.clone();
+                async move {
+                    let (path, version) = (request.uri().path().to_owned(), request.version());
+                    let started = Instant::now();
+                    let response = next.run(request).await;
+                    let took = started.elapsed();
+                    record.lock().unwrap_or_else(|e| e.into_inner()).push(Served {
+                        path,
+                        version,
+                        took,
+                    });
+                    response
+                }
+            },
+        ));
+        tokio::spawn(serve_https(listener, tls, app, shutdown.clone()));
+        Ok(Server { port, calls, _dir: dir, shutdown })
+    }
+
+    /// The requests answered since the last call, oldest first.
+    pub fn take_calls(&self) -> Vec<Served> {
+        std::mem::take(&mut *self.calls.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
