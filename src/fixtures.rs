@@ -87,3 +87,32 @@ pub fn claim_in(name: &str, slot: &str, phase: Option<NodeClaimPhase>, created: 
     c.status = Some(NodeClaimStatus { phase, ..NodeClaimStatus::default() });
     c
 }
+
+/// A taint of `key`, with `value` if any, and `effect`.
+pub fn taint(key: &str, value: Option<&str>, effect: &str) -> k8s_openapi::api::core::v1::Taint {
+    k8s_openapi::api::core::v1::Taint {
+        key: key.into(),
+        value: value.map(Into::into),
+        effect: effect.into(),
+        time_added: None,
+    }
+}
+
+/// A schedule window as a person writes it, pinning `slots` (none: any of the pool's).
+pub fn window(
+    days: &str,
+    from: &str,
+    to: &str,
+    zone: &str,
+    min: i32,
+    slots: &[&str],
+) -> ScheduleWindow {
+    ScheduleWindow {
+        days: days.into(),
+        from: from.into(),
+        to: to.into(),
+        time_zone: zone.into(),
+        min_machines: min,
+        slots: slots.iter().map(|s| s.to_string()).collect(),
+    }
+}

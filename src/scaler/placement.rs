@@ -157,21 +157,13 @@ fn tolerates_one(toleration: &Toleration, taint: &Taint) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::taint;
     use serde_json::json;
 
     fn pod(spec: serde_json::Value) -> PodSpec {
         let mut spec = spec;
         spec["containers"] = json!([{ "name": "app", "image": "app" }]);
         serde_json::from_value(spec).unwrap()
-    }
-
-    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
-        Taint {
-            key: key.into(),
-            value: value.map(Into::into),
-            effect: effect.into(),
-            time_added: None,
-        }
     }
 
     fn slot(labels: serde_json::Value, taints: serde_json::Value) -> Slot {

@@ -209,14 +209,7 @@ mod tests {
     }
 
     fn written(days: &str, from: &str, to: &str, zone: &str, min: i32) -> ScheduleWindow {
-        ScheduleWindow {
-            days: days.into(),
-            from: from.into(),
-            to: to.into(),
-            time_zone: zone.into(),
-            min_machines: min,
-            slots: vec![],
-        }
+        crate::fixtures::window(days, from, to, zone, min, &[])
     }
 
     #[test]

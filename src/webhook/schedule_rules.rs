@@ -95,24 +95,7 @@ fn share_slots(a: &ScheduleWindow, b: &ScheduleWindow) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn window(
-        days: &str,
-        from: &str,
-        to: &str,
-        zone: &str,
-        min: i32,
-        slots: &[&str],
-    ) -> ScheduleWindow {
-        ScheduleWindow {
-            days: days.into(),
-            from: from.into(),
-            to: to.into(),
-            time_zone: zone.into(),
-            min_machines: min,
-            slots: slots.iter().map(|s| s.to_string()).collect(),
-        }
-    }
+    use crate::fixtures::window;
 
     fn messages(windows: &[ScheduleWindow], pool_slots: usize) -> Vec<String> {
         let mut findings = Findings::default();

@@ -203,17 +203,9 @@ mod tests {
     use super::*;
     use crate::api::NodeSpec as SlotSpec;
     use crate::api::POOL_MEMBERSHIP_LABEL;
+    use crate::fixtures::taint;
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
-        Taint {
-            key: key.into(),
-            value: value.map(Into::into),
-            effect: effect.into(),
-            time_added: None,
-        }
-    }
 
     fn slot(labels: &[(&str, &str)], taints: Vec<Taint>, provider_id: Option<&str>) -> Node {
         let mut slot = Node::new(
