@@ -18,6 +18,7 @@ use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::tls::{CertFiles, ReloadingServerConfig, install_crypto_provider};
 use homelab_autoscaler::webhook::configuration::{self, Endpoint};
 use homelab_autoscaler::webhook::{SystemClock, WebhookState, router, server::serve_https};
+use homelab_harness::admission::claim;
 use homelab_harness::{Components, ControlPlane, WebhookConfiguration, eventually, repo_path};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -120,7 +121,7 @@ impl Admission {
     async fn until_validating_answers(&self) -> Result<()> {
         let claims: Api<NodeClaim> = Api::namespaced(self.plane.client()?, &self.ns);
         let dry_run = PostParams { dry_run: true, ..PostParams::default() };
-        let probe = claim_object("probe", "no-such-slot", "no-such-group");
+        let probe = claim("probe", "no-such-slot", "no-such-group");
         eventually(
             &format!("the validating webhook for {} to refuse a claim for a missing slot", self.ns),
             ACT_TIMEOUT,
@@ -142,7 +143,7 @@ impl Admission {
     async fn until_mutating_answers(&self, slot: &str, group: &str) -> Result<()> {
         let claims: Api<NodeClaim> = Api::namespaced(self.plane.client()?, &self.ns);
         let dry_run = PostParams { dry_run: true, ..PostParams::default() };
-        let probe = claim_object("probe", slot, group);
+        let probe = claim("probe", slot, group);
         eventually(
             &format!("the mutating webhook for {} to stamp claims", self.ns),
             ACT_TIMEOUT,
@@ -171,19 +172,6 @@ impl Admission {
             .expect("delete the validating configuration");
         self.shutdown.cancel();
     }
-}
-
-fn claim_object(name: &str, slot: &str, group: &str) -> NodeClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "infra.homecluster.dev/v2alpha1",
-        "kind": "NodeClaim",
-        "metadata": { "name": name },
-        "spec": {
-            "slotRef": { "name": slot },
-            "request": { "call": "Manual", "group": group, "reason": "examples test probe" },
-        },
-    }))
-    .expect("claim")
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,9 +17,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_claim_is_stamped_by_admission() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-stamp", &[]).await;
+    let w = AdmissionLab::start("wh-stamp", &[]).await;
     let post = PostParams::default();
     // Pools whose maxNodeProvisionTime is below and above the 12m10s boot budget.
     w.groups
@@ -106,9 +104,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_takes_one_live_claim_at_a_time() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-live", &[]).await;
+    let w = AdmissionLab::start("wh-live", &[]).await;
     w.create_claim("first", "machine-1", "pool").await.expect("the first claim");
 
     // No status yet: the live claim reads as pending.
@@ -162,9 +158,7 @@ async fn a_slot_takes_one_live_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_names_an_existing_slot_of_its_group() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-slotref", &[]).await;
+    let w = AdmissionLab::start("wh-slotref", &[]).await;
 
     let (code, message) = refused(w.create_claim("lost", "ghost", "pool").await);
     assert_eq!(code, 422, "{message}");
@@ -205,9 +199,7 @@ async fn a_claim_names_an_existing_slot_of_its_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_failed_boots_exhaust_a_slot_until_reset() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-attempts", &[]).await;
+    let w = AdmissionLab::start("wh-attempts", &[]).await;
 
     // Names sort in creation order: creation timestamps have one-second resolution and the
     // newest claim (by creation, then name) carries the streak.
@@ -305,9 +297,7 @@ async fn three_failed_boots_exhaust_a_slot_until_reset() {
 /// time (src/api/nodeclaim.rs, then `make manifests`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_shows_a_live_claims_stamped_deadline() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-deadline-column", &[]).await;
+    let w = AdmissionLab::start("wh-deadline-column", &[]).await;
     let created = w.create_claim("shown", "machine-1", "pool").await.expect("claim");
     assert!(created.spec.deadline_at.is_some());
     let (ok, stdout, stderr) = w.kubectl(&["get", "nodeclaims", "shown", "-n", &w.ns]).await;
@@ -368,9 +358,7 @@ async fn only_the_operator_clears_a_deadline_and_nobody_moves_it() {
 /// IncreaseSize claim cannot carry one (the CRD's CEL rule).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pins_end_must_lie_ahead_and_only_a_pin_has_one() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-until", &[]).await;
+    let w = AdmissionLab::start("wh-until", &[]).await;
     let past = now_seconds().checked_sub(SignedDuration::from_mins(5)).expect("time");
     let manifest = |name: &str, call: &str, until: Timestamp| {
         let delta = if call == "IncreaseSize" { ", delta: 1" } else { "" };

@@ -3,15 +3,13 @@
 //! the slots, an empty pool and cluster-autoscaler overrides, nonsense durations refused.
 
 use homelab_harness::admission::{AdmissionLab, group, refused};
-use homelab_harness::{Components, ControlPlane};
+
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_rules_are_enforced() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-groups", &[]).await;
+    let w = AdmissionLab::start("wh-groups", &[]).await;
 
     w.create_claim("live", "machine-1", "pool").await.expect("claim");
     let switch = Patch::Merge(json!({ "spec": { "driver": "builtin" } }));

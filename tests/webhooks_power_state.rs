@@ -3,7 +3,6 @@
 //! refused, with why and what to write instead.
 
 use homelab_harness::admission::AdmissionLab;
-use homelab_harness::{Components, ControlPlane};
 
 /// A slot manifest as kubectl applies it, with `powerState_line` (say `powerState: "on"`) in
 /// its spec when given.
@@ -56,9 +55,7 @@ async fn assert_power_state_refused(w: &AdmissionLab, power_state_line: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_of_a_slot_with_power_state_explains_the_way_forward() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-power", &[]).await;
+    let w = AdmissionLab::start("wh-power", &[]).await;
     assert_power_state_refused(&w, r#"powerState: "on""#).await;
     assert_power_state_refused(&w, "powerState: off-please").await;
 
@@ -76,9 +73,7 @@ async fn kubectl_apply_of_a_slot_with_power_state_explains_the_way_forward() {
 /// JSON value (src/api/slot.rs, then `make manifests`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_of_a_v1alpha1_slot_with_bare_power_state_on_explains_the_way_forward() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-power-bare", &[]).await;
+    let w = AdmissionLab::start("wh-power-bare", &[]).await;
     assert_power_state_refused(&w, "powerState: on").await;
     w.finish().await;
 }

@@ -9,7 +9,7 @@ use homelab_autoscaler::webhook::configuration;
 use homelab_harness::admission::{
     ACT_TIMEOUT, AdmissionLab, claim, https, refused, served_certificate, slot, write_cert_files,
 };
-use homelab_harness::{Components, ControlPlane, eventually};
+use homelab_harness::eventually;
 use kube::api::PostParams;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -21,9 +21,8 @@ use tokio::net::TcpStream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_is_not_an_admission_review_gets_a_clear_error() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-garbage", &[]).await;
+    let w = AdmissionLab::start("wh-garbage", &[]).await;
+    let plane = w.plane;
     let port = w.hooks.port;
     let json = Some("application/json");
     let validate = configuration::PATH_VALIDATE_CLAIM;
@@ -144,9 +143,8 @@ async fn a_request_that_is_not_an_admission_review_gets_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_follows_a_rotated_certificate() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-rotate", &[]).await;
+    let w = AdmissionLab::start("wh-rotate", &[]).await;
+    let plane = w.plane;
     let port = w.hooks.port;
     let der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem").to_vec();
     let first = std::fs::read_to_string(w.hooks.cert_dir.path().join("tls.crt")).expect("read");

@@ -3,15 +3,13 @@
 //! driver and a pod spec, a providerID frozen under a live claim.
 
 use homelab_harness::admission::{AdmissionLab, refused, slot};
-use homelab_harness::{Components, ControlPlane};
+
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_rules_are_enforced() {
-    let plane = ControlPlane::shared(Components::API).await.expect("control plane");
-    let _logs = plane.logs_on_failure();
-    let w = AdmissionLab::new(plane, "wh-slots", &[]).await;
+    let w = AdmissionLab::start("wh-slots", &[]).await;
     let post = PostParams::default();
 
     let (code, message) = refused(w.slots.create(&post, &slot("machine-2", None)).await);

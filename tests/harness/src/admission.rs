@@ -185,11 +185,22 @@ pub struct AdmissionLab {
     pub slots: Api<Node>,
     pub claims: Api<NodeClaim>,
     files: tempfile::TempDir,
+    /// Prints the control plane's logs if the test fails while the lab lives.
+    _logs: Option<crate::failure_logs::FailureLogs<'static>>,
 }
 
 impl AdmissionLab {
     /// A fresh namespace holding Group `pool` and its slot `machine-1` (created before the
     /// webhooks exist), the server started, the configurations registered and seen to answer.
+    /// [`AdmissionLab::new`] on the test binary's shared API-only control plane, printing its
+    /// logs if the test fails.
+    pub async fn start(prefix: &str, operators: &[&str]) -> Self {
+        let plane = ControlPlane::shared(crate::Components::API).await.expect("control plane");
+        let mut lab = Self::new(plane, prefix, operators).await;
+        lab._logs = Some(plane.logs_on_failure());
+        lab
+    }
+
     pub async fn new(plane: &'static ControlPlane, prefix: &str, operators: &[&str]) -> Self {
         plane.install_crds().await.expect("install CRDs");
         let client = plane.client().expect("client");
@@ -203,6 +214,7 @@ impl AdmissionLab {
             claims: Api::namespaced(client.clone(), &ns),
             files: tempfile::tempdir().expect("tempdir"),
             ns,
+            _logs: None,
         };
         world.groups.create(&PostParams::default(), &group("pool", json!({}))).await.expect("pool");
         world
