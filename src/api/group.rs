@@ -315,11 +315,12 @@ pub struct GroupSavings {
     pub always_on_cost: f64,
     /// `alwaysOnCost - cost`.
     pub saved: f64,
-    /// Energy drawn, in kWh: each slot's `spec.power.watts` (`whenOn` while powered, `whenOff`
-    /// while off).
+    /// Energy drawn, in kWh: each slot's draw as its plug's meter read it where there is a fresh
+    /// reading, else its `spec.power.watts` (`whenOn` while powered, `whenOff` while off).
     #[serde(default, rename = "energyUsedKWh")]
     pub energy_used_kwh: f64,
-    /// Energy not drawn against every slot always on (`whenOn` around the clock), in kWh.
+    /// Energy not drawn against every slot always on (its on-draw around the clock: as read
+    /// while ready, else `whenOn`), in kWh.
     #[serde(default, rename = "energySavedKWh")]
     pub energy_saved_kwh: f64,
     /// What the energy drawn cost at the pool's tariff (`spec.energy`), step by step: a tariff
