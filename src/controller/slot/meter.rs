@@ -51,18 +51,19 @@ pub async fn read_if_due(ctx: &Context, slot: &Node) -> Option<Reading> {
 async fn read(ctx: &Context, settings: &HttpPower) -> Result<f64, PowerError> {
     let names: Vec<String> = settings.meter.iter().flat_map(|m| m.request.secret_names()).collect();
     let secrets = Secrets::load(ctx.client.clone(), &ctx.namespace, names).await?;
-    tokio::time::timeout(READ_TIMEOUT, http::read_watts(settings, &secrets)).await.map_err(
-        |_| PowerError::Settings(format!("the meter did not answer within {READ_TIMEOUT:?}")),
-    )?
+    let url = settings.meter.as_ref().map_or("", |m| m.request.url.as_str());
+    tokio::time::timeout(READ_TIMEOUT, http::read_watts(settings, &secrets))
+        .await
+        .map_err(|_| PowerError::protocol(url, format!("no answer within {READ_TIMEOUT:?}")))?
 }
 
 /// The condition message of a failed read: what failed and what to do about it.
 fn advice(error: &PowerError) -> String {
     match error {
         PowerError::ReadSecret { secret, .. } => format!(
-            "{error}; the operator reads a meter's Secrets itself: let it read Secret {secret} \
-             (the chart's energy.meterSecrets). The energy report counts the declared watts \
-             meanwhile"
+            "{error}; the operator reads a meter's Secrets itself: create Secret {secret} in its \
+             namespace if it is missing, and let the operator read it (the chart's \
+             energy.meterSecrets). The energy report counts the declared watts meanwhile"
         ),
         _ => format!(
             "{error}; check spec.power.http.meter against the plug (docs/power.md). The energy \
@@ -128,6 +129,7 @@ mod tests {
         let secret = PowerError::ReadSecret { secret: "plug".into(), detail: "forbidden".into() };
         let message = advice(&secret);
         assert!(message.contains("energy.meterSecrets") && message.contains("Secret plug"));
+        assert!(message.contains("create Secret plug"), "{message}");
         let protocol = PowerError::protocol("http://plug/rpc", "answered 404");
         let message = advice(&protocol);
         assert!(message.contains("check spec.power.http.meter"), "{message}");
