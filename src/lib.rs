@@ -29,6 +29,7 @@ pub mod savings;
 pub mod scaler;
 pub mod schedule;
 pub mod simulator;
+pub mod slot_locks;
 pub mod telemetry;
 pub mod tls;
 pub mod webhook;

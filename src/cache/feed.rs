@@ -9,6 +9,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -91,6 +92,8 @@ where
     pub writer: Writer<K>,
     pub indexes: Vec<(Arc<Index>, KeyOf<K>)>,
     pub subscribers: Arc<Subscribers<K>>,
+    /// Counts the events every feed has taken, so a waiter on the caches wakes on a change.
+    pub changed: Arc<watch::Sender<u64>>,
 }
 
 impl<K> Feed<K>
@@ -107,7 +110,7 @@ where
     /// store takes the change, the indexes drop the old keys, and then the subscribers hear of
     /// it, so a reconcile a change wakes reads the change in the store and in every index.
     pub fn spawn(self) -> JoinHandle<()> {
-        let Feed { kind, api, config, slim, mut writer, indexes, subscribers } = self;
+        let Feed { kind, api, config, slim, mut writer, indexes, subscribers, changed } = self;
         let store = writer.as_reader();
         tokio::spawn(async move {
             let mut events = watcher(api, config).default_backoff().modify(slim).boxed();
@@ -127,6 +130,7 @@ where
                     index.after(&event, *key, &store);
                 }
                 subscribers.publish(&event);
+                changed.send_modify(|count| *count = count.wrapping_add(1));
             }
         })
     }

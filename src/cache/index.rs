@@ -26,6 +26,14 @@ struct Entries {
     keys_of: HashMap<String, BTreeSet<String>>,
 }
 
+impl Entries {
+    /// Lists `name` under `key`.
+    fn list(&mut self, key: &str, name: &str) {
+        self.by_key.entry(key.to_owned()).or_default().insert(name.to_owned());
+        self.keys_of.entry(name.to_owned()).or_default().insert(key.to_owned());
+    }
+}
+
 impl Index {
     /// The names listed under `key` (a superset of the objects the store has there).
     pub fn of(&self, key: &str) -> Vec<String> {
@@ -42,9 +50,7 @@ impl Index {
         if let watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) = event
             && let (Some(k), Some(name)) = (key(obj), obj.meta().name.as_deref())
         {
-            let mut inner = self.write();
-            inner.by_key.entry(k.to_owned()).or_default().insert(name.to_owned());
-            inner.keys_of.entry(name.to_owned()).or_default().insert(k.to_owned());
+            self.write().list(k, name);
         }
     }
 
@@ -61,8 +67,7 @@ impl Index {
                 let mut fresh = Entries::default();
                 for obj in store.state() {
                     if let (Some(k), Some(name)) = (key(&obj), obj.meta().name.as_deref()) {
-                        fresh.by_key.entry(k.to_owned()).or_default().insert(name.to_owned());
-                        fresh.keys_of.entry(name.to_owned()).or_default().insert(k.to_owned());
+                        fresh.list(k, name);
                     }
                 }
                 *self.write() = fresh;

@@ -36,9 +36,6 @@ use tokio::task::JoinHandle;
 use crate::api::{Group, LABEL_MANAGED_BY, LABEL_SLOT, Node, NodeClaim};
 use feed::{Feed, Subscribers};
 
-/// How often [`Stores::settle`] looks again.
-const SETTLE_POLL: Duration = Duration::from_millis(20);
-
 /// The caches of one namespace, and every Kubernetes node. Cheap to clone; the watches stop when
 /// the last clone is dropped.
 #[derive(Clone)]
@@ -70,6 +67,8 @@ struct Shared {
     nodes: Arc<Subscribers<CoreNode>>,
     jobs: Arc<Subscribers<Job>>,
     synced: watch::Receiver<bool>,
+    /// Bumped by every feed after each event it took.
+    changed: Arc<watch::Sender<u64>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -129,6 +128,7 @@ impl Stores {
         let node_subscribers = Arc::new(Subscribers::new(nodes.clone()));
         let job_subscribers = Arc::new(Subscribers::new(jobs.clone()));
         let all = watcher::Config::default;
+        let changed = Arc::new(watch::Sender::new(0));
         let managed = watcher::Config::default()
             .labels(&format!("{}={}", LABEL_MANAGED_BY.0, LABEL_MANAGED_BY.1));
         let mut tasks = vec![
@@ -143,6 +143,7 @@ impl Stores {
                     (claims_by_group.clone(), claim_group),
                 ],
                 subscribers: claim_subscribers.clone(),
+                changed: changed.clone(),
             }
             .spawn(),
             Feed {
@@ -156,6 +157,7 @@ impl Stores {
                     (slots_by_node.clone(), slot_node),
                 ],
                 subscribers: slot_subscribers.clone(),
+                changed: changed.clone(),
             }
             .spawn(),
             Feed {
@@ -166,6 +168,7 @@ impl Stores {
                 writer: groups_writer,
                 indexes: Vec::new(),
                 subscribers: group_subscribers.clone(),
+                changed: changed.clone(),
             }
             .spawn(),
             Feed {
@@ -176,6 +179,7 @@ impl Stores {
                 writer: nodes_writer,
                 indexes: Vec::new(),
                 subscribers: node_subscribers.clone(),
+                changed: changed.clone(),
             }
             .spawn(),
             Feed {
@@ -186,6 +190,7 @@ impl Stores {
                 writer: jobs_writer,
                 indexes: vec![(jobs_by_slot.clone(), job_slot as KeyOf<Job>)],
                 subscribers: job_subscribers.clone(),
+                changed: changed.clone(),
             }
             .spawn(),
         ];
@@ -219,6 +224,7 @@ impl Stores {
                 nodes: node_subscribers,
                 jobs: job_subscribers,
                 synced,
+                changed,
                 tasks,
             }),
         }
@@ -258,15 +264,19 @@ impl Stores {
         check: impl Fn(&Self) -> bool,
     ) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
+        // Subscribed before the first check: a change after it wakes the wait below.
+        let mut changed = self.shared.changed.subscribe();
         loop {
             if check(self) {
                 return true;
             }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(?timeout, what, "the cache did not show the write in time");
-                return false;
+            if !matches!(tokio::time::timeout_at(deadline, changed.changed()).await, Ok(Ok(()))) {
+                let held = check(self);
+                if !held {
+                    tracing::warn!(?timeout, what, "the cache did not show the write in time");
+                }
+                return held;
             }
-            tokio::time::sleep(SETTLE_POLL).await;
         }
     }
 

@@ -18,6 +18,7 @@ use crate::claim::Timeouts;
 use crate::clock::Clock;
 use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
+use crate::slot_locks::SlotLocks;
 
 /// What the controllers share.
 pub struct Context {
@@ -43,7 +44,7 @@ pub struct Context {
     pub stores: Stores,
     /// One lock per slot around "may this claim boot?" and the booting write, so two claims
     /// of one slot never both pass the check (reconciles of different claims run at once).
-    boot_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    boot_locks: SlotLocks,
     /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
     /// once per `meter_interval`. A new term starts empty: one read each at its start.
     meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
@@ -182,7 +183,7 @@ impl Context {
             power_priority_class: power.priority_class,
             clock,
             stores,
-            boot_locks: std::sync::Mutex::default(),
+            boot_locks: SlotLocks::default(),
             meter_reads: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))
@@ -204,11 +205,7 @@ impl Context {
 
     /// Holds the slot's boot lock until the guard is dropped.
     pub async fn lock_slot_for_boot(&self, slot: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.boot_locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            locks.entry(slot.to_string()).or_default().clone()
-        };
-        lock.lock_owned().await
+        self.boot_locks.lock(slot).await
     }
 
     pub fn now(&self) -> jiff::Timestamp {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::NodeClaim;
 use crate::cache::Stores;
+use crate::slot_locks::SlotLocks;
 
 /// How long an admitted claim is remembered if the caches never show it: the API server's
 /// default request timeout. A create that passed admission has been stored, or has failed, by
@@ -24,7 +25,7 @@ type Remembered = Mutex<HashMap<String, Vec<(NodeClaim, Instant)>>>;
 /// Per-slot locks and the claims admitted but not yet in the caches.
 #[derive(Default)]
 pub struct Admitted {
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    locks: SlotLocks,
     claims: Arc<Remembered>,
     /// Set once the task that forgets what the caches' watch delivers has started.
     forgetting: std::sync::OnceLock<()>,
@@ -53,14 +54,7 @@ async fn forget_what_the_watch_shows(claims: std::sync::Weak<Remembered>, caches
 impl Admitted {
     /// Holds the slot's admission lock until the guard is dropped.
     pub async fn lock_slot(&self, slot: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            // Locks nobody holds or waits on are dropped, so names of slots that do not exist
-            // (a create is judged before its slot is checked) do not pile up.
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-            locks.entry(slot.to_owned()).or_default().clone()
-        };
-        lock.lock_owned().await
+        self.locks.lock(slot).await
     }
 
     /// Remembers an admitted create of `claim` (not a dry run: it is never stored).
