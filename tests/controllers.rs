@@ -2,6 +2,7 @@
 //! controller-manager (Jobs, garbage collection), scheduler, and kwok playing the machines
 //! through the project's own simulator. Each test runs the controllers for its own namespace.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATI
 use homelab_harness::claims::{phase, provider_claim_for, reason};
 use homelab_harness::http::ShellyMeter;
 use homelab_harness::lab::{Lab, With};
-use homelab_harness::{KWOK_NODE_ANNOTATION, eventually};
+use homelab_harness::{Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, stays};
 use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -399,6 +400,79 @@ async fn a_machine_up_with_no_claim_is_powered_off() {
         })
         .await;
     assert!(slot_obj.status.and_then(|s| s.last_claim).is_none(), "no claim was involved");
+}
+
+/// A machine whose kubelet went silent while no claim wanted it may be off, or on and cut off
+/// from the API server (a switch reboot), and a running kubelet never registers a deleted node
+/// again. So silence past the grace powers the machine off through its slot's shutdown, and the
+/// node stays until a shutdown succeeds: here the first cannot reach the machine (its pod can
+/// run nowhere), the link comes back and the kubelet reports on its own node, and the shutdown
+/// that then succeeds removes the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
+    let lab = Lab::start("ctl-silent", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let unreachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": "nowhere" } } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&unreachable))
+        .await
+        .expect("patch slot");
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("plane");
+    let silent = plane.add_stopped_machine(&slot, BTreeMap::new()).await.expect("silent machine");
+
+    eventually("a shutdown Job to confirm the silent machine off", ACT, || async {
+        let reasons = lab.event_reasons(&slot).await;
+        ensure!(reasons.iter().any(|r| r == "ConfirmingOff"), "{reasons:?}");
+        Ok(())
+    })
+    .await
+    .expect("confirming off");
+    let kept = lab
+        .slot_until(&slot, "NodeReporting=False with what to do", |s| {
+            node_reporting(s).is_some_and(|(ok, message)| {
+                !ok && message.contains(&format!("kubectl delete node {slot}"))
+            })
+        })
+        .await;
+    assert_eq!(kept.status.and_then(|s| s.power_state), Some(ObservedPower::Off));
+    // Past the grace and past the first Job's deadline: the node must still be there.
+    let hold = lab.timeouts.job_timeout + Duration::from_secs(5);
+    stays("the silent machine's node kept while no shutdown reached it", hold, || async {
+        let node = lab.nodes().get_opt(&slot).await?;
+        ensure!(node.is_some_and(|n| n.metadata.uid == silent.metadata.uid), "node removed");
+        Ok(())
+    })
+    .await
+    .expect("node kept");
+
+    // The link is back: the kubelet reports on the node it registered, which is still there.
+    plane.start_kubelet(&slot).await.expect("kubelet back");
+    lab.slot_until(&slot, "NodeReporting=True", |s| node_reporting(s).is_some_and(|(ok, _)| ok))
+        .await;
+    let back = lab.nodes().get(&slot).await.expect("node");
+    assert_eq!(back.metadata.uid, silent.metadata.uid, "the same node, taken back");
+
+    // Up and unwanted, and now reachable: the shutdown lands and the node goes.
+    let reachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": lab.ns } } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&reachable))
+        .await
+        .expect("patch slot");
+    // A shutdown Job created before the patch still fails: the next one, a settle later, lands.
+    eventually("the node removed after a shutdown landed", ACT * 2, || async {
+        ensure!(lab.nodes().get_opt(&slot).await?.is_none(), "node {slot} still registered");
+        let reasons = lab.event_reasons(&slot).await;
+        ensure!(reasons.iter().any(|r| r == "NodeRemoved"), "{reasons:?}");
+        Ok(())
+    })
+    .await
+    .expect("node removed");
+}
+
+fn node_reporting(slot: &Node) -> Option<(bool, String)> {
+    let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let c = conditions.iter().find(|c| c.type_ == "NodeReporting")?;
+    Some((c.status == "True", c.message.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,7 +187,8 @@ pub struct NodeStatus {
     /// Conditions of the slot: `CapacityMatches`, `ProviderIDMatches` (the declared providerID
     /// against the registered node's) and `NodeLabelsDeclared` (labels and taints on the node
     /// that the slot does not declare, which are lost when the operator removes the node of a
-    /// machine that is off).
+    /// machine that is off), `NodeReporting` (False while the node's kubelet is silent: the node
+    /// is kept until a shutdown confirms the machine off) and `MeterRead`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -138,8 +138,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
     pub drain_timeout: kube::core::Duration,
     /// How long a machine's kubelet may be silent (its node Ready `Unknown`), with no claim
-    /// wanting the machine, before the machine counts as off and its node is removed. A
-    /// machine the operator shut down is confirmed off sooner: by its shutdown Job.
+    /// wanting the machine, before the slot's shutdown Job powers it off to confirm it is off.
+    /// Silence alone never removes a node (a machine cut off from the API server is silent
+    /// too); the node goes once a shutdown Job has succeeded.
     #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
     pub off_node_grace: kube::core::Duration,
     /// kube-controller-manager's `--node-monitor-grace-period` (50s by default): a machine that

@@ -1,5 +1,6 @@
 //! The slot controller: the machine side. It powers a machine off when no claim wants it
-//! (`shutdown`), removes the node of a machine that is confirmed off (`node_removal`), keeps
+//! (`shutdown`), removes the node of a machine that is confirmed off and never one under a
+//! running kubelet (`node_removal`), keeps
 //! the Kubernetes node tied to its slot and carrying what the slot declares (`node_sync`),
 //! marks the node for cluster-autoscaler while it boots or a person holds it
 //! (`autoscaler_marks`), reads the plug's meter (`meter`), and writes the slot's observed
@@ -65,8 +66,12 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         let mut node = ctx.core_node(&slot.spec.kubernetes_node_name);
         let live = observe::live_claim(&ctx, &name);
         let mut recheck = None;
+        let mut silent_since = None;
         if let Some(current) = node.clone() {
             let removal = node_removal::decide_for(&ctx, &name, &current);
+            if let node_removal::Removal::ConfirmOff { since } = removal {
+                silent_since = Some(since);
+            }
             if let node_removal::Removal::Remove(why) = removal {
                 if node_removal::remove(&ctx, &slot, &current, why).await? {
                     node = None;
@@ -83,7 +88,8 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 recheck = Some(at);
             }
         }
-        let shutdown_retry = shutdown::reconcile(&ctx, &slot, node.as_deref()).await?;
+        let shutdown_retry =
+            shutdown::reconcile(&ctx, &slot, node.as_deref(), silent_since).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
         observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), reading.as_ref())
             .await?;

@@ -6,13 +6,17 @@
 //! terminated instance, the operator removes the node once the machine is confirmed off; the
 //! kubelet registers it again at boot, with its registration taints.
 //!
-//! Confirmed off means no claim wants the machine or is still on its way through a boot or a
-//! shutdown, the node is not Ready, and either a shutdown Job of the slot succeeded after the
-//! node registered, or the kubelet has been silent (Ready `Unknown`) for longer than the grace.
-//! A silent node whose machine a claim is booting is removed at once: its kubelet registers a
-//! fresh node, which cluster-autoscaler counts as upcoming.
-//! A Ready node is never removed, and the delete is guarded by the node's uid and
-//! resourceVersion, so a node that has just registered again is never the one deleted.
+//! Never under a running kubelet: a kubelet registers its node once, when it starts, and never
+//! again if the node is deleted while it runs. A machine cut off from the API server (a switch
+//! reboot, a Wi-Fi drop) is as silent as one that is off, so silence alone confirms nothing.
+//! Confirmed off means the slot's own shutdown Job succeeded after the node registered and the
+//! kubelet has gone silent (Ready `Unknown`) since. A node silent for longer than the grace
+//! with nothing wanting its machine is not removed: the shutdown path powers the machine off
+//! ([`Removal::ConfirmOff`]), and that shutdown's success is the confirmation. Where nothing
+//! reaches the machine the node stays, and the slot says what to do.
+//! A Ready node is never removed, nor one whose kubelet still reports (`False`), and the delete
+//! is guarded by the node's uid and resourceVersion, so a node that has just registered again
+//! is never the one deleted.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node as CoreNode;
@@ -28,14 +32,14 @@ use crate::controller::jobs::Lifecycle;
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::{machine, phase};
 
-/// Why a node is removed.
+/// Why a node is removed. Both mean the slot's shutdown Job succeeded after the node
+/// registered and the kubelet went silent since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OffBecause {
-    /// A shutdown Job succeeded and the kubelet stopped reporting Ready.
+    /// Nothing wants the machine.
     ShutDown,
-    /// The kubelet has been silent past the grace, and nothing wants the machine.
-    Silent { since: Timestamp },
-    /// The machine is being booted and its old node's kubelet is silent.
+    /// A claim is booting the machine again: its kubelet registers a fresh node, which
+    /// cluster-autoscaler counts as upcoming.
     Rebooting,
 }
 
@@ -46,6 +50,11 @@ pub enum Removal {
     /// Not yet: look again at this time.
     RecheckAt(Timestamp),
     Remove(OffBecause),
+    /// The kubelet has been silent since `since`, past the grace, and nothing wants the
+    /// machine, but nothing confirms it is off: keep the node and power the machine off.
+    ConfirmOff {
+        since: Timestamp,
+    },
 }
 
 /// What the decision reads.
@@ -55,7 +64,7 @@ pub struct Facts<'a> {
     /// The outcomes of the slot's shutdown Jobs.
     pub shutdowns: &'a [JobOutcome],
     pub now: Timestamp,
-    /// How long a silent kubelet is given before its machine counts as off.
+    /// How long a silent kubelet is given before the machine is powered off to confirm it.
     pub grace: SignedDuration,
 }
 
@@ -69,20 +78,8 @@ pub fn decide(facts: &Facts) -> Removal {
         // Never reported: a kubelet in the middle of registering.
         return Removal::Keep;
     };
-    if ready == "True" {
-        return Removal::Keep;
-    }
-    let silent = ready == "Unknown";
-    let booting = |c: &&NodeClaim| phase::in_boot_window(Some(phase::of(c)));
-    // A machine on its way up whose old node is silent: the kubelet registers afresh, with its
-    // registration taints, and cluster-autoscaler counts the new node as upcoming. (A kubelet
-    // that has already found the old node has written to it, which the guarded delete sees.)
-    if silent && claims.iter().any(booting) {
-        return Removal::Remove(OffBecause::Rebooting);
-    }
-    let wanted_or_moving =
-        claims.iter().any(|c| phase::is_live(Some(phase::of(c))) || awaits_forced_shutdown(c));
-    if wanted_or_moving || shutdowns.contains(&JobOutcome::Running) {
+    // `True` and `False` both come from a kubelet that reports in: the machine is up.
+    if ready != "Unknown" || shutdowns.contains(&JobOutcome::Running) {
         return Removal::Keep;
     }
     let registered = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -90,17 +87,29 @@ pub fn decide(facts: &Facts) -> Removal {
         JobOutcome::Succeeded { at } => registered.is_none_or(|r| at.unwrap_or(now) >= r),
         JobOutcome::Running | JobOutcome::Failed => false,
     });
+    let booting = claims.iter().any(|c| phase::in_boot_window(Some(phase::of(c))));
+    let wanted_or_moving =
+        claims.iter().any(|c| phase::is_live(Some(phase::of(c))) || awaits_forced_shutdown(c));
     if shut_down_since_registration {
-        return Removal::Remove(OffBecause::ShutDown);
+        // A machine on its way up whose old node is silent after its shutdown: the kubelet
+        // registers afresh, with its registration taints. (A kubelet that has already found
+        // the old node has written to it, which the guarded delete sees.)
+        if booting {
+            return Removal::Remove(OffBecause::Rebooting);
+        }
+        if !wanted_or_moving {
+            return Removal::Remove(OffBecause::ShutDown);
+        }
+        return Removal::Keep;
     }
-    // `False` is a kubelet that reports in and says it is not ready: the machine is up.
-    if !silent {
+    // Wanted: the kubelet takes its node over when it reports again.
+    if wanted_or_moving {
         return Removal::Keep;
     }
     let since = since.unwrap_or(now);
     match since.checked_add(grace) {
         Ok(due) if due > now => Removal::RecheckAt(due),
-        _ => Removal::Remove(OffBecause::Silent { since }),
+        _ => Removal::ConfirmOff { since },
     }
 }
 
@@ -141,12 +150,9 @@ pub async fn remove(ctx: &Context, slot: &Node, node: &CoreNode, why: OffBecause
         }
     }
     let because = match why {
-        OffBecause::ShutDown => "its shutdown Job succeeded and its kubelet stopped".to_string(),
-        OffBecause::Silent { since } => {
-            format!("its kubelet has been silent since {since} and no claim wants it")
-        }
+        OffBecause::ShutDown => "its shutdown Job succeeded and its kubelet stopped",
         OffBecause::Rebooting => {
-            "its kubelet is silent and a claim is booting it: it registers afresh".to_string()
+            "its shutdown Job succeeded, its kubelet stopped, and a claim is booting it: it registers afresh"
         }
     };
     tracing::info!(node = %node_name, ?why, "removed the node of a machine that is off");
@@ -214,7 +220,7 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(Time(now));
 
         type Row<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<JobOutcome>, Removal);
-        let silent = Removal::Remove(OffBecause::Silent { since: ts(long_ago) });
+        let confirm = Removal::ConfirmOff { since: ts(long_ago) };
         let table: Vec<Row> = vec![
             (
                 "Ready is never removed",
@@ -231,18 +237,25 @@ mod tests {
                 Removal::Keep,
             ),
             (
-                "silent past the grace, nothing wants it",
+                "silence alone confirms nothing: power it off first",
                 vec![],
                 node(Some(("Unknown", long_ago))),
                 vec![],
-                silent,
+                confirm,
             ),
             (
                 "silent, a finished claim",
                 vec![&completed],
                 node(Some(("Unknown", long_ago))),
                 vec![],
-                silent,
+                confirm,
+            ),
+            (
+                "a shutdown that failed confirms nothing",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![JobOutcome::Failed],
+                confirm,
             ),
             (
                 "silent within the grace",
@@ -259,11 +272,11 @@ mod tests {
                 Removal::Keep,
             ),
             (
-                "shut down and NotReady",
+                "shut down but the kubelet still reports",
                 vec![],
                 node(Some(("False", just_now))),
                 vec![shut_down],
-                Removal::Remove(OffBecause::ShutDown),
+                Removal::Keep,
             ),
             (
                 "shut down and silent at once",
@@ -275,9 +288,9 @@ mod tests {
             (
                 "a shutdown older than the node counts for nothing",
                 vec![],
-                node(Some(("False", just_now))),
+                node(Some(("Unknown", long_ago))),
                 vec![shut_down_before_registration],
-                Removal::Keep,
+                confirm,
             ),
             (
                 "a ready claim wants it",
@@ -287,17 +300,24 @@ mod tests {
                 Removal::Keep,
             ),
             (
-                "a boot in flight over a silent node",
+                "a boot in flight over a node silent since its shutdown",
                 vec![&booting],
                 node(Some(("Unknown", just_now))),
                 vec![shut_down],
                 Removal::Remove(OffBecause::Rebooting),
             ),
             (
+                "a boot in flight over a node nobody shut down: the kubelet takes it over",
+                vec![&booting],
+                node(Some(("Unknown", long_ago))),
+                vec![],
+                Removal::Keep,
+            ),
+            (
                 "a boot in flight, kubelet back",
                 vec![&booting],
                 node(Some(("False", long_ago))),
-                vec![],
+                vec![shut_down],
                 Removal::Keep,
             ),
             (
@@ -311,11 +331,11 @@ mod tests {
                 "a shutdown Job still running",
                 vec![],
                 node(Some(("Unknown", long_ago))),
-                vec![JobOutcome::Running],
+                vec![JobOutcome::Running, shut_down],
                 Removal::Keep,
             ),
             ("never reported", vec![], node(None), vec![], Removal::Keep),
-            ("already being deleted", vec![], deleting, vec![], Removal::Keep),
+            ("already being deleted", vec![], deleting, vec![shut_down], Removal::Keep),
         ];
         for (name, claims, node, shutdowns, want) in table {
             let facts = Facts { claims: &claims, node: &node, shutdowns: &shutdowns, now, grace };

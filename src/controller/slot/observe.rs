@@ -136,8 +136,13 @@ pub async fn write_status(
     let previous = slot.status.clone().unwrap_or_default();
     let last_claim =
         newest(claims.iter().map(AsRef::as_ref)).map(digest).or(previous.last_claim.clone());
-    const OWN: [&str; 4] =
-        ["CapacityMatches", "ProviderIDMatches", "NodeLabelsDeclared", "MeterRead"];
+    const OWN: [&str; 5] = [
+        "CapacityMatches",
+        "ProviderIDMatches",
+        "NodeLabelsDeclared",
+        "MeterRead",
+        "NodeReporting",
+    ];
     let mut conditions: Vec<Condition> =
         previous.conditions.iter().filter(|c| !OWN.contains(&c.type_.as_str())).cloned().collect();
     let kept = |type_: &str| previous.conditions.iter().find(|c| c.type_ == type_).cloned();
@@ -218,6 +223,15 @@ pub async fn write_status(
         }
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
+    let (ok, reason, message) = node_reporting(&slot.spec.kubernetes_node_name, node);
+    conditions.push(condition(
+        "NodeReporting",
+        ok,
+        reason,
+        message,
+        &previous.conditions,
+        ctx.now(),
+    ));
     match reading {
         Some(Reading::Watts { .. }) => conditions.push(condition(
             "MeterRead",
@@ -272,6 +286,25 @@ pub async fn write_status(
     Ok(())
 }
 
+/// Whether the node's kubelet reports in, and what a person does about a silent one: the
+/// operator never removes a node only because its kubelet went silent (`node_removal`).
+fn node_reporting(node_name: &str, node: Option<&CoreNode>) -> (bool, &'static str, String) {
+    match node.and_then(machine::ready_condition) {
+        None if node.is_none() => (true, "NoNode", "the machine is off and has no node".into()),
+        Some(("Unknown", since)) => {
+            let since = since.map_or_else(|| "its registration".to_string(), |t| t.to_string());
+            (
+                false,
+                "Silent",
+                format!(
+                    "the kubelet of node {node_name} has been silent since {since}. The node is kept until a shutdown Job of the slot confirms the machine off, because a kubelet that is running but cut off from the API server never registers a deleted node again. If no shutdown reaches the machine and it is off: kubectl delete node {node_name}. If it is on: restore its network, and its kubelet takes the node back"
+                ),
+            )
+        }
+        _ => (true, "Reporting", format!("the kubelet of node {node_name} reports")),
+    }
+}
+
 /// The slot declares a providerID that its registered node does not carry: say which value to
 /// use. The operator follows the node either way; the declaration only misleads a reader.
 fn provider_id_mismatch(slot: &Node, registered: &str) -> Option<String> {
@@ -301,6 +334,34 @@ mod tests {
         assert_eq!(provider_id_mismatch(&slot, "k3s://m1"), None);
         let message = provider_id_mismatch(&slot, "homelab://m1").expect("mismatch");
         assert!(message.contains("set spec.providerID to homelab://m1"), "{message}");
+    }
+
+    #[test]
+    fn a_silent_node_says_why_it_is_kept_and_what_to_do() {
+        let node = |ready: Option<&str>| -> CoreNode {
+            let conditions = ready.map(|status| {
+                json!([{ "type": "Ready", "status": status, "lastTransitionTime": "2026-03-04T09:00:00Z" }])
+            });
+            serde_json::from_value(json!({
+                "metadata": { "name": "m1" }, "status": { "conditions": conditions },
+            }))
+            .unwrap()
+        };
+        let table = [
+            ("no node: off", None, true, "NoNode"),
+            ("Ready", Some(node(Some("True"))), true, "Reporting"),
+            ("NotReady still reports", Some(node(Some("False"))), true, "Reporting"),
+            ("registering", Some(node(None)), true, "Reporting"),
+            ("silent", Some(node(Some("Unknown"))), false, "Silent"),
+        ];
+        for (name, node, ok, reason) in table {
+            let (got_ok, got_reason, message) = node_reporting("m1", node.as_ref());
+            assert_eq!((got_ok, got_reason), (ok, reason), "{name}: {message}");
+        }
+        let (_, _, message) = node_reporting("m1", Some(&node(Some("Unknown"))));
+        assert!(message.contains("since 2026-03-04T09:00:00Z"), "{message}");
+        assert!(message.contains("kubectl delete node m1"), "{message}");
+        assert!(message.contains("restore its network"), "{message}");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The shutdown path: a machine that no claim wants is cordoned, drained and powered off by a
 //! shutdown Job. It runs for a claim marked for scale-down once its machine is ready, for a
-//! failed boot (forced, whatever is observed: an overdue boot must not join later), and for a
-//! machine observed up with no claim at all. Shutdown Jobs are counted on the claim they serve,
+//! failed boot (forced, whatever is observed: an overdue boot must not join later), for a
+//! machine observed up with no claim at all, and for one whose kubelet has been silent past the
+//! grace with no claim (it may be off, or on and cut off: the shutdown's success is what
+//! confirms it off, see `node_removal`). Shutdown Jobs are counted on the claim they serve,
 //! bounded by three, with a 30-minute pause before the count restarts.
 
 use jiff::{SignedDuration, Timestamp};
@@ -35,8 +37,9 @@ pub enum MachineFate<'a> {
     PowerOff { claim: Option<&'a NodeClaim> },
 }
 
-/// Decides whether the slot's machine should be powered off. Pure.
-pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> MachineFate<'a> {
+/// Decides whether the slot's machine should be powered off; `maybe_on` is a machine observed
+/// up, or one whose silence nothing has confirmed as off. Pure.
+pub fn decide<'a>(claims: &[&'a NodeClaim], maybe_on: bool) -> MachineFate<'a> {
     let live = |c: &&&NodeClaim| phase::is_live(Some(phase::of(c)));
     if claims.iter().filter(live).any(|c| !phase::is_marked(c)) {
         return MachineFate::Keep;
@@ -51,7 +54,7 @@ pub fn decide<'a>(claims: &[&'a NodeClaim], powered_on: bool) -> MachineFate<'a>
     if let Some(claim) = marked_ready.or(owed) {
         return MachineFate::PowerOff { claim: Some(claim) };
     }
-    if !powered_on {
+    if !maybe_on {
         return MachineFate::Keep;
     }
     // Up and unwanted: count on the newest terminal claim that still holds its finalizer.
@@ -86,16 +89,18 @@ pub fn last_attempt_ended(
 }
 
 /// Powers the machine off when no claim wants it; returns when to look again (`None`: on the
-/// next change).
+/// next change). `silent_since`: the node's kubelet has been silent past the grace and nothing
+/// has confirmed the machine off yet.
 pub async fn reconcile(
     ctx: &Context,
     slot: &Node,
     node: Option<&CoreNode>,
+    silent_since: Option<Timestamp>,
 ) -> Result<Option<std::time::Duration>> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let owned = ctx.claims_of_slot(&slot_name);
     let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
-    let on = machine::powered_on(node);
+    let on = machine::powered_on(node) || silent_since.is_some();
     let MachineFate::PowerOff { claim } = decide(&claims, on) else {
         return Ok(None);
     };
@@ -148,10 +153,15 @@ pub async fn reconcile(
                     crate::api::LABEL_SLOT
                 ),
             };
-            let note = format!(
-                "{attempts} shutdown Jobs did not power off node {}; pausing until {pause_end}. To retry now: {reset}",
-                slot.spec.kubernetes_node_name
-            );
+            let node_name = &slot.spec.kubernetes_node_name;
+            let note = match silent_since {
+                Some(since) => format!(
+                    "{attempts} shutdown Jobs could not confirm node {node_name} off (its kubelet silent since {since}); the node is kept, because a kubelet that is running but cut off never registers a deleted node again. Pausing until {pause_end}. If the machine is off: kubectl delete node {node_name}. If it is on: restore its network, and its kubelet takes the node back. To retry now: {reset}"
+                ),
+                None => format!(
+                    "{attempts} shutdown Jobs did not power off node {node_name}; pausing until {pause_end}. To retry now: {reset}"
+                ),
+            };
             match claim {
                 Some(c) => {
                     ctx.publish(c, EventType::Warning, "ShutdownAttemptLimitReached", note).await
@@ -184,16 +194,16 @@ pub async fn reconcile(
             }
         }
         let who = claim.and_then(|c| c.metadata.name.clone()).unwrap_or_default();
-        ctx.publish(
-            slot,
-            EventType::Warning,
-            "ShutdownNotObserved",
-            format!(
-                "claim {who}: shutdown Job {attempts} finished but node {} is still up",
-                slot.spec.kubernetes_node_name
+        let node_name = &slot.spec.kubernetes_node_name;
+        let message = match silent_since {
+            Some(since) => format!(
+                "claim {who}: shutdown Job {attempts} did not confirm node {node_name} off; its kubelet has been silent since {since}"
             ),
-        )
-        .await;
+            None => format!(
+                "claim {who}: shutdown Job {attempts} finished but node {node_name} is still up"
+            ),
+        };
+        ctx.publish(slot, EventType::Warning, "ShutdownNotObserved", message).await;
     }
 
     if let Some(node) = node {
@@ -256,13 +266,19 @@ pub async fn reconcile(
     if !created {
         return Ok(None);
     }
-    ctx.publish(
-        slot,
-        EventType::Normal,
-        "ScaleDownRequested",
-        format!("{about}: shutdown Job {job_name} (attempt {attempt})"),
-    )
-    .await;
+    match silent_since {
+        Some(since) => {
+            let message = format!(
+                "{about}, and the kubelet of node {} has been silent since {since}: shutdown Job {job_name} (attempt {attempt}) powers the machine off, and the node is removed once it succeeds",
+                slot.spec.kubernetes_node_name
+            );
+            ctx.publish(slot, EventType::Warning, "ConfirmingOff", message).await;
+        }
+        None => {
+            let message = format!("{about}: shutdown Job {job_name} (attempt {attempt})");
+            ctx.publish(slot, EventType::Normal, "ScaleDownRequested", message).await;
+        }
+    }
     Ok(None)
 }
 
