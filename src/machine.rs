@@ -4,7 +4,8 @@
 
 use k8s_openapi::api::core::v1::Node as CoreNode;
 
-use crate::api::{Node as Slot, TaintSelector};
+use crate::api::{LABEL_GROUP, LABEL_SLOT, Node as Slot, TaintSelector};
+use crate::phase::GateReading;
 
 /// The taint cluster-autoscaler puts on a node it is removing.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -83,6 +84,46 @@ pub fn gate_open(node: &CoreNode, gate: &[TaintSelector]) -> bool {
     is_ready(node) && pending_readiness_taints(node, gate).is_empty()
 }
 
+/// What the slot declares that its node does not carry yet, one entry each: the identity (the
+/// group and slot labels, a providerID), the declared `nodeLabels` and `nodeTaints`. Empty once
+/// the slot controller's write landed.
+pub fn undeclared(node: &CoreNode, slot: &Slot) -> Vec<String> {
+    let labels = node.metadata.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let slot_name = slot.metadata.name.as_deref().unwrap_or_default();
+    let identity = [(LABEL_GROUP, slot.group().unwrap_or_default()), (LABEL_SLOT, slot_name)];
+    let declared = slot.spec.node_labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let mut missing: Vec<String> = identity
+        .into_iter()
+        .chain(declared)
+        .filter(|(key, value)| label(key) != Some(*value))
+        .map(|(key, value)| format!("label {key}={value}"))
+        .collect();
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    missing.extend(
+        slot.spec
+            .node_taints
+            .iter()
+            .filter(|d| {
+                !taints.iter().any(|t| t.key == d.key && t.effect == d.effect && t.value == d.value)
+            })
+            .map(|d| format!("taint {}:{}", d.key, d.effect)),
+    );
+    if node_provider_id(node).is_none() {
+        missing.push("a providerID".into());
+    }
+    missing
+}
+
+/// What the readiness gate reads of a booting claim's node.
+pub fn gate_reading(node: &CoreNode, slot: &Slot, gate: &[TaintSelector]) -> GateReading {
+    GateReading {
+        ready: is_ready(node),
+        readiness_taints_left: !pending_readiness_taints(node, gate).is_empty(),
+        undeclared: !undeclared(node, slot).is_empty(),
+    }
+}
+
 /// The machine is up: its node exists and is Ready.
 pub fn powered_on(node: Option<&CoreNode>) -> bool {
     node.is_some_and(is_ready)
@@ -145,5 +186,77 @@ mod tests {
             assert_eq!(usable(Some(&n), &gate), use_, "{ready} {cordoned} {taints:?}");
         }
         assert!(!powered_on(None));
+    }
+
+    fn slot() -> Slot {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "m1", "labels": { "group": "pool" } },
+            "spec": {
+                "kubernetesNodeName": "m1",
+                "nodeLabels": { "homelab/accelerator": "coral" },
+                "nodeTaints": [{ "key": "dedicated", "value": "gpu", "effect": "NoSchedule" }],
+            },
+        }))
+        .unwrap()
+    }
+
+    /// A Ready node free of readiness taints, carrying the slot's whole declaration.
+    fn declared() -> CoreNode {
+        let mut n = node(true, false, &[]);
+        n.metadata.labels = Some(
+            [(LABEL_GROUP, "pool"), (LABEL_SLOT, "m1"), ("homelab/accelerator", "coral")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        let spec = n.spec.as_mut().unwrap();
+        spec.provider_id = Some("k3s://m1".into());
+        spec.taints = Some(vec![Taint {
+            key: "dedicated".into(),
+            value: Some("gpu".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
+        n
+    }
+
+    #[test]
+    fn the_gate_waits_for_what_the_slot_declares() {
+        let gate = crate::api::default_readiness_taints();
+        let slot = slot();
+        assert_eq!(undeclared(&declared(), &slot), Vec::<String>::new());
+        assert!(gate_reading(&declared(), &slot, &gate).passes());
+        // As the kubelet registers it: Ready, its own labels only, no providerID.
+        let fresh = node(true, false, &[]);
+        assert!(gate_open(&fresh, &gate), "Ready and free of readiness taints");
+        assert_eq!(
+            undeclared(&fresh, &slot),
+            [
+                "label infra.homecluster.dev/group=pool",
+                "label infra.homecluster.dev/node=m1",
+                "label homelab/accelerator=coral",
+                "taint dedicated:NoSchedule",
+                "a providerID",
+            ]
+        );
+        assert!(!gate_reading(&fresh, &slot, &gate).passes());
+        // Each part of the declaration missing alone keeps the gate closed.
+        let without: [fn(&mut CoreNode); 4] = [
+            |n| drop(n.metadata.labels.as_mut().unwrap().remove("homelab/accelerator")),
+            |n| drop(n.metadata.labels.as_mut().unwrap().insert(LABEL_GROUP.into(), "x".into())),
+            |n| n.spec.as_mut().unwrap().taints.as_mut().unwrap()[0].value = Some("tpu".into()),
+            |n| n.spec.as_mut().unwrap().provider_id = None,
+        ];
+        for (i, strip) in without.iter().enumerate() {
+            let mut n = declared();
+            strip(&mut n);
+            let reading = gate_reading(&n, &slot, &gate);
+            assert!(reading.ready && !reading.readiness_taints_left, "row {i}");
+            assert!(
+                reading.undeclared && !reading.passes(),
+                "row {i}: {:?}",
+                undeclared(&n, &slot)
+            );
+        }
     }
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{ClaimCall, Node as Slot, NodeClaim, NodeClaimPhase};
-use homelab_autoscaler::simulator::kubelet::DISTRIBUTION_ANNOTATION;
+use homelab_autoscaler::simulator::kubelet::{
+    DISTRIBUTION_ANNOTATION, REGISTERS_STARTUP_TAINT_ANNOTATION, STARTUP_TAINT,
+};
 use homelab_harness::claims::phase;
 use homelab_harness::e2e::{
     Autoscaler, AutoscalerSettings, NAMESPACE, Workload, World, describe, operator_binary,
@@ -856,4 +858,245 @@ async fn autoscaler_declared_labels_come_back(world: &mut World, ca: &Autoscaler
         }
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k3s_nodes_carry_their_declaration_through_registration_churn() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        autoscaler_through_registration_churn(world, ca, Some("k3s")).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeadm_nodes_carry_their_declaration_through_registration_churn() {
+    with_autoscaler(AutoscalerSettings::default(), async |world, ca| {
+        autoscaler_through_registration_churn(world, ca, None).await
+    })
+    .await;
+}
+
+/// The label every slot of the pool declares and no kubelet registers.
+const DECLARED_LABEL: (&str, &str) = ("homelab.test/accelerator", "coral");
+
+/// Fresh Nodes change every ~250 ms in their first seconds (kube-controller-manager, the
+/// kubelet's status, a CNI), and the Group declares no readiness taints, so a machine is Ready
+/// the moment it registers. Its kubelet registers without CA's startup taint and, on k3s,
+/// with its own providerID, so cluster-autoscaler matches the Node to its group at once. Two
+/// pods that select a label only the slots declare need a machine each: cluster-autoscaler
+/// makes exactly two claims, every fresh Node carries the declaration within a round trip, and
+/// no Node loses the startup taint before it carries the declaration.
+async fn autoscaler_through_registration_churn(
+    world: &mut World,
+    ca: &Autoscaler,
+    distribution: Option<&str>,
+) -> Result<()> {
+    let t = Instant::now();
+    apply_real_machine_pool(world).await?;
+    let no_gate = r#"{"spec":{"nodeReadinessTaints":[]}}"#;
+    world
+        .kubectl(&[
+            "patch",
+            "-n",
+            NAMESPACE,
+            "group.infra.homecluster.dev",
+            GROUP,
+            "--type=merge",
+            "-p",
+            no_gate,
+        ])
+        .await?;
+    for slot in REAL_MACHINE_SLOTS {
+        world.annotate_slot(slot, REGISTERS_STARTUP_TAINT_ANNOTATION, "false").await?;
+        if let Some(distribution) = distribution {
+            world.annotate_slot(slot, DISTRIBUTION_ANNOTATION, distribution).await?;
+        }
+    }
+    let churn = Churn::start(world.client.clone());
+    let workload = Workload {
+        node_selector: BTreeMap::from([
+            (homelab_autoscaler::api::LABEL_GROUP.to_string(), GROUP.to_string()),
+            (DECLARED_LABEL.0.to_string(), DECLARED_LABEL.1.to_string()),
+        ]),
+        ..Workload::on_group("inference", GROUP, 2, "3")
+    };
+    world.deploy(&workload).await?;
+    let settled = match world.pods_running("inference", 2, ACT).await {
+        Ok(nodes) => world.settled_without_double_boot(ca, GROUP, 2).await.map(|()| nodes),
+        Err(error) => Err(error),
+    };
+    let fresh = churn.stop();
+    let conflicts = node_write_conflicts(world);
+    println!("fresh Nodes: {fresh:#?}\nNode writes that lost with 409: {}", conflicts.len());
+    for line in &conflicts {
+        println!("  {line}");
+    }
+    let nodes = settled?;
+    ensure!(fresh.len() == 2, "two fresh Nodes registered: {fresh:#?}");
+    for node in &fresh {
+        let name = &node.name;
+        ensure!(node.churned >= 10, "{name} was patched {} times", node.churned);
+        let took = node.declared_after.with_context(|| format!("{name} never declared"))?;
+        ensure!(took < Duration::from_secs(2), "{name} declared {took:?} after registering");
+        ensure!(
+            node.tainted_when_declared,
+            "{name} first carried the declaration without CA's startup taint: its claim was Ready first"
+        );
+        ensure!(!node.untainted_undeclared, "{name} lost the startup taint before its declaration");
+    }
+    let latencies: Vec<Duration> = fresh.iter().filter_map(|n| n.declared_after).collect();
+    world.note(
+        format!(
+            "2 pods on {nodes:?}, 2 claims; fresh Nodes declared after {latencies:?}; {} Node write conflicts",
+            conflicts.len()
+        ),
+        t,
+    );
+    Ok(())
+}
+
+/// The operator's log lines of a Node write that lost to a concurrent one (409 Conflict).
+fn node_write_conflicts(world: &World) -> Vec<String> {
+    let log = std::fs::read_to_string(world.logs_dir().join("operator-0.log")).unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("for its slot") && (l.contains("409") || l.contains("Conflict")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What the churn saw of one fresh pool Node.
+#[derive(Debug, Clone)]
+struct Fresh {
+    name: String,
+    /// The first watch event of the Node.
+    seen: Instant,
+    /// From the first watch event to the first that carries the slot's identity and declaration.
+    declared_after: Option<Duration>,
+    /// The Node carried CA's startup taint at some point.
+    tainted: bool,
+    /// The first event that carried the declaration carried CA's startup taint too.
+    tainted_when_declared: bool,
+    /// An event showed the Node without the startup taint it had carried, and without the
+    /// declaration: what cluster-autoscaler reads as a ready machine the pods cannot use.
+    untainted_undeclared: bool,
+    /// How long the Node showed Ready, without the startup taint and without the declaration,
+    /// from the event that showed it so to the next that did not.
+    exposed: Duration,
+    exposed_since: Option<Instant>,
+    /// Merge patches the churn made.
+    churned: u32,
+}
+
+/// Patches each freshly registered pool Node every [`CHURN_EVERY`] for [`CHURN_FOR`] with a
+/// merge patch that carries no resourceVersion (as a kubelet's status updates and a CNI's
+/// annotations do), and records what each watch event showed.
+struct Churn {
+    fresh: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Fresh>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const CHURN_EVERY: Duration = Duration::from_millis(200);
+const CHURN_FOR: Duration = Duration::from_secs(5);
+
+impl Churn {
+    fn start(client: kube::Client) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let fresh = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let seen = fresh.clone();
+        let task = tokio::spawn(async move {
+            let nodes: Api<CoreNode> = Api::all(client.clone());
+            let mut events =
+                watcher(nodes.clone(), watcher::Config::default()).applied_objects().boxed();
+            while let Some(Ok(node)) = events.next().await {
+                let (Some(uid), Some(name)) =
+                    (node.metadata.uid.clone(), node.metadata.name.clone())
+                else {
+                    continue;
+                };
+                if !REAL_MACHINE_SLOTS.contains(&name.as_str()) {
+                    continue;
+                }
+                let Ok(mut fresh) = seen.lock() else { return };
+                let new = !fresh.contains_key(&uid);
+                let entry = fresh.entry(uid.clone()).or_insert_with(|| Fresh {
+                    name: name.clone(),
+                    seen: Instant::now(),
+                    declared_after: None,
+                    tainted: false,
+                    tainted_when_declared: false,
+                    untainted_undeclared: false,
+                    exposed: Duration::ZERO,
+                    exposed_since: None,
+                    churned: 0,
+                });
+                observe(entry, &node);
+                drop(fresh);
+                if new {
+                    tokio::spawn(churn_node(nodes.clone(), name, uid, seen.clone()));
+                }
+            }
+        });
+        Self { fresh, task }
+    }
+
+    /// Stops watching; what was seen of each fresh Node.
+    fn stop(self) -> Vec<Fresh> {
+        self.task.abort();
+        self.fresh.lock().map(|f| f.values().cloned().collect()).unwrap_or_default()
+    }
+}
+
+/// Records one watch event of a fresh Node.
+fn observe(fresh: &mut Fresh, node: &CoreNode) {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let declared = labels.get(DECLARED_LABEL.0).map(String::as_str) == Some(DECLARED_LABEL.1)
+        && labels.get(homelab_autoscaler::api::LABEL_GROUP).map(String::as_str) == Some(GROUP)
+        && node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).is_some();
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == STARTUP_TAINT));
+    if declared && fresh.declared_after.is_none() {
+        fresh.declared_after = Some(fresh.seen.elapsed());
+        fresh.tainted_when_declared = tainted;
+    }
+    if fresh.tainted && !tainted && !declared {
+        fresh.untainted_undeclared = true;
+    }
+    fresh.tainted |= tainted;
+    let exposed = homelab_autoscaler::machine::is_ready(node) && !tainted && !declared;
+    match (exposed, fresh.exposed_since) {
+        (true, None) => fresh.exposed_since = Some(Instant::now()),
+        (false, Some(since)) => {
+            fresh.exposed += since.elapsed();
+            fresh.exposed_since = None;
+        }
+        _ => {}
+    }
+}
+
+/// Patches one fresh Node's annotation every [`CHURN_EVERY`] for [`CHURN_FOR`].
+async fn churn_node(
+    nodes: Api<CoreNode>,
+    name: String,
+    uid: String,
+    fresh: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Fresh>>>,
+) {
+    let started = Instant::now();
+    let mut n = 0u32;
+    while started.elapsed() < CHURN_FOR {
+        n += 1;
+        let patch =
+            json!({ "metadata": { "annotations": { "homelab.test/churn": n.to_string() } } });
+        let params = kube::api::PatchParams::default();
+        let patched = nodes.patch(&name, &params, &kube::api::Patch::Merge(&patch)).await;
+        if let (Ok(_), Ok(mut fresh)) = (patched, fresh.lock())
+            && let Some(entry) = fresh.get_mut(&uid)
+        {
+            entry.churned += 1;
+        }
+        tokio::time::sleep(CHURN_EVERY).await;
+    }
 }

@@ -8,7 +8,7 @@ mod report;
 mod table;
 
 pub use report::{MachineObservation, SlotReportInput, derive_report};
-pub use table::{IllegalMove, Move, Writer, check_move, legal_next, owners};
+pub use table::{GateReading, IllegalMove, Move, Writer, check_move, legal_next, owners};
 
 use crate::api::{NodeClaim, NodeClaimPhase};
 

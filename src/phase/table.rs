@@ -11,13 +11,36 @@ pub enum Writer {
     /// The slot lifecycle: creating the startup Job commits the boot, and a failed or
     /// timed-out Job fails it.
     Lifecycle,
-    /// The readiness gate: the node is Ready and free of the pool's readiness taints.
+    /// The readiness gate: the node is Ready, free of the pool's readiness taints, and carries
+    /// everything its slot declares ([`GateReading::passes`]).
     ReadinessGate,
     /// The claim controller's own rules: deadline, supersede, machine gone, slot deleted, and
     /// a pin's end (`spec.until`).
     ClaimController,
     /// A scale-down: a pending claim cancelled, or a machine released and observed off.
     ScaleDown,
+}
+
+/// What the readiness gate reads of a booting claim's node (`machine::gate_reading`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GateReading {
+    /// The node's Ready condition is True.
+    pub ready: bool,
+    /// The node still carries one of the Group's readiness taints.
+    pub readiness_taints_left: bool,
+    /// The node lacks part of what its slot declares: the group and slot labels, a providerID,
+    /// `nodeLabels`, `nodeTaints`. The slot controller's write has not landed yet.
+    pub undeclared: bool,
+}
+
+impl GateReading {
+    /// booting → ready. A node that is Ready but not yet declared would be read by
+    /// cluster-autoscaler as a started machine the pending pods cannot use, so the claim waits
+    /// for the slot's write and the node keeps CA's startup taint meanwhile
+    /// (docs/decisions.md, D13).
+    pub fn passes(self) -> bool {
+        self.ready && !self.readiness_taints_left && !self.undeclared
+    }
 }
 
 /// A move the phase table forbids, or one asked for by a writer that does not own it.
@@ -121,6 +144,22 @@ mod tests {
                     assert!(got.is_err(), "{from:?}->{to:?} by {writer:?} must be refused");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_readiness_gate_waits_for_ready_the_readiness_taints_and_the_declaration() {
+        // ready, readiness taints left, undeclared, passes
+        let table = [
+            (true, false, false, true),
+            (false, false, false, false),
+            (true, true, false, false),
+            (true, false, true, false),
+            (false, true, true, false),
+        ];
+        for (ready, readiness_taints_left, undeclared, passes) in table {
+            let reading = GateReading { ready, readiness_taints_left, undeclared };
+            assert_eq!(reading.passes(), passes, "{reading:?}");
         }
     }
 

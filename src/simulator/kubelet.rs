@@ -40,6 +40,10 @@ pub const NODE_LABELS_ANNOTATION: &str = "simulator.infra.homecluster.dev/node-l
 /// On a slot: the machine's Kubernetes distribution. `k3s` writes `spec.providerID:
 /// k3s://<node name>` on the Node it registers; anything else (kubeadm, Talos) writes none.
 pub const DISTRIBUTION_ANNOTATION: &str = "simulator.infra.homecluster.dev/distribution";
+/// On a slot: `false` plays a kubelet registered without cluster-autoscaler's startup taint in
+/// its `--register-with-taints` (a machine set up before, or without, the operations guide).
+pub const REGISTERS_STARTUP_TAINT_ANNOTATION: &str =
+    "simulator.infra.homecluster.dev/registers-startup-taint";
 /// The taint users are told to register their machines with (`--register-with-taints`), which
 /// cluster-autoscaler reads as "still starting". The operator removes it, never the simulator.
 pub const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/homelab-booting";

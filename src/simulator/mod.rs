@@ -8,7 +8,8 @@
 //!   registers one as a kubelet does: the kubelet's well-known labels plus its `--node-labels`
 //!   (the slot annotation `simulator.infra.homecluster.dev/node-labels`, comma-separated
 //!   `key=value`), its `--register-with-taints` (the Group's readiness taints and
-//!   cluster-autoscaler's startup taint), and, for the slot annotation
+//!   cluster-autoscaler's startup taint, left out for the slot annotation
+//!   `simulator.infra.homecluster.dev/registers-startup-taint: "false"`), and, for the slot annotation
 //!   `simulator.infra.homecluster.dev/distribution: k3s`, `spec.providerID: k3s://<node>`.
 //!   The slot's declared `spec.nodeLabels`, `spec.nodeTaints` and `spec.providerID` are the
 //!   operator's to write, never the kubelet's. After `--gate-delay` the Group's readiness taints
@@ -41,7 +42,7 @@ use crate::job_outcome::{JobOutcome, outcome};
 
 pub use kubelet::{
     DISTRIBUTION_ANNOTATION, KUBELET_ANNOTATION, KUBELET_NETWORK_ANNOTATION, KUBELET_STOPPED,
-    KWOK_ANNOTATION, NODE_LABELS_ANNOTATION, STARTUP_TAINT,
+    KWOK_ANNOTATION, NODE_LABELS_ANNOTATION, REGISTERS_STARTUP_TAINT_ANNOTATION, STARTUP_TAINT,
 };
 
 /// The annotation that makes a slot play a broken machine.
@@ -142,9 +143,12 @@ fn not_ready_for(slot: &Node) -> Option<std::time::Duration> {
 }
 
 /// The kubelet's `--register-with-taints`: the Group's readiness taints, then
-/// cluster-autoscaler's startup taint.
-fn registration_taints(readiness: &[Taint]) -> Vec<Taint> {
+/// cluster-autoscaler's startup taint unless the slot plays a kubelet registered without it.
+fn registration_taints(slot: &Node, readiness: &[Taint]) -> Vec<Taint> {
     let mut taints = readiness.to_vec();
+    if annotation(slot, REGISTERS_STARTUP_TAINT_ANNOTATION) == Some("false") {
+        return taints;
+    }
     taints.push(Taint {
         key: STARTUP_TAINT.into(),
         value: Some("true".into()),
@@ -195,7 +199,7 @@ async fn power_on(
     let registration = kubelet::Registration {
         node_name: node_name.clone(),
         labels: kubelet::kubelet_labels(&node_name, node_labels),
-        taints: registration_taints(&readiness),
+        taints: registration_taints(&slot, &readiness),
         provider_id: kubelet::provider_id(annotation(&slot, DISTRIBUTION_ANNOTATION), &node_name),
         capacity,
         network_down: slow.is_some(),

@@ -1,11 +1,12 @@
 //! booting → ready | failed: the startup Job's outcome, then the node's registration (90 s by
-//! default) and the readiness gate (4 m from the node's appearance): Ready and free of the pool's
-//! readiness taints, then uncordon, then `ready`. The deadline is cleared on the write after it.
+//! default) and the readiness gate (4 m from the node's appearance): Ready, free of the pool's
+//! readiness taints and carrying everything its slot declares (the slot controller's write
+//! landed), then uncordon, then `ready`. The deadline is cleared on the write after it.
 
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
@@ -14,7 +15,7 @@ use serde_json::json;
 
 use super::chokepoint::{self, PhaseMove};
 use super::{overdue, ready, requeue_at};
-use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::api::{Node, NodeClaim, NodeClaimPhase, TaintSelector};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs;
@@ -108,7 +109,7 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
     let appeared =
         node.metadata.creation_timestamp.as_ref().map_or(completed_at, |t| t.0.max(completed_at));
     let gate_end = plus(appeared, ctx.timeouts.readiness_gate);
-    if machine::gate_open(&node, &gate) {
+    if machine::gate_reading(&node, &slot, &gate).passes() {
         set_schedulable(ctx, node_name).await?;
         let ready = PhaseMove::new(NodeClaimPhase::Ready, Writer::ReadinessGate)
             .with("readyAt", json!(Time(now)));
@@ -136,12 +137,7 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
     if now >= gate_end {
         // A cordoned node is invisible to scale-down and paid for forever: uncordon on the way out.
         set_schedulable(ctx, node_name).await?;
-        let pending = machine::pending_readiness_taints(&node, &gate).join(", ");
-        let why = if machine::is_ready(&node) {
-            format!("node {node_name} still carries readiness taints [{pending}]")
-        } else {
-            format!("node {node_name} never became Ready")
-        };
+        let why = gate_timeout_reason(&node, &slot, &gate);
         let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ReadinessGate).because(
             "ReadinessGateTimeout",
             format!("{why} after {}s; powering it off", ctx.timeouts.readiness_gate.as_secs()),
@@ -160,13 +156,30 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
     Ok(later(gate_end))
 }
 
+/// Why a node did not pass the gate in time, naming what it still lacks.
+fn gate_timeout_reason(node: &CoreNode, slot: &Node, gate: &[TaintSelector]) -> String {
+    let node_name = node.metadata.name.as_deref().unwrap_or_default();
+    let pending = machine::pending_readiness_taints(node, gate);
+    if !machine::is_ready(node) {
+        format!("node {node_name} never became Ready")
+    } else if !pending.is_empty() {
+        format!("node {node_name} still carries readiness taints [{}]", pending.join(", "))
+    } else {
+        let missing = machine::undeclared(node, slot).join(", ");
+        format!(
+            "node {node_name} still lacks what slot {} declares [{missing}] (can the operator patch nodes?)",
+            slot.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+}
+
 /// Uncordons a node (the gate is the writer that lifts the cordon).
 pub async fn set_schedulable(ctx: &Context, node_name: &str) -> Result<()> {
     let cordoned = ctx.core_node(node_name).is_some_and(|n| machine::is_cordoned(&n));
     if !cordoned {
         return Ok(());
     }
-    Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
+    Api::<CoreNode>::all(ctx.client.clone())
         .patch(
             node_name,
             &FieldManager::ClaimController.patch(),

@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use super::{Context, Result, SlotInputs};
 use crate::api::{LABEL_SLOT, Node};
+use crate::phase;
 
 /// Runs the slot controller until `shutdown`.
 pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: CancellationToken) {
@@ -79,8 +80,9 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             } else {
                 // One write for everything the slot side wants of the node.
                 let marks = autoscaler_marks::wanted(live.as_deref());
-                if let Some(patch) = node_sync::patch(&slot, &current, &marks) {
-                    observe::write_node(&ctx, &current, patch).await?;
+                let booting = live.as_deref().is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
+                let want = |node: &_| node_sync::patch(&slot, node, &marks, booting);
+                if observe::write_node(&ctx, &current, want).await? {
                     tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "node updated for its slot");
                 }
             }

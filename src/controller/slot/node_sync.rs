@@ -2,8 +2,9 @@
 //! written as one merge patch of the difference:
 //!
 //! - identity: the group and slot labels, and a providerID when the node registered without one;
-//! - what the slot declares (`nodeLabels`, `nodeTaints`): written when the node registers and
-//!   when the declaration changes. The operator removes the node of a machine that is off, so a
+//! - what the slot declares (`nodeLabels`, `nodeTaints`): written when the node registers, while
+//!   the machine boots (the claim's readiness gate waits for it), and when the declaration
+//!   changes. The operator removes the node of a machine that is off, so a
 //!   node is new at every boot and the template's promise ("the pool's machines carry these")
 //!   holds only if the operator writes them. What it last wrote is recorded on the node
 //!   ([`DECLARED_ANNOTATION`]), so a label or taint the slot no longer declares is taken off,
@@ -11,8 +12,10 @@
 //! - cluster-autoscaler's marks ([`super::autoscaler_marks`]).
 //!
 //! The taint list is replaced whole by a merge patch, so every patch carries the
-//! resourceVersion it was computed from: a concurrent write makes it conflict and the reconcile
-//! runs again on the new node, rather than dropping what the other writer added.
+//! resourceVersion it was computed from: a concurrent write makes it conflict, and the writer
+//! (`observe::write_node`) computes it again at once on a fresh read of the node, rather than
+//! dropping what the other writer added. A fresh node changes several times a second while it
+//! registers, and the readiness gate waits for this write (docs/decisions.md, D13).
 
 use std::collections::BTreeMap;
 
@@ -118,11 +121,13 @@ impl Wanted {
         }
     }
 
-    /// Brings the node from what was last declared to what is declared now. Unchanged, nothing
-    /// is written: a declared taint a person took off by hand stays off until the next
-    /// registration or the next change of the declaration.
-    fn declared(&mut self, previous: &Declared, now: &Declared) {
-        if previous == now {
+    /// Brings the node from what was last declared to what is declared now. While the machine
+    /// boots the whole declaration is written, since the readiness gate waits for it (a node
+    /// the kubelet took over may have lost part of it by hand). Otherwise, unchanged, nothing
+    /// is written: a declared taint a person took off by hand stays off until the next boot
+    /// or the next change of the declaration.
+    fn declared(&mut self, previous: &Declared, now: &Declared, booting: bool) {
+        if previous == now && !booting {
             return;
         }
         for (key, value) in &previous.labels {
@@ -131,12 +136,19 @@ impl Wanted {
             }
         }
         self.labels.extend(now.labels.clone());
-        self.taints.retain(|t| {
-            let was_declared = previous.taints.iter().any(|d| d.same_slot(t));
-            let redeclared = now.taints.iter().any(|d| d.same_slot(t));
-            !was_declared && !redeclared
+        // A declared taint already in place keeps its place: reordering the list would be a
+        // write of its own.
+        self.taints.retain(|t| match now.taints.iter().find(|d| d.same_slot(t)) {
+            Some(declared) => declared.value == t.value,
+            None => !previous.taints.iter().any(|d| d.same_slot(t)),
         });
-        self.taints.extend(now.taints.iter().map(DeclaredTaint::to_taint));
+        let missing: Vec<Taint> = now
+            .taints
+            .iter()
+            .filter(|d| !self.taints.iter().any(|t| d.same_slot(t)))
+            .map(DeclaredTaint::to_taint)
+            .collect();
+        self.taints.extend(missing);
         self.annotations.insert(DECLARED_ANNOTATION.into(), now.record());
     }
 
@@ -163,12 +175,13 @@ fn map_patch(
 }
 
 /// Everything the slot side wants of `node`, as one merge patch guarded by the node's
-/// resourceVersion, or `None` when the node already carries it all.
-pub fn patch(slot: &Node, node: &CoreNode, marks: &Marks) -> Option<Value> {
+/// resourceVersion, or `None` when the node already carries it all. `booting`: the slot's
+/// claim is in its boot window, and the readiness gate waits for the whole declaration.
+pub fn patch(slot: &Node, node: &CoreNode, marks: &Marks, booting: bool) -> Option<Value> {
     let have = Wanted::of(node);
     let mut want = have.clone();
     want.identity(slot);
-    want.declared(&Declared::recorded_on(node), &Declared::of(slot));
+    want.declared(&Declared::recorded_on(node), &Declared::of(slot), booting);
     want.marks(marks);
     if want == have {
         return None;
@@ -257,10 +270,11 @@ mod tests {
     }
 
     fn converge(slot: &Node, node: &CoreNode, marks: &Marks) -> CoreNode {
-        let patch = patch(slot, node, marks).expect("something to write");
+        let booting = marks.startup_taint;
+        let patch = patch(slot, node, marks, booting).expect("something to write");
         assert_eq!(patch["metadata"]["resourceVersion"], "7", "guarded: {patch}");
         let after = merged(node, &patch);
-        assert_eq!(super::patch(slot, &after, marks), None, "one write converges");
+        assert_eq!(super::patch(slot, &after, marks, booting), None, "one write converges");
         after
     }
 
@@ -334,7 +348,26 @@ mod tests {
         let synced = converge(&declared, &node(&[], &[], vec![], None), &Marks::default());
         let mut by_hand = synced.clone();
         by_hand.spec.as_mut().unwrap().taints = Some(vec![]);
-        assert_eq!(patch(&declared, &by_hand, &Marks::default()), None);
+        assert_eq!(patch(&declared, &by_hand, &Marks::default(), false), None);
+    }
+
+    #[test]
+    fn a_boot_writes_the_whole_declaration_back_without_reordering() {
+        let declared = slot(&[("a", "1")], vec![taint("dedicated", None, "NoSchedule")], None);
+        let synced = converge(&declared, &node(&[], &[], vec![], None), &Marks::default());
+        // Taken off by hand, then the machine boots again and its kubelet takes the node over.
+        let mut resumed = synced.clone();
+        resumed.metadata.labels.as_mut().unwrap().remove("a");
+        resumed.spec.as_mut().unwrap().taints = Some(vec![taint("other", None, "NoSchedule")]);
+        let booting = Marks { startup_taint: true, protected_for: None };
+        let after = converge(&declared, &resumed, &booting);
+        assert_eq!(after.metadata.labels.as_ref().unwrap()["a"], "1");
+        assert_eq!(keys(&after), ["other", "dedicated", autoscaler_marks::STARTUP_TAINT]);
+        // A declared taint in place stays in place: nothing to write.
+        let mut in_place = after.clone();
+        let taints = in_place.spec.as_mut().unwrap().taints.as_mut().unwrap();
+        taints.rotate_left(1);
+        assert_eq!(patch(&declared, &in_place, &booting, true), None);
     }
 
     #[test]

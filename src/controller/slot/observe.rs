@@ -13,20 +13,55 @@ use super::meter::{self, Reading};
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
 use crate::controller::Context;
-use crate::controller::error::{KubeContext, Result};
+use crate::controller::error::{KubeContext, Result, is_stale_write};
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::machine;
 use crate::phase::{self, MachineObservation, SlotReportInput};
 use crate::quantity;
 
-/// Writes what the slot side wants of its node (see `node_sync`) as one merge patch.
-pub async fn write_node(ctx: &Context, node: &CoreNode, patch: serde_json::Value) -> Result<()> {
+/// How many times one pass computes and sends the node write before it leaves the rest to the
+/// controller's error backoff.
+const NODE_WRITE_ATTEMPTS: u32 = 5;
+
+/// Writes what the slot side wants of its node (`want` computes the guarded merge patch from a
+/// node, see `node_sync`). A fresh node changes several times a second while it registers (the
+/// kubelet's status, kube-controller-manager, a CNI), and the claim's readiness gate waits for
+/// this write, so a write that lost to one of them is computed again at once on the node read
+/// from the API server (the cache may not have seen the change yet), up to
+/// [`NODE_WRITE_ATTEMPTS`] times. Returns whether anything was written.
+pub async fn write_node(
+    ctx: &Context,
+    node: &CoreNode,
+    want: impl Fn(&CoreNode) -> Option<serde_json::Value>,
+) -> Result<bool> {
     let node_name = node.metadata.name.clone().unwrap_or_default();
-    Api::<CoreNode>::all(ctx.client.clone())
-        .patch(&node_name, &FieldManager::SlotController.patch(), &Patch::Merge(&patch))
-        .await
-        .during(|| format!("updating node {node_name} for its slot"))?;
-    Ok(())
+    let nodes = Api::<CoreNode>::all(ctx.client.clone());
+    let mut current = std::borrow::Cow::Borrowed(node);
+    let mut attempt = 1;
+    loop {
+        let Some(patch) = want(&current) else { return Ok(attempt > 1) };
+        let written = nodes
+            .patch(&node_name, &FieldManager::SlotController.patch(), &Patch::Merge(&patch))
+            .await;
+        match written {
+            Ok(_) => return Ok(true),
+            Err(error) if is_stale_write(&error) && attempt < NODE_WRITE_ATTEMPTS => {
+                tracing::info!(
+                    node = node_name,
+                    attempt,
+                    "node changed under its write; writing again on a fresh read"
+                );
+                let fresh = nodes.get(&node_name).await;
+                current = std::borrow::Cow::Owned(
+                    fresh.during(|| format!("reading node {node_name} again for its slot"))?,
+                );
+                attempt += 1;
+            }
+            Err(error) => {
+                return Err(error).during(|| format!("updating node {node_name} for its slot"));
+            }
+        }
+    }
 }
 
 /// The slot's live claim (the newest, should a race have left two).
