@@ -8,11 +8,12 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 .PHONY: test test-fast demo bench manifests lint image reliability-long
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
-## and the power drivers against real protocol peers (installed by install-power-peers.sh).
+## the power drivers against real protocol peers (installed by install-power-peers.sh), and the
+## real-machine tier (network namespaces running a real kubelet and containerd; needs root).
 ## The test executables of `cargo test --workspace --all-targets` run three at a time
 ## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
 test:
-	tests/harness/build-binaries.sh e2e
+	tests/harness/build-binaries.sh machines
 	tests/harness/install-power-peers.sh
 	tests/harness/run-tests.sh $(ONLY)
 

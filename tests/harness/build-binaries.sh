@@ -3,7 +3,10 @@
 # modules beside this script, into a cache outside the repository. Idempotent: a binary is
 # rebuilt only when its wrapper's go.mod/go.sum change. Prints the binary directory last.
 #
-#   build-binaries.sh [integration|cluster|e2e|all]   (default: cluster)
+#   build-binaries.sh [integration|cluster|e2e|machines|all]   (default: cluster)
+#
+# `machines` is `e2e` plus the programs of the harness's real machines (kubelet, containerd,
+# runc, CNI plugins, our pause); no other profile builds those.
 #
 # Environment:
 #   HOMELAB_TEST_ASSETS  a directory of prebuilt binaries (as envtest's KUBEBUILDER_ASSETS);
@@ -40,6 +43,9 @@ wrapper_key() {
   { cat "$here/go/$1/go.mod"; cat "$here/go/$1/go.sum" 2>/dev/null || true; } | sha256sum | cut -c1-16
 }
 
+# key_file NAME: where the key of binary NAME is kept (NAME may be in a subdirectory: cni/bridge).
+key_file() { echo "$bin/$(dirname "$1")/.$(basename "$1").key"; }
+
 # build WRAPPER "LDFLAGS" "TAGS" NAME=PACKAGE...
 build() {
   local wrapper=$1 ldflags=$2 tags=$3; shift 3
@@ -48,10 +54,10 @@ build() {
   for pair in "$@"; do
     local name=${pair%%=*} pkg=${pair#*=}
     if [[ -n "${HOMELAB_TEST_ASSETS:-}" && -x "$HOMELAB_TEST_ASSETS/$name" ]]; then
-      ln -sf "$HOMELAB_TEST_ASSETS/$name" "$bin/$name"; echo "prebuilt" > "$bin/.$name.key"
+      ln -sf "$HOMELAB_TEST_ASSETS/$name" "$bin/$name"; echo "prebuilt" > "$(key_file "$name")"
       log "$name: prebuilt from HOMELAB_TEST_ASSETS"; continue
     fi
-    if [[ -x "$bin/$name" && "$(cat "$bin/.$name.key" 2>/dev/null)" == "$key" ]]; then
+    if [[ -x "$bin/$name" && "$(cat "$(key_file "$name")" 2>/dev/null)" == "$key" ]]; then
       log "$name: cached"; continue
     fi
     missing+=("$name"); pkgs+=("$pkg"); names+=("$name")
@@ -67,7 +73,7 @@ build() {
     [[ $elem =~ ^v[0-9]+$ ]] && elem=$(basename "$(dirname "${pkgs[$i]}")")
     local built="$out/$elem"
     mv -f "$built" "$bin/${names[$i]}"
-    echo "$key" > "$bin/.${names[$i]}.key"
+    echo "$key" > "$(key_file "${names[$i]}")"
   done
   rm -rf "$out"
   log "built ${missing[*]} in $(( $(date +%s) - start ))s"
@@ -172,10 +178,52 @@ build_cert_manager() {
   log "built cert-manager in $(( $(date +%s) - start ))s"
 }
 
+# The real machines' only image, localhost/homelab/pause:1: our pause program as entrypoint, one
+# layer, packed by crane (through an in-memory registry on loopback, as scripts/build-image.sh
+# does) into an OCI archive that `ctr images import` names from its index. No registry serves
+# the tests, so the machines' containerd is given it (sandbox image and test workload alike).
+# Keyed by the pause binary and crane.
+build_pause_image() {
+  local out="$bin/pause-image.tar" name=localhost/homelab/pause:1 key
+  key=$(cat "$(key_file pause)" "$(key_file crane)" | sha256sum | cut -c1-16)
+  if [[ -f $out && "$(cat "$(key_file pause-image.tar)" 2>/dev/null)" == "$key" ]]; then
+    log "pause-image.tar: cached"; return 0
+  fi
+  local work registry=""; work=$(mktemp -d "$cache/build.XXXXXX")
+  mkdir -p "$work/rootfs"
+  install -m 0755 "$bin/pause" "$work/rootfs/pause"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/rootfs" -cf "$work/layer.tar" pause
+  "$bin/crane" registry serve --address 127.0.0.1:0 >"$work/registry.log" 2>&1 &
+  registry=$!
+  # set -e ends the script at a failing crane: the registry must not outlive it.
+  trap 'kill "$registry" 2>/dev/null' EXIT
+  local port="" ref
+  for _ in $(seq 100); do
+    port=$(sed -n 's/.*serving on port \([0-9]*\).*/\1/p' "$work/registry.log")
+    [[ -n $port ]] && break
+    sleep 0.1
+  done
+  [[ -n $port ]] || { log "crane's registry did not start: $(cat "$work/registry.log")"; return 1; }
+  ref=127.0.0.1:$port/homelab/pause:1
+  "$bin/crane" append --oci-empty-base -f "$work/layer.tar" -t "$ref" >/dev/null
+  "$bin/crane" mutate "$ref" -t "$ref" --set-platform linux/amd64 --entrypoint /pause >/dev/null
+  "$bin/crane" pull --format=oci "$ref" "$work/oci"
+  local digest size
+  digest=$("$bin/crane" digest "$ref"); size=$("$bin/crane" manifest "$ref" | wc -c)
+  kill "$registry"; wait "$registry" 2>/dev/null || true
+  trap - EXIT
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","size":%d,"digest":"%s","annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}\n' \
+    "$size" "$digest" "$name" "$name" > "$work/oci/index.json"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/oci" -cf "$out" .
+  echo "$key" > "$(key_file pause-image.tar)"
+  rm -rf "$work"
+  log "built pause-image.tar ($name)"
+}
+
 want=${1:-cluster}
 case "$want" in
-  integration|cluster|e2e|all) ;;
-  *) echo "usage: $0 [integration|cluster|e2e|all]" >&2; exit 2 ;;
+  integration|cluster|e2e|machines|all) ;;
+  *) echo "usage: $0 [integration|cluster|e2e|machines|all]" >&2; exit 2 ;;
 esac
 
 # One run at a time per cache (two test binaries, or a developer and a test run): two builds of
@@ -197,7 +245,7 @@ build k8s "$kube_ld" "" "${kube[@]}"
 if [[ $want != integration ]]; then
   build kwok "" "" kwok=sigs.k8s.io/kwok/cmd/kwok
 fi
-if [[ $want == e2e || $want == all ]]; then
+if [[ $want == e2e || $want == machines || $want == all ]]; then
   build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
   build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
   build_cluster_autoscaler
@@ -208,9 +256,47 @@ fi
 # use static_configs; their SDKs are most of Prometheus's dependencies), and without the
 # `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
 # on the 2-core dev machine: docs/testing.md.
-if [[ $want == e2e || $want == all ]]; then
+if [[ $want == e2e || $want == machines || $want == all ]]; then
   build prometheus "" "remove_all_sd" \
     prometheus=github.com/prometheus/prometheus/cmd/prometheus \
     promtool=github.com/prometheus/prometheus/cmd/promtool
+fi
+# The real machines of src/machine/: a kubelet at the control plane's pin (go/kubelet, a sibling
+# of go/k8s so that the control plane's key is untouched), containerd with its runc shim and
+# ctr, runc, the CNI plugins that wire a pod (into $bin/cni/, containerd's CNI bin dir) and our
+# own pause program (the sandbox image and test workload; no registry serves one). All static
+# with cgo off except runc, whose nsenter is C. runc needs the `seccomp` tag: the kubelet asks
+# for the RuntimeDefault seccomp profile for every pod sandbox, whatever the pod says, and a
+# runc without seccomp fails those ("config provided but seccomp not supported"). So it links
+# libseccomp, statically (as runc's releases do), from Debian's libseccomp-dev, installed here
+# if missing. containerd's btrfs, devmapper and zfs snapshotters are left out (overlayfs only).
+# Cold build times on the 2-core dev machine are in src/machine/mod.rs.
+ensure_libseccomp() {
+  [[ -x "${HOMELAB_TEST_ASSETS:-/nonexistent}/runc" ]] && return 0
+  [[ -x "$bin/runc" && "$(cat "$(key_file runc)" 2>/dev/null)" == "$(wrapper_key runc)" ]] && return 0
+  pkg-config --exists libseccomp 2>/dev/null && return 0
+  if ! command -v apt-get >/dev/null; then
+    log "runc needs libseccomp's headers and static library (Debian: libseccomp-dev) and pkg-config"
+    return 1
+  fi
+  log "installing Debian's libseccomp-dev (runc links libseccomp)"
+  local sudo=""; [[ $(id -u) -eq 0 ]] || sudo=sudo
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libseccomp-dev pkg-config >/dev/null
+}
+if [[ $want == machines ]]; then
+  build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
+  build containerd "" "no_btrfs,no_devmapper,no_zfs" \
+    containerd=github.com/containerd/containerd/v2/cmd/containerd \
+    containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    ctr=github.com/containerd/containerd/v2/cmd/ctr
+  ensure_libseccomp
+  CGO_ENABLED=1 build runc "-extldflags=-static" "seccomp netgo osusergo" runc=github.com/opencontainers/runc
+  mkdir -p "$bin/cni"
+  build cni "" "" cni/bridge=github.com/containernetworking/plugins/plugins/main/bridge \
+    cni/host-local=github.com/containernetworking/plugins/plugins/ipam/host-local \
+    cni/loopback=github.com/containernetworking/plugins/plugins/main/loopback
+  build pause "" "" pause=homelab-autoscaler.invalid/harness/pause
+  build_pause_image
 fi
 echo "$bin"

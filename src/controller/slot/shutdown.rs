@@ -193,15 +193,17 @@ pub async fn reconcile(
                 return Ok(Some(std::time::Duration::from_secs_f64(wait)));
             }
         }
-        let who = claim.and_then(|c| c.metadata.name.clone()).unwrap_or_default();
+        let who = claim
+            .and_then(|c| c.metadata.name.clone())
+            .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
         let node_name = &slot.spec.kubernetes_node_name;
         let message = match silent_since {
             Some(since) => format!(
-                "claim {who}: shutdown Job {attempts} did not confirm node {node_name} off; its kubelet has been silent since {since}"
+                "{who}: shutdown Job {attempts} did not confirm node {node_name} off; its kubelet has been silent since {since}"
             ),
-            None => format!(
-                "claim {who}: shutdown Job {attempts} finished but node {node_name} is still up"
-            ),
+            None => {
+                format!("{who}: shutdown Job {attempts} finished but node {node_name} is still up")
+            }
         };
         ctx.publish(slot, EventType::Warning, "ShutdownNotObserved", message).await;
     }

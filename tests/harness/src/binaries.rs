@@ -22,6 +22,10 @@ pub enum Profile {
     /// Cluster plus helm, crane, prometheus, promtool, cluster-autoscaler and cert-manager's
     /// controller and cainjector (the last three built from their source).
     E2e,
+    /// E2e plus what the real machines of [`crate::machine`] run: kubelet, containerd,
+    /// containerd-shim-runc-v2, ctr, runc, the CNI plugins (in `cni/`), our pause program and
+    /// the image made of it (`pause-image.tar`).
+    Machines,
 }
 
 impl Profile {
@@ -30,6 +34,7 @@ impl Profile {
             Profile::Integration => "integration",
             Profile::Cluster => "cluster",
             Profile::E2e => "e2e",
+            Profile::Machines => "machines",
         }
     }
 
@@ -39,7 +44,7 @@ impl Profile {
         if self != Profile::Integration {
             programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
-        if self == Profile::E2e {
+        if matches!(self, Profile::E2e | Profile::Machines) {
             programs.extend([
                 "helm",
                 "crane",
@@ -48,6 +53,20 @@ impl Profile {
                 "cluster-autoscaler",
                 "cert-manager-controller",
                 "cert-manager-cainjector",
+            ]);
+        }
+        if self == Profile::Machines {
+            programs.extend([
+                "kubelet",
+                "containerd",
+                "containerd-shim-runc-v2",
+                "ctr",
+                "runc",
+                "cni/bridge",
+                "cni/host-local",
+                "cni/loopback",
+                "pause",
+                "pause-image.tar",
             ]);
         }
         programs
@@ -70,6 +89,7 @@ impl Binaries {
 static INTEGRATION: OnceCell<Binaries> = OnceCell::const_new();
 static CLUSTER: OnceCell<Binaries> = OnceCell::const_new();
 static E2E: OnceCell<Binaries> = OnceCell::const_new();
+static MACHINES: OnceCell<Binaries> = OnceCell::const_new();
 
 /// Set by `make test-fast`: the run is the fast tier, which must start no Go build and no
 /// control plane, so a suite that asks for one there is misfiled and fails at once.
@@ -85,10 +105,15 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
         );
     }
     // Each profile is a superset of the one before: once a larger one ran, use it.
-    if let Some(all) = E2E.get() {
+    if let Some(all) = MACHINES.get() {
         return Ok(all.clone());
     }
-    if profile != Profile::E2e
+    if profile != Profile::Machines
+        && let Some(e2e) = E2E.get()
+    {
+        return Ok(e2e.clone());
+    }
+    if matches!(profile, Profile::Integration | Profile::Cluster)
         && let Some(cluster) = CLUSTER.get()
     {
         return Ok(cluster.clone());
@@ -97,6 +122,7 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
         Profile::Integration => &INTEGRATION,
         Profile::Cluster => &CLUSTER,
         Profile::E2e => &E2E,
+        Profile::Machines => &MACHINES,
     };
     cell.get_or_try_init(|| run_build_script(profile)).await.cloned()
 }

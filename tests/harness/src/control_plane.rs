@@ -175,6 +175,11 @@ impl ControlPlane {
         &self.kubectl
     }
 
+    /// The control plane's certificates (a real machine's kubelet uses the admin one).
+    pub(crate) fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
     /// The CA that signed the apiserver's certificate, PEM encoded.
     pub fn ca_pem(&self) -> String {
         self.pki.ca_pem()

@@ -33,6 +33,7 @@ pub mod install;
 pub mod invariants;
 mod kwok;
 pub mod lab;
+pub mod machine;
 mod pki;
 mod plane;
 pub mod power_peers;

@@ -64,6 +64,13 @@ echo "[control-plane] could not remove $root" >&2
 exit 1
 "#;
 
+/// The start of a janitor that runs a script of its own ([`Janitor::run`]): it ignores the
+/// signals of a Ctrl-C and waits for its lifeline to close.
+const JANITOR_PROLOGUE: &str = r#"
+trap '' INT TERM HUP
+while read -r _; do :; done
+"#;
+
 /// A child that ends when the test process does: its stdin is the lifeline.
 struct Tethered {
     lifeline: Option<ChildStdin>,
@@ -91,12 +98,23 @@ pub struct Janitor(Tethered);
 impl Janitor {
     /// Starts the janitor for everything under `root`.
     pub fn start(root: &Path) -> Result<Self> {
+        Self::spawn(JANITOR_SCRIPT, &[root.as_os_str()])
+    }
+
+    /// Starts a janitor that runs the bash `script` (with `args` as `$1`…) once the test process
+    /// ends, or when it is dropped: for what is not a directory, such as a real machine's
+    /// network namespaces, cgroups and mounts.
+    pub fn run(script: &str, args: &[&std::ffi::OsStr]) -> Result<Self> {
+        Self::spawn(&format!("{JANITOR_PROLOGUE}{script}"), args)
+    }
+
+    fn spawn(script: &str, args: &[&std::ffi::OsStr]) -> Result<Self> {
         let mut command = Command::new("bash");
         command
             .arg("-c")
-            .arg(JANITOR_SCRIPT)
+            .arg(script)
             .arg("janitor")
-            .arg(root)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let tethered = Tethered::spawn(command).context("starting the janitor (bash)")?;

@@ -1,0 +1,417 @@
+//! Real machines: the tier below kwok's fake nodes. A machine is a network namespace cabled to a
+//! test-owned lan (network.rs), a directory for a disk (disk.rs), a cgroup subtree (cgroups.rs),
+//! and, while it has power (firmware.rs), a real containerd and kubelet running in them (os.rs)
+//! that register a real Node and run real containers (runc) of a locally built image.
+//!
+//! ```ignore
+//! let plane = ControlPlane::shared(Components::CLUSTER).await?;
+//! let lan = Lan::start(plane.api_address())?;
+//! let machine = Machine::create(&plane, &lan, MachineSpec::named("m1")).await?;
+//! machine.power_on().await?;            // the kubelet registers Node m1
+//! machine.link().cut()?;                // the cable is pulled: Node m1 goes Unknown
+//! machine.power_cut().await?;           // every process of the machine is SIGKILLed
+//! ```
+//!
+//! Dropping a machine kills whatever still runs in it and removes its namespace, cgroups, mounts
+//! and directory; a janitor does the same if the test process dies first (process.rs). Needs
+//! root, network namespaces and a cgroup v1 freezer hierarchy; without them it fails, saying so.
+//!
+//! What the machines share with the host, because the kubelet does not let it be configured:
+//! it sets the kernel-wide sysctls vm.overcommit_memory=1, kernel.panic=10 and
+//! kernel.panic_on_oops=1 at start (as on any kubelet's host; they are not per namespace), and
+//! its device-plugin socket is /var/lib/kubelet/device-plugins/kubelet.sock. containerd's CNI
+//! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too.
+//!
+//! Programs: `build-binaries.sh machines` (Profile::Machines), built on first use. Cold build
+//! times on the 2-core dev machine, with another Go build running beside them: kubelet 192 s
+//! (Go's cache already held the modules kube-apiserver shares with it), containerd + shim + ctr
+//! 141 s, runc 28 s (10 s more for seccomp), the CNI plugins 13 s, pause under 1 s.
+
+mod cgroups;
+mod disk;
+mod firmware;
+pub mod netns;
+mod network;
+mod os;
+mod relay;
+mod ssh;
+mod wake_on_lan;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Taint;
+use tokio::sync::Mutex;
+
+pub use disk::PAUSE_IMAGE;
+pub use firmware::PowerState;
+pub use network::{API_PORT, Lan, Link};
+pub use ssh::SSH_PORT;
+pub use wake_on_lan::{WAKE_ON_LAN_PORT, is_magic_packet};
+
+use crate::binaries::{Binaries, Profile, binaries};
+use crate::control_plane::ControlPlane;
+use crate::process::{Janitor, file_tail};
+use cgroups::Cgroups;
+use disk::Disk;
+use firmware::Firmware;
+use ssh::{PowerButtonLine, SshServer};
+use wake_on_lan::WakeListener;
+
+/// The power wiring, run by bash (see its header).
+const BOARD_SCRIPT: &str = include_str!("board.sh");
+
+/// What a machine is: its name (the Node's), and what its kubelet registers the Node with.
+#[derive(Clone, Debug, Default)]
+pub struct MachineSpec {
+    pub name: String,
+    /// `--register-with-taints`.
+    pub taints: Vec<Taint>,
+    /// `--node-labels`.
+    pub labels: BTreeMap<String, String>,
+    /// A public key (`ssh-ed25519 AAAA…`) that may log in to the machine's sshd, whose every
+    /// command powers the machine off; no sshd without it.
+    pub ssh_authorized_key: Option<String>,
+}
+
+impl MachineSpec {
+    pub fn named(name: &str) -> Self {
+        Self { name: name.to_owned(), ..Self::default() }
+    }
+}
+
+/// A real machine. Cheap to clone (a handle); the machine goes when the last handle does.
+#[derive(Clone)]
+pub struct Machine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    // Field order is drop order: the services, then the janitor's teardown of the rest.
+    firmware: Mutex<Firmware>,
+    /// The network card's Wake-on-LAN listener and the OS's line to the power supply: they
+    /// press the machine's buttons from threads of their own, holding only a weak handle.
+    wake: std::sync::Mutex<Option<WakeListener>>,
+    button: std::sync::Mutex<Option<PowerButtonLine>>,
+    /// How many magic packets for its card the machine has received.
+    wakes: AtomicU32,
+    board: Board,
+    link: Link,
+    _janitor: Janitor,
+}
+
+/// Everything about a machine that does not change while it runs.
+pub(crate) struct Board {
+    name: String,
+    address: Ipv4Addr,
+    netns: String,
+    /// Its host number on the lan (the last octet of its address).
+    host: u8,
+    cgroups: Cgroups,
+    disk: Disk,
+    bin: Binaries,
+    spec: MachineSpec,
+    /// Its sshd, when the spec lets a key in.
+    ssh: Option<SshServer>,
+    /// How many times it was powered on; boot n logs into `logs/boot-<n>/`.
+    boots: AtomicU32,
+}
+
+impl Machine {
+    /// Builds (on first use) the machine programs, then creates a machine, powered off, cabled
+    /// to `lan`, its kubelet set up to join `plane`.
+    pub async fn create(plane: &ControlPlane, lan: &Lan, spec: MachineSpec) -> Result<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            bail!("the real-machine tier needs root (network namespaces, cgroups, mounts)");
+        }
+        let bin = binaries(Profile::Machines).await?;
+        let name = spec.name.clone();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("homelab-machine-{name}-"))
+            .tempdir()
+            .context("creating the machine's directory")?
+            .keep();
+        let netns = format!("{}-{name}", lan.id());
+        let cgroups = Cgroups::new(format!("/{}-{name}", lan.id()));
+        // First, so that whatever is made next is removed even if the rest fails.
+        let janitor = Janitor::run(
+            BOARD_SCRIPT,
+            &["teardown".as_ref(), cgroups.root().as_ref(), netns.as_ref(), dir.as_os_str()],
+        )?;
+        let (address, link) = lan.cable(&netns)?;
+        let disk = Disk { dir };
+        let host = address.octets()[3];
+        let pki = plane.pki();
+        disk.write(
+            &disk::Spec {
+                address,
+                pod_subnet: format!("{}/24", Lan::pod_subnet(host)),
+                cgroup: cgroups.root(),
+            },
+            &bin,
+            &pki.ca_cert,
+            &pki.admin_cert,
+            &pki.admin_key,
+        )?;
+        let button = disk.dir.join("power-button");
+        let ssh = match &spec.ssh_authorized_key {
+            Some(key) => Some(SshServer::install(&disk.dir.join("ssh"), address, key, &button)?),
+            None => None,
+        };
+        let board = Board {
+            name,
+            address,
+            netns,
+            host,
+            cgroups,
+            disk,
+            bin,
+            spec,
+            ssh,
+            boots: AtomicU32::new(0),
+        };
+        let machine = Self {
+            inner: Arc::new(Inner {
+                firmware: Mutex::new(Firmware::default()),
+                wake: std::sync::Mutex::new(None),
+                button: std::sync::Mutex::new(None),
+                wakes: AtomicU32::new(0),
+                board,
+                link,
+                _janitor: janitor,
+            }),
+        };
+        machine.wire_buttons(&button)?;
+        Ok(machine)
+    }
+
+    /// Starts the Wake-on-LAN listener and, with an sshd, the power button line. Each presses
+    /// a button on a task of the runtime that created the machine.
+    fn wire_buttons(&self, button: &std::path::Path) -> Result<()> {
+        let runtime = tokio::runtime::Handle::current();
+        let press = |weak: Weak<Inner>, runtime: tokio::runtime::Handle, on: bool| {
+            move || {
+                let Some(inner) = weak.upgrade() else { return };
+                if on {
+                    inner.wakes.fetch_add(1, Ordering::SeqCst);
+                }
+                let machine = Machine { inner };
+                runtime.spawn(async move {
+                    let pressed =
+                        if on { machine.power_on().await } else { machine.shutdown().await };
+                    if let Err(error) = pressed {
+                        eprintln!("machine {}: {error:#}", machine.name());
+                    }
+                });
+            }
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let mac = Lan::mac(self.inner.board.host);
+        let wake =
+            WakeListener::start(self.netns(), mac, press(weak.clone(), runtime.clone(), true))?;
+        *self.inner.wake.lock().map_err(|_| anyhow::anyhow!("wake lock poisoned"))? = Some(wake);
+        if self.inner.board.ssh.is_some() {
+            let line = PowerButtonLine::start(button, press(weak, runtime, false))?;
+            *self.inner.button.lock().map_err(|_| anyhow::anyhow!("button lock poisoned"))? =
+                Some(line);
+        }
+        Ok(())
+    }
+
+    /// Its network card's MAC address (what a Wake-on-LAN packet names).
+    pub fn mac(&self) -> String {
+        Lan::mac(self.inner.board.host).map(|b| format!("{b:02x}")).join(":")
+    }
+
+    /// How many magic packets for its card it has received (each pressed "on").
+    pub fn wakes(&self) -> u32 {
+        self.inner.wakes.load(Ordering::SeqCst)
+    }
+
+    /// Its sshd's host key as `ssh-ed25519 AAAA…`, when it has an sshd.
+    pub fn ssh_host_key(&self) -> Result<String> {
+        let ssh = self.inner.board.ssh.as_ref();
+        ssh.with_context(|| format!("machine {} has no sshd", self.name()))?.host_key()
+    }
+
+    /// The machine's (and its Node's) name.
+    pub fn name(&self) -> &str {
+        &self.inner.board.name
+    }
+
+    /// Its address on the lan (the Node's InternalIP).
+    pub fn address(&self) -> Ipv4Addr {
+        self.inner.board.address
+    }
+
+    /// Its network namespace, as `ip netns` names it.
+    pub fn netns(&self) -> &str {
+        &self.inner.board.netns
+    }
+
+    /// Its cable to the lan.
+    pub fn link(&self) -> &Link {
+        &self.inner.link
+    }
+
+    /// The machine's directory (its disk and logs).
+    pub fn dir(&self) -> PathBuf {
+        self.inner.board.disk.dir.clone()
+    }
+
+    pub async fn power_state(&self) -> PowerState {
+        self.inner.firmware.lock().await.state()
+    }
+
+    /// Powers on (boots containerd and the kubelet); nothing if it is on. Returns once both
+    /// run; the Node registers (or comes back Ready) in the seconds after.
+    pub async fn power_on(&self) -> Result<()> {
+        self.inner.firmware.lock().await.power_on(&self.inner.board).await
+    }
+
+    /// Pulls the plug: every process of the machine is SIGKILLed at once.
+    pub async fn power_cut(&self) -> Result<()> {
+        self.inner.firmware.lock().await.power_cut(&self.inner.board).await
+    }
+
+    /// Shuts down in order (SIGTERM, then SIGKILL after a while).
+    pub async fn shutdown(&self) -> Result<()> {
+        self.inner.firmware.lock().await.shutdown(&self.inner.board).await
+    }
+
+    /// Whether the kubelet process is running (false when off).
+    pub async fn kubelet_running(&self) -> bool {
+        let firmware = self.inner.firmware.lock().await;
+        firmware.os().is_some_and(|os| os.kubelet().exit_status().is_none())
+    }
+
+    /// Fails, with the end of its log, if containerd or the kubelet has exited while the
+    /// machine is on; a machine that is off is fine.
+    pub async fn ensure_running(&self) -> Result<()> {
+        match self.inner.firmware.lock().await.os() {
+            Some(os) => os.ensure_running(),
+            None => Ok(()),
+        }
+    }
+
+    /// The pids of every process of the machine (its services, shims and containers): none
+    /// once it is off.
+    pub fn processes(&self) -> Vec<u32> {
+        self.inner.board.cgroups.processes()
+    }
+
+    /// SIGKILLs the kubelet and starts it again, as a crashed service is restarted; containerd
+    /// and the containers keep running. Fails if the machine is off.
+    pub async fn restart_kubelet(&self) -> Result<()> {
+        let firmware = self.inner.firmware.lock().await;
+        let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
+        os.kubelet().restart()
+    }
+
+    /// Runs `ctr ARGS…` against the machine's containerd, in its `k8s.io` namespace (the
+    /// kubelet's). A failing ctr is not an error here: the caller reads the output.
+    pub async fn ctr(&self, args: &[&str]) -> Result<Output> {
+        self.inner.board.ctr(args).await
+    }
+
+    /// The last `lines` lines of the logs of the machine's latest boot (on or off).
+    pub fn log_tails(&self, lines: usize) -> String {
+        let boots = self.inner.board.boots.load(Ordering::SeqCst);
+        let logs = self.inner.board.disk.logs().join(format!("boot-{boots}"));
+        ["containerd", "kubelet"]
+            .into_iter()
+            .map(|service| {
+                let path = logs.join(format!("{service}.log"));
+                format!(
+                    "\n===== machine {} {service} ({}) =====\n{}\n",
+                    self.name(),
+                    path.display(),
+                    file_tail(&path, lines)
+                )
+            })
+            .collect()
+    }
+}
+
+/// Prints a machine's log tails if the test panics while it is alive (see
+/// [`Machine::logs_on_failure`]).
+pub struct MachineLogs(Machine);
+
+impl Machine {
+    /// A guard that prints the machine's containerd and kubelet log tails if the test panics
+    /// while it is alive: `let _machine_logs = machine.logs_on_failure();`
+    pub fn logs_on_failure(&self) -> MachineLogs {
+        MachineLogs(self.clone())
+    }
+}
+
+impl Drop for MachineLogs {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("machine logs at the failure:{}", self.0.log_tails(60));
+        }
+    }
+}
+
+impl Board {
+    /// Runs a board.sh command (cut, signal, wait-empty).
+    async fn run(&self, command: &str, args: &[&str]) -> Result<()> {
+        let output = tokio::process::Command::new("bash")
+            .arg("-c")
+            .arg(BOARD_SCRIPT)
+            .arg("board")
+            .arg(command)
+            .args(args)
+            .output()
+            .await
+            .with_context(|| format!("running board.sh {command}"))?;
+        os::check(output).with_context(|| format!("board.sh {command} {}", args.join(" ")))
+    }
+
+    async fn ctr(&self, args: &[&str]) -> Result<Output> {
+        tokio::process::Command::new(self.bin.path("ctr"))
+            .arg("--address")
+            .arg(self.disk.containerd_socket())
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+            .await
+            .with_context(|| format!("running ctr {}", args.join(" ")))
+    }
+
+    fn kubelet_args(&self) -> Vec<String> {
+        let taints: Vec<String> = self
+            .spec
+            .taints
+            .iter()
+            .map(|t| match &t.value {
+                Some(value) => format!("{}={value}:{}", t.key, t.effect),
+                None => format!("{}:{}", t.key, t.effect),
+            })
+            .collect();
+        let labels: Vec<String> =
+            self.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut args = vec![
+            format!("--config={}", self.disk.kubelet_config().display()),
+            format!("--kubeconfig={}", self.disk.kubelet_kubeconfig().display()),
+            format!("--root-dir={}", self.disk.kubelet_root().display()),
+            // Its default is /var/lib/kubelet/pki whatever the root dir: machines would share it.
+            format!("--cert-dir={}", self.disk.kubelet_root().join("pki").display()),
+            format!("--hostname-override={}", self.name),
+            format!("--node-ip={}", self.address),
+            "--v=2".to_owned(),
+        ];
+        if !taints.is_empty() {
+            args.push(format!("--register-with-taints={}", taints.join(",")));
+        }
+        if !labels.is_empty() {
+            args.push(format!("--node-labels={}", labels.join(",")));
+        }
+        args
+    }
+}

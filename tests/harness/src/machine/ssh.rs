@@ -1,0 +1,138 @@
+//! A machine's OS answering an SSH shutdown: a real sshd, started at every boot inside the
+//! machine (its network namespace and cgroup, so a power cut or a shutdown ends it as it ends
+//! the kubelet), that lets one client key in and, whatever command it is given, runs what
+//! `systemctl poweroff` does here: it tells the machine's power button line (a FIFO the test
+//! process reads) to shut the machine down, and returns. The host key is made once, so it stays
+//! the same across boots, as a real machine's does.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result, bail};
+
+use crate::power_peers::require;
+
+/// The port the machine's sshd listens on, at the machine's address.
+pub const SSH_PORT: u16 = 22;
+/// What the line carries for a shutdown.
+const POWEROFF: &str = "poweroff";
+
+/// The sshd of a machine: its configuration and keys on the machine's disk.
+pub(crate) struct SshServer {
+    dir: PathBuf,
+}
+
+impl SshServer {
+    /// Writes the host key, the authorized client key and sshd's configuration under `dir`,
+    /// listening on `address`; `button` is the FIFO a shutdown is written to.
+    pub(crate) fn install(
+        dir: &Path,
+        address: std::net::Ipv4Addr,
+        authorized_key: &str,
+        button: &Path,
+    ) -> Result<Self> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let host_key = dir.join("ssh_host_ed25519_key");
+        let output = Command::new(require("ssh-keygen")?)
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&host_key)
+            .output()
+            .context("running ssh-keygen for the machine's host key")?;
+        if !output.status.success() {
+            bail!("ssh-keygen failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        }
+        let authorized = dir.join("authorized_keys");
+        fs::write(&authorized, format!("{}\n", authorized_key.trim()))
+            .with_context(|| format!("writing {}", authorized.display()))?;
+        fs::set_permissions(&authorized, fs::Permissions::from_mode(0o600))?;
+        // sshd needs its privilege-separation directory on the host.
+        fs::create_dir_all("/run/sshd").context("creating /run/sshd")?;
+        let config = format!(
+            "ListenAddress {address}:{SSH_PORT}\nHostKey {host}\nPidFile {pid}\n\
+             AuthorizedKeysFile {authorized}\nPubkeyAuthentication yes\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+             StrictModes no\nPermitRootLogin prohibit-password\n\
+             ForceCommand echo {POWEROFF} > {button}\n",
+            host = host_key.display(),
+            pid = dir.join("sshd.pid").display(),
+            authorized = authorized.display(),
+            button = button.display(),
+        );
+        fs::write(dir.join("sshd_config"), config).context("writing sshd_config")?;
+        Ok(Self { dir: dir.to_owned() })
+    }
+
+    /// The host key as a known-hosts line holds it: `ssh-ed25519 AAAA…`.
+    pub(crate) fn host_key(&self) -> Result<String> {
+        let path = self.dir.join("ssh_host_ed25519_key.pub");
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(text.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+    }
+
+    /// The program and arguments that run sshd in the foreground with this configuration.
+    pub(crate) fn command(&self) -> Result<(PathBuf, Vec<String>)> {
+        let config = self.dir.join("sshd_config").display().to_string();
+        Ok((require("sshd")?, vec!["-D".into(), "-e".into(), "-f".into(), config]))
+    }
+}
+
+/// The line from the OS to the power supply: a FIFO read by a thread of the test process, which
+/// presses "shut down" when a `poweroff` arrives. Dropping it stops the thread.
+pub(crate) struct PowerButtonLine {
+    fifo: PathBuf,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl PowerButtonLine {
+    pub(crate) fn start(fifo: &Path, shut_down: impl Fn() + Send + 'static) -> Result<Self> {
+        let status = Command::new("mkfifo")
+            .arg("-m")
+            .arg("0600")
+            .arg(fifo)
+            .status()
+            .context("running mkfifo")?;
+        if !status.success() {
+            bail!("mkfifo {} failed: {status}", fifo.display());
+        }
+        let stopping = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (fifo, stopping) = (fifo.to_owned(), stopping.clone());
+            std::thread::Builder::new()
+                .name("power-button".into())
+                .spawn(move || {
+                    // Each open waits for a writer; the text is whole once it closes.
+                    while !stopping.load(Ordering::SeqCst) {
+                        let Ok(text) = fs::read_to_string(&fifo) else { return };
+                        if !stopping.load(Ordering::SeqCst) && text.contains(POWEROFF) {
+                            shut_down();
+                        }
+                    }
+                })
+                .context("starting the power button line")?
+        };
+        Ok(Self { fifo: fifo.to_owned(), stopping, thread: Some(thread) })
+    }
+}
+
+impl Drop for PowerButtonLine {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // The reader waits in open until a writer comes: be that writer, with nothing to say.
+        let unblock =
+            fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_NONBLOCK).open(&self.fifo);
+        if let Ok(mut writer) = unblock {
+            let _ = writer.flush();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
