@@ -18,7 +18,8 @@
 //!
 //! What the machines share with the host, because the kubelet does not let it be configured:
 //! it sets the kernel-wide sysctls vm.overcommit_memory=1, kernel.panic=10 and
-//! kernel.panic_on_oops=1 at start (as on any kubelet's host; they are not per namespace), and
+//! kernel.panic_on_oops=1 at start (as on any kubelet's host; they are not per namespace; the
+//! host's own values are put back whenever a machine goes, see host_sysctls.rs), and
 //! its device-plugin socket is /var/lib/kubelet/device-plugins/kubelet.sock. containerd's CNI
 //! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too.
 //!
@@ -30,6 +31,7 @@
 mod cgroups;
 mod disk;
 mod firmware;
+mod host_sysctls;
 pub mod netns;
 mod network;
 mod os;
@@ -130,6 +132,7 @@ impl Machine {
             bail!("the real-machine tier needs root (network namespaces, cgroups, mounts)");
         }
         let bin = binaries(Profile::Machines).await?;
+        host_sysctls::record()?;
         let name = spec.name.clone();
         let dir = tempfile::Builder::new()
             .prefix(&format!("homelab-machine-{name}-"))
@@ -335,6 +338,13 @@ impl Machine {
                 )
             })
             .collect()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Runs before the fields go; the kubelet sets these only when it starts.
+        host_sysctls::restore();
     }
 }
 
