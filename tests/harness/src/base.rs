@@ -1,7 +1,6 @@
 //! The core of the control plane, etcd and kube-apiserver: their flags, the admin kubeconfig,
 //! and how each is known to be ready.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,18 +17,9 @@ use crate::{progress, wait};
 /// The Service ClusterIP range; kwok's pod CIDR is chosen outside it.
 pub(crate) const SERVICE_CIDR: &str = "10.96.0.0/16";
 
-/// Three distinct free ports on 127.0.0.1: all listeners are held until each has a port.
+/// Three distinct free ports on 127.0.0.1 (see [`crate::ports`]).
 pub(crate) fn free_ports() -> Result<[u16; 3]> {
-    let listeners = [
-        TcpListener::bind("127.0.0.1:0"),
-        TcpListener::bind("127.0.0.1:0"),
-        TcpListener::bind("127.0.0.1:0"),
-    ];
-    let mut ports = [0; 3];
-    for (port, listener) in ports.iter_mut().zip(listeners) {
-        *port = listener.and_then(|l| l.local_addr()).context("finding a free port")?.port();
-    }
-    Ok(ports)
+    crate::ports::free_ports()
 }
 
 pub(crate) async fn start_etcd(

@@ -283,9 +283,9 @@ pub fn mount_secret(dir: &Path, data: &BTreeMap<String, ByteString>) -> Result<(
     Ok(())
 }
 
-/// A free loopback port.
+/// A free loopback port (see [`crate::ports`]).
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    crate::ports::free_port()
 }
 
 /// The leaf certificate (DER) a TLS server on `127.0.0.1:port` presents for `name`, verified

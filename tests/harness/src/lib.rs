@@ -36,6 +36,7 @@ pub mod lab;
 pub mod machine;
 mod pki;
 mod plane;
+pub mod ports;
 pub mod power_peers;
 mod process;
 mod resources;

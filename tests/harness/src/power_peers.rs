@@ -4,7 +4,7 @@
 //! its test with the command that installs it.
 //! Each peer runs in its own temporary directory and stops when dropped.
 
-use std::net::{TcpListener, UdpSocket};
+use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -44,7 +44,7 @@ pub fn require(program: &str) -> Result<PathBuf> {
 }
 
 fn free_tcp_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    crate::ports::free_port()
 }
 
 fn free_udp_port() -> Result<u16> {

@@ -125,7 +125,7 @@ impl Replica {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    crate::ports::free_port()
 }
 
 /// The operator binary next to the running test or example (cargo builds it first).
