@@ -257,10 +257,7 @@ async fn admission_webhooks_are_called_at_the_registered_url() {
 
     // Nothing listens on this port, so a called webhook fails, and failurePolicy Fail turns
     // that into a refusal that names the URL the apiserver called.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port();
+    let port = homelab_harness::ports::free_port().expect("free port");
     let configuration = format!(
         r#"
 apiVersion: admissionregistration.k8s.io/v1

@@ -382,8 +382,7 @@ async fn ready_waits_for_the_caches() {
     .unwrap()
     .write_secret_layout(dir.path())
     .unwrap();
-    let port =
-        |()| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = |()| homelab_harness::ports::free_port().unwrap();
     let (admin, webhook) = (port(()), port(()));
     let admin = format!("127.0.0.1:{admin}");
     let log = dir.path().join("operator.log");

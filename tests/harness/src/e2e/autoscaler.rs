@@ -87,7 +87,7 @@ impl Autoscaler {
                 certs.join("ca.crt").display(),
             ),
         )?;
-        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let metrics_port = crate::ports::free_port()?;
         let metrics_addr = format!("127.0.0.1:{metrics_port}");
         let secs = |d: Duration| format!("{}s", d.as_secs());
         let mut args = vec![
