@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the operator's OCI image without a container engine: a static binary
 # (x86_64-unknown-linux-gnu with crt-static; the musl target is not needed), one layer holding
-# it, packed with crane into an OCI image layout tarball (`oci-archive`: podman load, skopeo,
+# it, packed by scripts/oci-archive.sh into an OCI image layout tarball (`oci-archive`: podman load, skopeo,
 # ctr import, docker load on Docker 25+). Same image as the Dockerfile: scratch, non-root,
 # entrypoint the binary, OCI labels. linux/amd64 only. A static glibc binary cannot load NSS
 # modules, so getaddrinfo resolves no names in it: the power drivers ask the nameservers in
@@ -32,9 +32,7 @@ bin_dir=$("$root/tests/harness/build-binaries.sh" e2e | tail -n 1)
 crane=$bin_dir/crane
 
 work=$(mktemp -d)
-registry_pid=""
-cleanup() { [[ -n $registry_pid ]] && kill "$registry_pid" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 
 # One layer, reproducible: fixed owner, mode and time.
 mkdir -p "$work/rootfs/tmp"
@@ -42,21 +40,8 @@ install -m 0755 "$binary" "$work/rootfs/homelab-autoscaler"
 chmod 1777 "$work/rootfs/tmp"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/rootfs" -cf "$work/layer.tar" homelab-autoscaler tmp
 
-# crane mutates images in a registry: an in-memory one on loopback, for the length of the build.
-"$crane" registry serve --address 127.0.0.1:0 >"$work/registry.log" 2>&1 &
-registry_pid=$!
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/.*serving on port \([0-9]*\).*/\1/p' "$work/registry.log")
-  [[ -n $port ]] && break
-  sleep 0.1
-done
-[[ -n $port ]] || { log "crane's registry did not start: $(cat "$work/registry.log")"; exit 1; }
-ref=127.0.0.1:$port/homelab-autoscaler:$tag
-"$crane" append --oci-empty-base -f "$work/layer.tar" -t "$ref" >/dev/null
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-"$crane" mutate "$ref" -t "$ref" \
-  --set-platform linux/amd64 \
+"$root/scripts/oci-archive.sh" "$crane" "$work/layer.tar" "$out" "$image:$tag" \
   --entrypoint /homelab-autoscaler --cmd run \
   --user 65532:65532 --workdir / \
   -l org.opencontainers.image.title=homelab-autoscaler \
@@ -64,13 +49,5 @@ revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
   -l "org.opencontainers.image.revision=$revision" \
   -l org.opencontainers.image.source=https://github.com/homecluster-dev/homelab-autoscaler \
   -l org.opencontainers.image.licenses=Apache-2.0 \
-  -l "org.opencontainers.image.ref.name=$image:$tag" >/dev/null
-"$crane" pull --format=oci "$ref" "$work/oci"
-# The layout's index names the image, as skopeo and podman read it (crane's names nothing).
-digest=$("$crane" digest "$ref")
-size=$("$crane" manifest "$ref" | wc -c)
-printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","size":%d,"digest":"%s","annotations":{"org.opencontainers.image.ref.name":"%s"}}]}\n' \
-  "$size" "$digest" "$image:$tag" > "$work/oci/index.json"
-mkdir -p "$(dirname "$out")"
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/oci" -cf "$out" .
+  -l "org.opencontainers.image.ref.name=$image:$tag"
 log "wrote $out ($image:$tag, $(du -h "$out" | cut -f1))"

@@ -16,10 +16,11 @@ use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATI
 use homelab_harness::claims::{phase, provider_claim_for, reason};
 use homelab_harness::http::ShellyMeter;
 use homelab_harness::lab::{Lab, With};
+use homelab_harness::slots::{self, node_reporting};
 use homelab_harness::{Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, stays};
-use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
+use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
@@ -182,12 +183,7 @@ impl LabSteps for Lab {
     }
 
     async fn event_reasons(&self, name: &str) -> Vec<String> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
-        let list = events
-            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-            .await
-            .expect("events");
-        list.items.into_iter().filter_map(|e| e.reason).collect()
+        slots::event_reasons(&self.client, &self.ns, name).await.expect("events")
     }
 }
 
@@ -467,12 +463,6 @@ async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
     })
     .await
     .expect("node removed");
-}
-
-fn node_reporting(slot: &Node) -> Option<(bool, String)> {
-    let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let c = conditions.iter().find(|c| c.type_ == "NodeReporting")?;
-    Some((c.status == "True", c.message.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,13 +15,14 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::claim::Timeouts;
-use homelab_autoscaler::clock::SystemClock;
-use homelab_autoscaler::controller::{self, Context, MachineSettings};
+use homelab_autoscaler::controller::MachineSettings;
 use homelab_harness::claims::{phase, provider_claim_for};
+use homelab_harness::lab::spawn_controllers;
 use homelab_harness::machine::{Lan, Machine, MachineSpec, PowerState};
+use homelab_harness::slots::{event_reasons, node_reporting};
 use homelab_harness::{Components, ControlPlane, eventually, ready_status, test_namespace};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Node as CoreNode};
+use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -109,25 +110,16 @@ async fn pool_machine(plane: &ControlPlane, lan: &Lan, name: &str) -> Result<(Ma
 
 /// The operator's controllers for `ns`, in this process, with power Jobs from `image`.
 async fn start_operator(client: &kube::Client, ns: &str, image: &str) -> CancellationToken {
-    let token = CancellationToken::new();
-    let (ctx, inputs) = Context::start(
-        client.clone(),
-        ns,
-        timeouts(),
-        MachineSettings {
-            drain_timeout: Duration::from_secs(5),
-            off_node_grace: Duration::from_secs(20),
-            // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s.
-            node_monitor_grace: Duration::from_secs(25),
-            meter_interval: Duration::from_secs(60),
-        },
-        image.into(),
-        Arc::new(SystemClock),
-    )
-    .await
-    .expect("controller context");
-    tokio::spawn(controller::run(ctx, inputs, token.clone()));
-    token
+    let settings = MachineSettings {
+        drain_timeout: Duration::from_secs(5),
+        off_node_grace: Duration::from_secs(20),
+        // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s.
+        node_monitor_grace: Duration::from_secs(25),
+        meter_interval: Duration::from_secs(60),
+    };
+    let stop = CancellationToken::new();
+    spawn_controllers(client, ns, timeouts(), settings, image, &stop).await;
+    stop
 }
 
 /// The pool as a user writes it, applied with kubectl: a Group and one slot whose power is the
@@ -210,19 +202,6 @@ async fn assert_not_stranded(seen: &Mutex<Vec<String>>, nodes: &Api<CoreNode>, n
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
     let node = nodes.get_opt(name).await.ok().flatten().map(|n| n.metadata.uid);
     assert!(seen.is_empty(), "machine {name} ran without its Node (now {node:?}): {seen:?}");
-}
-
-async fn event_reasons(client: &kube::Client, ns: &str, name: &str) -> Result<Vec<String>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let list =
-        events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await?;
-    Ok(list.items.into_iter().filter_map(|e| e.reason).collect())
-}
-
-fn node_reporting(slot: &Node) -> Option<(bool, String)> {
-    let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let c = conditions.iter().find(|c| c.type_ == "NodeReporting")?;
-    Some((c.status == "True", c.message.clone()))
 }
 
 /// A machine running with no claim loses its link for longer than `--off-node-grace` and gets

@@ -179,9 +179,9 @@ build_cert_manager() {
 }
 
 # The real machines' only image, localhost/homelab/pause:1: our pause program as entrypoint, one
-# layer, packed by crane (through an in-memory registry on loopback, as scripts/build-image.sh
-# does) into an OCI archive that `ctr images import` names from its index. No registry serves
-# the tests, so the machines' containerd is given it (sandbox image and test workload alike).
+# layer, packed by scripts/oci-archive.sh into an OCI archive that `ctr images import` names
+# from its index. No registry serves the tests, so the machines' containerd is given it (sandbox
+# image and test workload alike).
 # Keyed by the pause binary and crane.
 build_pause_image() {
   local out="$bin/pause-image.tar" name=localhost/homelab/pause:1 key
@@ -189,32 +189,11 @@ build_pause_image() {
   if [[ -f $out && "$(cat "$(key_file pause-image.tar)" 2>/dev/null)" == "$key" ]]; then
     log "pause-image.tar: cached"; return 0
   fi
-  local work registry=""; work=$(mktemp -d "$cache/build.XXXXXX")
+  local work; work=$(mktemp -d "$cache/build.XXXXXX")
   mkdir -p "$work/rootfs"
   install -m 0755 "$bin/pause" "$work/rootfs/pause"
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/rootfs" -cf "$work/layer.tar" pause
-  "$bin/crane" registry serve --address 127.0.0.1:0 >"$work/registry.log" 2>&1 &
-  registry=$!
-  # set -e ends the script at a failing crane: the registry must not outlive it.
-  trap 'kill "$registry" 2>/dev/null' EXIT
-  local port="" ref
-  for _ in $(seq 100); do
-    port=$(sed -n 's/.*serving on port \([0-9]*\).*/\1/p' "$work/registry.log")
-    [[ -n $port ]] && break
-    sleep 0.1
-  done
-  [[ -n $port ]] || { log "crane's registry did not start: $(cat "$work/registry.log")"; return 1; }
-  ref=127.0.0.1:$port/homelab/pause:1
-  "$bin/crane" append --oci-empty-base -f "$work/layer.tar" -t "$ref" >/dev/null
-  "$bin/crane" mutate "$ref" -t "$ref" --set-platform linux/amd64 --entrypoint /pause >/dev/null
-  "$bin/crane" pull --format=oci "$ref" "$work/oci"
-  local digest size
-  digest=$("$bin/crane" digest "$ref"); size=$("$bin/crane" manifest "$ref" | wc -c)
-  kill "$registry"; wait "$registry" 2>/dev/null || true
-  trap - EXIT
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","size":%d,"digest":"%s","annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}\n' \
-    "$size" "$digest" "$name" "$name" > "$work/oci/index.json"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/oci" -cf "$out" .
+  "$here/../../scripts/oci-archive.sh" "$bin/crane" "$work/layer.tar" "$out" "$name" --entrypoint /pause
   echo "$key" > "$(key_file pause-image.tar)"
   rm -rf "$work"
   log "built pause-image.tar ($name)"

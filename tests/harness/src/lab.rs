@@ -54,30 +54,42 @@ pub struct Lab {
 /// The image the lab's power Jobs name (kwok-less labs never run their pods).
 pub const LAB_POWER_IMAGE: &str = "registry.invalid/homelab-autoscaler:lab";
 
+/// The machine settings of the lab's controllers.
+fn lab_settings() -> MachineSettings {
+    MachineSettings {
+        drain_timeout: Duration::from_secs(5),
+        off_node_grace: Duration::from_secs(10),
+        // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
+        node_monitor_grace: Duration::from_secs(30),
+        // Often enough that a suite sees a plug's reading within seconds.
+        meter_interval: Duration::from_secs(2),
+    }
+}
+
 async fn start_controllers(
     client: &Client,
     ns: &str,
     timeouts: Timeouts,
     stop: &CancellationToken,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    spawn_controllers(client, ns, timeouts, lab_settings(), LAB_POWER_IMAGE, stop).await
+}
+
+/// The operator's controllers for `ns`, in process, their power Jobs running `image`: stopped
+/// by the returned token (a child of `stop`), or aborted through the returned task.
+pub async fn spawn_controllers(
+    client: &Client,
+    ns: &str,
+    timeouts: Timeouts,
+    settings: MachineSettings,
+    image: &str,
+    stop: &CancellationToken,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = stop.child_token();
-    let (ctx, inputs) = Context::start(
-        client.clone(),
-        ns,
-        timeouts,
-        MachineSettings {
-            drain_timeout: Duration::from_secs(5),
-            off_node_grace: Duration::from_secs(10),
-            // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
-            node_monitor_grace: Duration::from_secs(30),
-            // Often enough that a suite sees a plug's reading within seconds.
-            meter_interval: Duration::from_secs(2),
-        },
-        LAB_POWER_IMAGE.into(),
-        Arc::new(SystemClock),
-    )
-    .await
-    .expect("controller context");
+    let (ctx, inputs) =
+        Context::start(client.clone(), ns, timeouts, settings, image.into(), Arc::new(SystemClock))
+            .await
+            .expect("controller context");
     let task = tokio::spawn(controller::run(ctx, inputs, token.clone()));
     (token, task)
 }

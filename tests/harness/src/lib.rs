@@ -40,6 +40,7 @@ pub mod ports;
 pub mod power_peers;
 mod process;
 mod resources;
+pub mod slots;
 mod test_namespace;
 mod wait;
 pub mod yaml_readers;

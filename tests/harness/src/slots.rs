@@ -1,0 +1,26 @@
+//! Slots and the events about them as the tests read them.
+
+use homelab_autoscaler::api::Node;
+use k8s_openapi::api::core::v1::Event;
+use kube::Client;
+use kube::api::{Api, ListParams};
+
+/// The slot's condition `type_`: whether it is `True`, and its message.
+pub fn condition(slot: &Node, type_: &str) -> Option<(bool, String)> {
+    let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let c = conditions.iter().find(|c| c.type_ == type_)?;
+    Some((c.status == "True", c.message.clone()))
+}
+
+/// The slot's `NodeReporting` condition: whether its kubelet reports, and why not.
+pub fn node_reporting(slot: &Node) -> Option<(bool, String)> {
+    condition(slot, "NodeReporting")
+}
+
+/// The reasons of the events in `ns` about the object named `name`, oldest first.
+pub async fn event_reasons(client: &Client, ns: &str, name: &str) -> kube::Result<Vec<String>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list =
+        events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await?;
+    Ok(list.items.into_iter().filter_map(|e| e.reason).collect())
+}
