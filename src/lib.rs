@@ -19,6 +19,7 @@ pub mod grpc;
 pub mod job_outcome;
 pub mod machine;
 pub mod manifests;
+pub mod node_declaration;
 pub mod operator;
 pub mod phase;
 pub mod pin_cli;

@@ -293,6 +293,7 @@ const PURE: &[&str] = &[
     "schedule",
     "machine.rs",
     "job_outcome.rs",
+    "node_declaration",
     "savings.rs",
     "scaler/demand.rs",
     "scaler/target.rs",

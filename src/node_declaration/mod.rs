@@ -1,5 +1,7 @@
-//! What the slot side keeps on its machine's Kubernetes node, computed as the node it wants and
-//! written as one merge patch of the difference:
+//! What a slot's machine's Kubernetes node carries from its slot, computed as the node the slot
+//! wants. The slot controller writes it as one merge patch of the difference ([`patch`]); the
+//! node admission webhook puts what a kubelet may carry onto the node as it is created
+//! ([`registration`]), so a fresh node is never without its marks:
 //!
 //! - identity: the group and slot labels, and a providerID when the node registered without one;
 //! - what the slot declares (`nodeLabels`, `nodeTaints`): written when the node registers, while
@@ -9,13 +11,16 @@
 //!   holds only if the operator writes them. What it last wrote is recorded on the node
 //!   ([`DECLARED_ANNOTATION`]), so a label or taint the slot no longer declares is taken off,
 //!   and every label and taint that someone else put on is left alone;
-//! - cluster-autoscaler's marks ([`super::autoscaler_marks`]).
+//! - cluster-autoscaler's marks ([`marks`]).
 //!
 //! The taint list is replaced whole by a merge patch, so every patch carries the
 //! resourceVersion it was computed from: a concurrent write makes it conflict, and the writer
-//! (`observe::write_node`) computes it again at once on a fresh read of the node, rather than
-//! dropping what the other writer added. A fresh node changes several times a second while it
-//! registers, and the readiness gate waits for this write (docs/decisions.md, D13).
+//! computes it again at once on a fresh read of the node, rather than dropping what the other
+//! writer added. A fresh node changes several times a second while it registers, and the
+//! readiness gate waits for this write (docs/decisions.md, D13).
+
+pub mod marks;
+pub mod registration;
 
 use std::collections::BTreeMap;
 
@@ -23,7 +28,7 @@ use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::autoscaler_marks::{self, Marks};
+use self::marks::Marks;
 use crate::api::{LABEL_GROUP, LABEL_SLOT, Node};
 use crate::machine;
 
@@ -153,7 +158,16 @@ impl Wanted {
     }
 
     fn marks(&mut self, want: &Marks) {
-        autoscaler_marks::apply(&mut self.taints, &mut self.annotations, want);
+        marks::apply(&mut self.taints, &mut self.annotations, want);
+    }
+
+    /// Puts these fields onto `node`.
+    fn write_into(self, node: &mut CoreNode) {
+        node.metadata.labels = Some(self.labels);
+        node.metadata.annotations = Some(self.annotations);
+        let spec = node.spec.get_or_insert_with(Default::default);
+        spec.taints = Some(self.taints);
+        spec.provider_id = self.provider_id;
     }
 }
 
@@ -293,7 +307,7 @@ mod tests {
         let fresh = node(
             &[("kubernetes.io/hostname", "m1")],
             &[],
-            vec![taint(autoscaler_marks::STARTUP_TAINT, Some("true"), "NoSchedule")],
+            vec![taint(marks::STARTUP_TAINT, Some("true"), "NoSchedule")],
             None,
         );
         let booting = Marks { startup_taint: true, protected_for: None };
@@ -303,7 +317,7 @@ mod tests {
         assert_eq!(labels[LABEL_GROUP], "pool");
         assert_eq!(labels[LABEL_SLOT], "m1");
         assert_eq!(labels["kubernetes.io/hostname"], "m1", "the kubelet's own label stays");
-        assert_eq!(keys(&after), [autoscaler_marks::STARTUP_TAINT, "dedicated"]);
+        assert_eq!(keys(&after), [marks::STARTUP_TAINT, "dedicated"]);
         assert_eq!(after.spec.unwrap().provider_id.as_deref(), Some("homelab://m1"));
     }
 
@@ -362,7 +376,7 @@ mod tests {
         let booting = Marks { startup_taint: true, protected_for: None };
         let after = converge(&declared, &resumed, &booting);
         assert_eq!(after.metadata.labels.as_ref().unwrap()["a"], "1");
-        assert_eq!(keys(&after), ["other", "dedicated", autoscaler_marks::STARTUP_TAINT]);
+        assert_eq!(keys(&after), ["other", "dedicated", marks::STARTUP_TAINT]);
         // A declared taint in place stays in place: nothing to write.
         let mut in_place = after.clone();
         let taints = in_place.spec.as_mut().unwrap().taints.as_mut().unwrap();
@@ -375,7 +389,7 @@ mod tests {
         let declared = slot(&[], vec![taint("dedicated", None, "NoSchedule")], None);
         let booting = Marks { startup_taint: true, protected_for: None };
         let synced = converge(&declared, &node(&[], &[], vec![], None), &booting);
-        assert_eq!(keys(&synced), ["dedicated", autoscaler_marks::STARTUP_TAINT]);
+        assert_eq!(keys(&synced), ["dedicated", marks::STARTUP_TAINT]);
         let gate_passed = converge(&declared, &synced, &Marks::default());
         assert_eq!(keys(&gate_passed), ["dedicated"]);
     }

@@ -4,7 +4,9 @@
 //! controllers' and pass untouched; DELETE is never intercepted, so a claim can always be
 //! deleted to power a machine off), and a namespace selector that names the operator's
 //! namespace alone, so kube-system (or any other namespace) is never blocked, even while the
-//! operator is down. The failure policy and timeout are chosen per webhook: see [`POLICIES`]
+//! operator is down. One webhook reaches further: a Kubernetes Node's creation (a kubelet
+//! registering), which is cluster-scoped, so it is `Ignore` with a short timeout and only ever
+//! adds to the node. The failure policy and timeout are chosen per webhook: see [`POLICIES`]
 //! and docs/reliability.md.
 
 use std::collections::BTreeMap;
@@ -24,6 +26,8 @@ pub const PATH_MUTATE_CLAIM: &str = "/mutate/nodeclaims";
 pub const PATH_VALIDATE_CLAIM: &str = "/validate/nodeclaims";
 pub const PATH_VALIDATE_SLOT: &str = "/validate/nodes";
 pub const PATH_VALIDATE_GROUP: &str = "/validate/groups";
+/// Kubernetes Nodes (the core kind), not slots.
+pub const PATH_MUTATE_KUBERNETES_NODE: &str = "/mutate/kubernetes-nodes";
 /// The name of both configurations.
 pub const CONFIGURATION_NAME: &str = "homelab-autoscaler";
 /// The Service and cert-manager Certificate the chart creates for the webhook server.
@@ -43,6 +47,7 @@ pub const STAMP_CLAIMS: &str = "stamp.nodeclaims.infra.homecluster.dev";
 pub const VALIDATE_CLAIMS: &str = "nodeclaims.infra.homecluster.dev";
 pub const VALIDATE_SLOTS: &str = "nodes.infra.homecluster.dev";
 pub const VALIDATE_GROUPS: &str = "groups.infra.homecluster.dev";
+pub const DECLARE_KUBERNETES_NODES: &str = "registration.kubernetes-nodes.infra.homecluster.dev";
 
 /// The failure policy and timeout of each webhook, and why.
 ///
@@ -58,11 +63,20 @@ pub const VALIDATE_GROUPS: &str = "groups.infra.homecluster.dev";
 ///   leaves room for a slow apiserver.
 /// - Groups: `Fail`, 10 s. A driver switch under live claims would hand a pool's boots to a
 ///   second scaler; edited by people, as slots.
-pub const POLICIES: [WebhookPolicy; 4] = [
+/// - Kubernetes Nodes (create only): `Ignore`, 2 s. Nodes are cluster-scoped, so every kubelet's
+///   registration in the cluster passes here, and none may wait on the operator: unanswered, a
+///   node registers as the kubelet sent it, and the slot controller's first write brings its
+///   declaration as it would without this webhook.
+pub const POLICIES: [WebhookPolicy; 5] = [
     WebhookPolicy { webhook: STAMP_CLAIMS, failure_policy: "Fail", timeout_seconds: 5 },
     WebhookPolicy { webhook: VALIDATE_CLAIMS, failure_policy: "Fail", timeout_seconds: 5 },
     WebhookPolicy { webhook: VALIDATE_SLOTS, failure_policy: "Fail", timeout_seconds: 10 },
     WebhookPolicy { webhook: VALIDATE_GROUPS, failure_policy: "Fail", timeout_seconds: 10 },
+    WebhookPolicy {
+        webhook: DECLARE_KUBERNETES_NODES,
+        failure_policy: "Ignore",
+        timeout_seconds: 2,
+    },
 ];
 
 fn policy(webhook: &str) -> WebhookPolicy {
@@ -113,6 +127,17 @@ fn rule(resource: &str, operations: &[&str]) -> Vec<RuleWithOperations> {
     }]
 }
 
+/// Creates of the core Node kind: a kubelet registering.
+fn kubernetes_node_creates() -> Vec<RuleWithOperations> {
+    vec![RuleWithOperations {
+        api_groups: Some(vec![String::new()]),
+        api_versions: Some(vec!["v1".into()]),
+        operations: Some(vec!["CREATE".into()]),
+        resources: Some(vec!["nodes".into()]),
+        scope: Some("Cluster".into()),
+    }]
+}
+
 fn only_namespace(namespace: &str) -> LabelSelector {
     LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
@@ -137,7 +162,8 @@ fn metadata(cert_manager_ca_from: Option<&str>) -> ObjectMeta {
     }
 }
 
-/// The mutating configuration: stamps new NodeClaims.
+/// The mutating configuration: stamps new NodeClaims, and gives a registering Kubernetes Node
+/// what its slot declares.
 pub fn mutating(
     endpoint: &Endpoint,
     namespace: &str,
@@ -146,19 +172,35 @@ pub fn mutating(
 ) -> MutatingWebhookConfiguration {
     MutatingWebhookConfiguration {
         metadata: metadata(cert_manager_ca_from),
-        webhooks: Some(vec![MutatingWebhook {
-            name: STAMP_CLAIMS.into(),
-            client_config: client_config(endpoint, PATH_MUTATE_CLAIM, ca_bundle),
-            rules: Some(rule("nodeclaims", &["CREATE"])),
-            namespace_selector: Some(only_namespace(namespace)),
-            failure_policy: Some(policy(STAMP_CLAIMS).failure_policy.into()),
-            side_effects: "None".into(),
-            timeout_seconds: Some(policy(STAMP_CLAIMS).timeout_seconds),
-            admission_review_versions: vec!["v1".into()],
-            match_policy: Some("Equivalent".into()),
-            reinvocation_policy: Some("IfNeeded".into()),
-            ..MutatingWebhook::default()
-        }]),
+        webhooks: Some(vec![
+            MutatingWebhook {
+                name: STAMP_CLAIMS.into(),
+                client_config: client_config(endpoint, PATH_MUTATE_CLAIM, ca_bundle),
+                rules: Some(rule("nodeclaims", &["CREATE"])),
+                namespace_selector: Some(only_namespace(namespace)),
+                failure_policy: Some(policy(STAMP_CLAIMS).failure_policy.into()),
+                side_effects: "None".into(),
+                timeout_seconds: Some(policy(STAMP_CLAIMS).timeout_seconds),
+                admission_review_versions: vec!["v1".into()],
+                match_policy: Some("Equivalent".into()),
+                reinvocation_policy: Some("IfNeeded".into()),
+                ..MutatingWebhook::default()
+            },
+            MutatingWebhook {
+                name: DECLARE_KUBERNETES_NODES.into(),
+                client_config: client_config(endpoint, PATH_MUTATE_KUBERNETES_NODE, ca_bundle),
+                rules: Some(kubernetes_node_creates()),
+                // A namespace selector does not filter a cluster-scoped kind: none is set.
+                namespace_selector: None,
+                failure_policy: Some(policy(DECLARE_KUBERNETES_NODES).failure_policy.into()),
+                side_effects: "None".into(),
+                timeout_seconds: Some(policy(DECLARE_KUBERNETES_NODES).timeout_seconds),
+                admission_review_versions: vec!["v1".into()],
+                match_policy: Some("Equivalent".into()),
+                reinvocation_policy: Some("Never".into()),
+                ..MutatingWebhook::default()
+            },
+        ]),
     }
 }
 
@@ -235,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn every_webhook_has_its_chosen_policy_and_never_reaches_beyond_the_operators_namespace() {
+    fn every_webhook_has_its_chosen_policy_and_only_registrations_reach_beyond_the_namespace() {
         let all = selectors_and_policies();
         assert_eq!(all.len(), POLICIES.len(), "one policy per webhook");
         for (name, selector, failure, timeout, rules) in all {
@@ -245,6 +287,16 @@ mod tests {
                 (chosen.failure_policy, chosen.timeout_seconds)
             );
             assert!((1..=30).contains(&timeout), "{name}: the apiserver allows 1..=30 s");
+            if name == DECLARE_KUBERNETES_NODES {
+                // Every registration in the cluster passes here: never waits on the operator.
+                assert_eq!(failure, "Ignore");
+                assert!(timeout <= 2, "a registration waits at most {timeout} s");
+                let [rule] = rules.as_slice() else { panic!("one rule: {rules:?}") };
+                assert_eq!(rule.api_groups.as_deref(), Some(&[String::new()][..]));
+                assert_eq!(rule.resources.as_deref(), Some(&["nodes".to_string()][..]));
+                assert_eq!(rule.operations.as_deref(), Some(&["CREATE".to_string()][..]));
+                continue;
+            }
             // Only the operator's namespace is selected: kube-system never waits on us.
             let requirements = selector.match_expressions.unwrap_or_default();
             assert_eq!(requirements.len(), 1, "{name}");

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use serde::de::DeserializeOwned;
@@ -12,6 +13,7 @@ use tracing::Instrument;
 use super::claim_rules::{self, ClaimFacts};
 use super::group_rules::{self, GroupFacts};
 use super::lookup::{Lookup, LookupError};
+use super::node_registration;
 use super::slot_rules::{self, SlotFacts};
 use super::verdict::{Denial, Verdict};
 use super::{Shared, WebhookState};
@@ -263,6 +265,58 @@ pub async fn validate_group(State(state): State<Arc<Shared>>, Json(review): Revi
                 old.as_ref(),
                 &GroupFacts { slots: slots.len(), live_claims, now: state.clock.now() },
             )
+        }
+        .await;
+        (request, verdict)
+    })
+    .await
+}
+
+/// A kubelet registering its Node: the node gets what its slot declares. Never refused: a node
+/// that is no slot's, that cannot be read, or whose slot cannot be read registers as sent.
+pub async fn mutate_kubernetes_node(
+    State(state): State<Arc<Shared>>,
+    Json(review): Review,
+) -> Review {
+    answer("mutate-kubernetes-node", review, |request| async move {
+        let verdict = async {
+            if request.operation != Operation::Create {
+                return Verdict::allow();
+            }
+            let Some(raw) = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok())
+            else {
+                return Verdict::allow();
+            };
+            let node: CoreNode = match serde_json::from_value(raw.clone()) {
+                Ok(node) => node,
+                Err(error) => {
+                    tracing::warn!(%error, "a registering node that does not decode: left as sent");
+                    return Verdict::allow();
+                }
+            };
+            let lookup = lookup(&state, &request);
+            let slot = match lookup.slots_of_node(&request.name).await {
+                Ok(slots) => match <[Node; 1]>::try_from(slots) {
+                    Ok([slot]) => slot,
+                    // No slot's machine, or two slots naming one node (the slots' own problem).
+                    Err(_) => return Verdict::allow(),
+                },
+                Err(error) => {
+                    tracing::warn!(%error, "the node's slot cannot be read: left as sent");
+                    return Verdict::allow();
+                }
+            };
+            let slot_name = slot.metadata.name.clone().unwrap_or_default();
+            let claims = match lookup.claims_of_slot(&slot_name).await {
+                Ok(claims) => claims,
+                Err(error) => {
+                    tracing::warn!(%error, "the slot's claims cannot be read: left as sent");
+                    return Verdict::allow();
+                }
+            };
+            let patch = node_registration::patch(&raw, &node, &slot, &claims);
+            tracing::info!(slot = slot_name, changes = patch.len(), "a slot's node registers");
+            Verdict::Allow { warnings: vec![], patch }
         }
         .await;
         (request, verdict)

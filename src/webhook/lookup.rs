@@ -80,6 +80,16 @@ impl<'a> Lookup<'a> {
         self.live.groups.get_opt(name).await.map_err(ctx(format!("group {name}")))
     }
 
+    /// The slots whose machine registers as the Kubernetes Node `node`.
+    pub async fn slots_of_node(&self, node: &str) -> Result<Vec<Node>, LookupError> {
+        if let Some(stores) = self.cached {
+            return Ok(owned(stores.slots_of_node(node)));
+        }
+        let listed = self.live.slots.list(&ListParams::default()).await;
+        let slots = listed.map_err(ctx(format!("slots of node {node}")))?.items;
+        Ok(slots.into_iter().filter(|s| s.spec.kubernetes_node_name == node).collect())
+    }
+
     pub async fn claims_of_slot(&self, slot: &str) -> Result<Vec<NodeClaim>, LookupError> {
         if let Some(stores) = self.cached {
             return Ok(owned(stores.claims_of_slot(slot)));

@@ -9,6 +9,7 @@ pub mod configuration;
 pub mod group_rules;
 mod handlers;
 mod lookup;
+pub mod node_registration;
 pub mod power_rules;
 pub mod schedule_rules;
 pub mod sequence_rules;
@@ -67,6 +68,7 @@ pub fn router(state: Arc<WebhookState>) -> Router {
         .route(configuration::PATH_VALIDATE_CLAIM, post(handlers::validate_claim))
         .route(configuration::PATH_VALIDATE_SLOT, post(handlers::validate_slot))
         .route(configuration::PATH_VALIDATE_GROUP, post(handlers::validate_group))
+        .route(configuration::PATH_MUTATE_KUBERNETES_NODE, post(handlers::mutate_kubernetes_node))
         .route("/healthz", get(|| async { "ok" }))
         // The extractors' own limit (2 MB by default) must not undercut the 413 below.
         .layer(axum::extract::DefaultBodyLimit::max(body_limit::MAX_REVIEW_BYTES))

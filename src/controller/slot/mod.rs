@@ -1,16 +1,13 @@
 //! The slot controller: the machine side. It powers a machine off when no claim wants it
 //! (`shutdown`), removes the node of a machine that is confirmed off and never one under a
 //! running kubelet (`node_removal`), keeps
-//! the Kubernetes node tied to its slot and carrying what the slot declares (`node_sync`),
-//! marks the node for cluster-autoscaler while it boots or a person holds it
-//! (`autoscaler_marks`), reads the plug's meter (`meter`), and writes the slot's observed
+//! the Kubernetes node tied to its slot, carrying what the slot declares and cluster-autoscaler's
+//! marks while it boots or a person holds it (`crate::node_declaration`), reads the plug's meter (`meter`), and writes the slot's observed
 //! status and derived report (`observe`).
 
-mod autoscaler_marks;
 mod drain;
 mod meter;
 mod node_removal;
-mod node_sync;
 mod observe;
 mod shutdown;
 mod undeclared;
@@ -24,7 +21,7 @@ use tracing::Instrument;
 
 use super::{Context, Result, SlotInputs};
 use crate::api::{LABEL_SLOT, Node};
-use crate::phase;
+use crate::{node_declaration, phase};
 
 /// Runs the slot controller until `shutdown`.
 pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: CancellationToken) {
@@ -79,9 +76,9 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 }
             } else {
                 // One write for everything the slot side wants of the node.
-                let marks = autoscaler_marks::wanted(live.as_deref());
+                let marks = node_declaration::marks::wanted(live.as_deref());
                 let booting = live.as_deref().is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
-                let want = |node: &_| node_sync::patch(&slot, node, &marks, booting);
+                let want = |node: &_| node_declaration::patch(&slot, node, &marks, booting);
                 if observe::write_node(&ctx, &current, want).await? {
                     tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "node updated for its slot");
                 }

@@ -24,7 +24,7 @@ use crate::quantity;
 const NODE_WRITE_ATTEMPTS: u32 = 5;
 
 /// Writes what the slot side wants of its node (`want` computes the guarded merge patch from a
-/// node, see `node_sync`). A fresh node changes several times a second while it registers (the
+/// node, see `crate::node_declaration`). A fresh node changes several times a second while it registers (the
 /// kubelet's status, kube-controller-manager, a CNI), and the claim's readiness gate waits for
 /// this write, so a write that lost to one of them is computed again at once on the node read
 /// from the API server (the cache may not have seen the change yet), up to

@@ -104,11 +104,14 @@ pub(crate) fn spawn_apiserver(
         format!("--service-account-key-file={}", pki.service_account_public.display()),
         format!("--service-account-signing-key-file={}", pki.service_account_private.display()),
         format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-        "--authorization-mode=RBAC".into(),
+        // As kubeadm and k3s run it: a kubelet's identity (system:node:<name>) is judged by the
+        // Node authorizer, and NodeRestriction refuses the labels a kubelet may not set itself.
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
         "--allow-privileged=true".into(),
         // Keeps 127.0.0.1 out of the `kubernetes` Endpoints, where it means nothing.
         "--endpoint-reconciler-type=none".into(),
-        // The admission plugins stay at their defaults: the webhook plugins must run.
+        // The other admission plugins stay at their defaults: the webhook plugins must run.
     ];
     Process::spawn(
         "kube-apiserver",
