@@ -46,21 +46,48 @@ pub async fn read_watts(settings: &HttpPower, secrets: &Secrets) -> Result<f64, 
     watts_at(&body, &meter.watts_pointer).map_err(|detail| PowerError::protocol(url, detail))
 }
 
+/// The most one machine on one plug can draw: a 16 A plug at 230 V switches about 3.7 kW. A
+/// reading above it (or below zero) is a meter's glitch or a wrong pointer, and taken as a draw
+/// it would become the slot's on-draw and the energy report's baseline.
+pub const MAX_PLAUSIBLE_WATTS: f64 = 5000.0;
+
 /// The watts at `pointer` in a meter's answer: a number, or a numeric string (Home Assistant
-/// reports a sensor's state as a string).
+/// reports a sensor's state as a string), in the unit the answer names in
+/// `attributes.unit_of_measurement` (Home Assistant's; watts when it names none).
 pub fn watts_at(body: &serde_json::Value, pointer: &str) -> Result<f64, String> {
     let check = "check http.meter.wattsPointer against the answer";
     let value = body
         .pointer(pointer)
         .ok_or_else(|| format!("the answer has nothing at {pointer:?} ({check}: {body})"))?;
-    let watts = match value {
+    let number = match value {
         serde_json::Value::Number(n) => n.as_f64(),
         serde_json::Value::String(s) => s.trim().parse().ok(),
         _ => None,
     };
-    watts
-        .filter(|w| w.is_finite())
-        .ok_or_else(|| format!("{value} at {pointer:?} is not a number of watts ({check}: {body})"))
+    let number = number.filter(|w| w.is_finite()).ok_or_else(|| {
+        format!("{value} at {pointer:?} is not a number of watts ({check}: {body})")
+    })?;
+    let watts = number * watts_per_unit(body)?;
+    if !(0.0..=MAX_PLAUSIBLE_WATTS).contains(&watts) {
+        return Err(format!(
+            "{watts} W at {pointer:?} is not a draw one machine can have (0 to \
+             {MAX_PLAUSIBLE_WATTS} W), so it is refused; {check} and its unit: {body}"
+        ));
+    }
+    Ok(watts)
+}
+
+/// Watts per unit of the answer's number: 1 for W (or no unit named), 1000 for kW.
+fn watts_per_unit(body: &serde_json::Value) -> Result<f64, String> {
+    let unit = body.pointer("/attributes/unit_of_measurement").and_then(|u| u.as_str());
+    match unit.map(str::trim) {
+        None | Some("W") => Ok(1.0),
+        Some("kW") => Ok(1000.0),
+        Some(other) => Err(format!(
+            "the meter reports in {other:?}, not in W or kW: point http.meter at the plug's \
+             power sensor (an energy sensor counts kWh, not the live draw)"
+        )),
+    }
 }
 
 /// Sends one request and checks the answer is a 2xx; a refused login names its Secrets.
@@ -159,5 +186,36 @@ mod tests {
         assert!(missing.contains("nothing at \"/power\"") && missing.contains("wattsPointer"));
         let unavailable = json!({"state": "unavailable"});
         assert!(watts_at(&unavailable, "/state").unwrap_err().contains("not a number of watts"));
+        // Shelly PM Mini (PM1.GetStatus) and a Tasmota with several relays.
+        let pm_mini = json!({"id": 0, "voltage": 229.1, "current": 0.41, "apower": 93.2});
+        assert_eq!(watts_at(&pm_mini, "/apower"), Ok(93.2));
+        let tasmota_multi = json!({"StatusSNS": {"ENERGY": {"Power": [95, 0]}}});
+        assert_eq!(watts_at(&tasmota_multi, "/StatusSNS/ENERGY/Power/0"), Ok(95.0));
+    }
+
+    #[test]
+    fn a_home_assistant_sensor_is_read_in_its_unit() {
+        let sensor = |state: &str, unit: &str| json!({"state": state, "attributes": {"unit_of_measurement": unit}});
+        assert_eq!(watts_at(&sensor("95.3", "W"), "/state"), Ok(95.3));
+        assert_eq!(watts_at(&sensor("0.0953", "kW"), "/state"), Ok(95.3));
+        let energy = watts_at(&sensor("12.4", "kWh"), "/state").unwrap_err();
+        assert!(energy.contains("\"kWh\"") && energy.contains("power sensor"), "{energy}");
+        let amps = watts_at(&sensor("0.4", "A"), "/state").unwrap_err();
+        assert!(amps.contains("\"A\""), "{amps}");
+    }
+
+    #[test]
+    fn a_reading_no_machine_can_draw_is_refused() {
+        for (answer, pointer) in [
+            (json!({"apower": 1e9}), "/apower"),
+            (json!({"apower": -12.0}), "/apower"),
+            (json!({"state": "6", "attributes": {"unit_of_measurement": "kW"}}), "/state"),
+        ] {
+            let refused = watts_at(&answer, pointer).unwrap_err();
+            assert!(refused.contains("not a draw one machine can have"), "{refused}");
+            assert!(refused.contains("refused"), "{refused}");
+        }
+        assert_eq!(watts_at(&json!({"apower": 0.0}), "/apower"), Ok(0.0), "off is zero");
+        assert_eq!(watts_at(&json!({"apower": 3680}), "/apower"), Ok(3680.0));
     }
 }
