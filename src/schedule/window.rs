@@ -5,16 +5,23 @@
 //! `Sat 00:00` and `Sat 00:00`-...) read as one, so a machine is not released and started again
 //! at the seam.
 //!
-//! Local times are turned into instants with jiff's `Disambiguation::Compatible`, the rule of
-//! RFC 5545 and JavaScript's Temporal: a local time in a spring-forward gap is read with the
-//! offset before the gap, so it lands after the gap, moved forward by the gap's length (02:30 on
-//! the day Berlin jumps from 02:00 to 03:00 is 03:30 CEST); a local time in a fall-back fold is
-//! the earlier of its two instants (02:30 on the day Berlin falls back is 02:30 CEST). A window's
-//! real length follows: `00:00`-`00:00` lasts 23 hours on the spring-forward day and 25 hours on
-//! the fall-back day.
+//! Local times become instants so that no window ever loses a day to the clocks:
+//! - a start in a spring-forward gap opens at the first instant after the gap (on the day Berlin
+//!   jumps from 02:00 to 03:00, a window from 02:30 opens at 03:00 CEST, not an hour late);
+//! - an end in a gap is read with jiff's `Disambiguation::Compatible` (the rule of RFC 5545 and
+//!   JavaScript's Temporal): with the offset before the gap, moved forward by the gap's length, so
+//!   a window wholly inside the gap keeps its length after it, and one that starts in the gap
+//!   and ends after it (`02:30`-`03:15`) still opens, from 03:00 to 03:15 CEST; a window the
+//!   clocks skip whole (`02:00`-`03:00`) opens after the gap for its wall-clock length;
+//! - a local time in a fall-back fold is the earlier of its two instants (02:30 on the day Berlin
+//!   falls back is 02:30 CEST).
+//!
+//! A window's real length follows: `00:00`-`00:00` lasts 23 hours on the spring-forward day and
+//! 25 hours on the fall-back day.
 
 use jiff::Timestamp;
-use jiff::civil::Date;
+use jiff::civil::{Date, Time};
+use jiff::tz::AmbiguousOffset;
 
 use super::grammar::Window;
 
@@ -62,12 +69,29 @@ impl Window {
             return None;
         }
         let end_day = if self.to > self.from { day } else { day.tomorrow().ok()? };
-        let instant = |date: Date, time| {
-            self.zone.to_ambiguous_timestamp(date.to_datetime(time)).compatible().ok()
-        };
-        let start = instant(day, self.from)?;
-        let end = instant(end_day, self.to)?;
+        let start = self.opening_instant(day, self.from)?;
+        let end =
+            self.zone.to_ambiguous_timestamp(end_day.to_datetime(self.to)).compatible().ok()?;
+        if end > start {
+            return Some(Opening { start, end });
+        }
+        // The clocks skipped the whole window (02:00-03:00 on the day they jump from 02:00 to
+        // 03:00): it opens after the gap for as long as it lasts on the wall clock.
+        let length = day.to_datetime(self.from).duration_until(end_day.to_datetime(self.to));
+        let end = start.checked_add(length).ok()?;
         (end > start).then_some(Opening { start, end })
+    }
+
+    /// The instant a window opens at local `time` on `date`: the first that is not before it,
+    /// which for a time the clocks skip is the moment they land after the gap.
+    fn opening_instant(&self, date: Date, time: Time) -> Option<Timestamp> {
+        let local = self.zone.to_ambiguous_timestamp(date.to_datetime(time));
+        if let AmbiguousOffset::Gap { .. } = local.offset() {
+            // Read with the offset after the gap, the local time lands before the transition.
+            let before_the_gap = local.earlier().ok()?;
+            return self.zone.following(before_the_gap).next().map(|t| t.timestamp());
+        }
+        local.compatible().ok()
     }
 
     /// The openings that start on the local days `first` through `last`, touching ones joined.
@@ -258,11 +282,11 @@ pub(super) mod tests {
 
     #[test]
     fn local_times_in_a_gap_or_a_fold() {
-        // Berlin 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist: it is read
-        // with the offset before the gap (+01:00), which is 03:30 CEST.
+        // Berlin 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist: a window
+        // from it opens at the first instant after the gap, 03:00 CEST.
         let gap = window("Sun", "02:30", "04:00", "Europe/Berlin");
         let opening = gap.opening_on(jiff::civil::date(2026, 3, 29)).unwrap();
-        assert_eq!(opening.start, ts("2026-03-29T01:30:00Z"));
+        assert_eq!(opening.start, ts("2026-03-29T01:00:00Z"));
         assert_eq!(opening.end, ts("2026-03-29T02:00:00Z"));
         // New York 2026-03-08: 02:00 EST jumps to 03:00 EDT; a window wholly inside the gap
         // keeps its length, after the gap.
@@ -281,6 +305,29 @@ pub(super) mod tests {
         let opening = fold.opening_on(jiff::civil::date(2026, 11, 1)).unwrap();
         assert_eq!(opening.start, ts("2026-11-01T05:30:00Z"));
         assert_eq!(opening.end, ts("2026-11-01T08:00:00Z"));
+    }
+
+    #[test]
+    fn a_window_around_a_spring_forward_gap_still_opens_that_day() {
+        // from, to, zone, the spring-forward day, opening start and end (UTC)
+        let table = [
+            ("02:30", "03:15", "Europe/Berlin", (2027, 3, 28), "01:00", "01:15"),
+            ("02:45", "03:30", "Europe/Berlin", (2027, 3, 28), "01:00", "01:30"),
+            ("02:00", "03:00", "Europe/Berlin", (2027, 3, 28), "01:00", "02:00"),
+            ("01:30", "02:30", "Europe/Berlin", (2027, 3, 28), "00:30", "01:30"),
+            ("02:30", "03:15", "America/New_York", (2027, 3, 14), "07:00", "07:15"),
+            ("02:45", "03:30", "America/New_York", (2027, 3, 14), "07:00", "07:30"),
+            ("02:00", "02:30", "America/New_York", (2027, 3, 14), "07:00", "07:30"),
+        ];
+        for (from, to, zone, (y, m, d), start, end) in table {
+            let w = window("daily", from, to, zone);
+            let day = jiff::civil::date(y, m, d);
+            let label = format!("{from}-{to} in {zone} on {day}");
+            let at = |hm: &str| ts(&format!("{day}T{hm}:00Z"));
+            let opening = w.opening_on(day).unwrap_or_else(|| panic!("{label}: no opening"));
+            assert_eq!((opening.start, opening.end), (at(start), at(end)), "{label}");
+            assert!(matches!(w.state_at(at(start)), State::Open { .. }), "{label}");
+        }
     }
 
     #[test]
