@@ -36,10 +36,15 @@ pub struct KeepOnArgs {
     /// Keep it on for this long from now (a Go duration: `90m`, `2h`, `1h30m`).
     #[arg(long = "for", value_name = "DURATION", conflicts_with = "until")]
     pub for_: Option<String>,
-    /// Keep it on until then: `HH:MM` (the next such time in the local time zone) or an RFC 3339
-    /// timestamp. Without --for or --until, the machine stays on until released.
+    /// Keep it on until then: `HH:MM` (the next such time, today or tomorrow, in the local time
+    /// zone or --tz) or an RFC 3339 timestamp. Without --for or --until, the machine stays on
+    /// until released.
     #[arg(long, value_name = "TIME")]
     pub until: Option<String>,
+    /// The time zone `--until HH:MM` is read in, an IANA name such as `Europe/Berlin`; by
+    /// default this machine's (`TZ`, else `/etc/localtime`).
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
 }
 
 /// A refused or failed keep-on or release.
@@ -56,6 +61,28 @@ pub enum PinError {
     BadTime { given: String },
     #[error("--until {given:?} is {until}, which has passed; name a time ahead")]
     Passed { given: String, until: Timestamp },
+    #[error("--tz {given:?} is not a time zone ({reason}); name one as Europe/Berlin or UTC")]
+    BadZone { given: String, reason: String },
+    #[error(
+        "--until {given:?} is a time of day, and this machine's time zone cannot be determined \
+         ({reason}); name the zone with --tz (--tz Europe/Berlin), or give --until as an RFC 3339 \
+         timestamp"
+    )]
+    NoLocalZone { given: String, reason: String },
+    #[error(
+        "slot {slot} is held by claim {claim} of its group's schedule, until {until}: keep-on \
+         without --for or --until would keep the machine on after the window, with no end. Name \
+         the end: --until HH:MM or --for DURATION"
+    )]
+    ScheduleWithoutEnd { slot: String, claim: String, until: String },
+    #[error(
+        "slot {slot} is held by claim {claim} of group {group}'s schedule, until {until}: \
+         released now, the schedule would claim and boot it again at once. To free this machine \
+         during the window, take it out of the window's slots or lower its minMachines \
+         (`kubectl edit group.infra.homecluster.dev {group} -n {namespace}`); the window's own \
+         pins end at its close"
+    )]
+    SchedulesPin { slot: String, claim: String, group: String, until: String, namespace: String },
     #[error("connecting to the cluster: {0}")]
     Client(#[source] kube::Error),
     #[error("reading slot {slot} in namespace {namespace}: {source}")]
@@ -127,6 +154,53 @@ pub fn end_of(
     Ok(Some(end))
 }
 
+/// The zone `--until` is read in and ends are shown in: `--tz`, else this machine's. A machine
+/// whose zone cannot be determined is refused only where it matters, for an `--until HH:MM`;
+/// otherwise ends are shown in UTC.
+pub fn clock_zone(tz: Option<&str>, until: Option<&str>) -> Result<TimeZone, PinError> {
+    if let Some(given) = tz {
+        return TimeZone::get(given)
+            .map_err(|e| PinError::BadZone { given: given.into(), reason: e.to_string() });
+    }
+    match TimeZone::try_system() {
+        Ok(zone) => Ok(zone),
+        Err(error) => match until.filter(|u| clock_time(u).is_some()) {
+            Some(given) => {
+                Err(PinError::NoLocalZone { given: given.into(), reason: error.to_string() })
+            }
+            None => Ok(TimeZone::UTC),
+        },
+    }
+}
+
+/// What keep-on must not do to the slot's live pin `live`: drop the end of a schedule's pin,
+/// which would keep its machine on for good once the window closes.
+pub fn keep_on_refusal(live: &NodeClaim, end: Option<Timestamp>, slot: &str) -> Option<PinError> {
+    (live.spec.request.call == ClaimCall::Schedule && end.is_none()).then(|| {
+        PinError::ScheduleWithoutEnd {
+            slot: slot.into(),
+            claim: name_of(live),
+            until: until_of(live),
+        }
+    })
+}
+
+/// What release must not do: delete a schedule's pin during its window, which the schedule
+/// would only replace, booting the machine again.
+pub fn release_refusal(live: &NodeClaim, target: &SlotArgs) -> Option<PinError> {
+    (live.spec.request.call == ClaimCall::Schedule).then(|| PinError::SchedulesPin {
+        slot: target.slot.clone(),
+        claim: name_of(live),
+        group: live.spec.request.group.clone(),
+        until: until_of(live),
+        namespace: target.namespace.clone(),
+    })
+}
+
+fn until_of(claim: &NodeClaim) -> String {
+    claim.spec.until.as_ref().map_or_else(|| "its window's end".into(), |t| t.0.to_string())
+}
+
 /// `HH:MM` as hour and minute.
 fn clock_time(given: &str) -> Option<(i8, i8)> {
     let (hour, minute) = given.split_once(':')?;
@@ -147,12 +221,20 @@ fn next_at(now: &Zoned, hour: i8, minute: i8) -> Option<Timestamp> {
     Some(tomorrow.at(hour, minute, 0, 0).to_zoned(now.time_zone().clone()).ok()?.timestamp())
 }
 
-/// An end as a person reads it: local time, then UTC.
-pub fn describe_end(end: Option<Timestamp>, tz: &TimeZone) -> String {
-    match end {
-        None => "until released".to_owned(),
-        Some(t) => format!("until {} ({t})", t.to_zoned(tz.clone()).strftime("%Y-%m-%d %H:%M %Z")),
-    }
+/// An end as a person reads it at `now`: local time, whether that is today or tomorrow, the
+/// zone it is read in, then UTC.
+pub fn describe_end(end: Option<Timestamp>, now: &Zoned) -> String {
+    let Some(t) = end else { return "until released".to_owned() };
+    let local = t.to_zoned(now.time_zone().clone());
+    let zone = now.time_zone().iana_name().unwrap_or("UTC");
+    let day = if local.date() == now.date() {
+        "today, "
+    } else if now.date().tomorrow().is_ok_and(|d| d == local.date()) {
+        "tomorrow, "
+    } else {
+        ""
+    };
+    format!("until {} ({day}{zone}; {t})", local.strftime("%Y-%m-%d %H:%M %Z"))
 }
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> PinError {
@@ -203,8 +285,8 @@ async fn whoami(client: &kube::Client) -> String {
 
 /// Runs `keep-on`; prints one line saying what was done.
 pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
-    let tz = TimeZone::system();
-    let now = Timestamp::now().to_zoned(tz.clone());
+    let tz = clock_zone(args.tz.as_deref(), args.until.as_deref())?;
+    let now = Timestamp::now().to_zoned(tz);
     let end = end_of(args.for_.as_deref(), args.until.as_deref(), &now)?;
     let target = &args.target;
     let client = kube::Client::try_default().await.map_err(PinError::Client)?;
@@ -217,8 +299,12 @@ pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
         source,
     })?;
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &target.namespace);
-    let until = describe_end(end, &tz);
-    match live_claim(&client, target).await? {
+    let until = describe_end(end, &now);
+    let live = live_claim(&client, target).await?;
+    if let Some(refusal) = live.as_ref().and_then(|l| keep_on_refusal(l, end, &target.slot)) {
+        return Err(refusal);
+    }
+    match live {
         Some(live) if !live.spec.request.call.is_pin() => Err(PinError::ScalersMachine {
             slot: target.slot.clone(),
             claim: name_of(&live),
@@ -293,6 +379,9 @@ pub async fn release(target: SlotArgs) -> Result<(), PinError> {
             by: live.spec.requested_by.clone().unwrap_or_default(),
         });
     }
+    if let Some(refusal) = release_refusal(&live, &target) {
+        return Err(refusal);
+    }
     Api::<NodeClaim>::namespaced(client, &target.namespace)
         .delete(&name, &DeleteParams::default())
         .await
@@ -354,10 +443,61 @@ mod tests {
     }
 
     #[test]
-    fn an_end_reads_in_local_time_and_utc() {
-        let tz = TimeZone::get("Europe/Berlin").unwrap();
-        let end = "2026-03-04T17:00:00Z".parse().ok();
-        assert_eq!(describe_end(end, &tz), "until 2026-03-04 18:00 CET (2026-03-04T17:00:00Z)");
-        assert_eq!(describe_end(None, &tz), "until released");
+    fn an_end_reads_in_local_time_with_its_day_and_zone_and_utc() {
+        let now = at("2026-03-04T19:00:00", "Europe/Berlin");
+        // `--until 18:00` typed after 18:00 is tomorrow, and the line says so.
+        let end = end_of(None, Some("18:00"), &now).unwrap();
+        assert_eq!(
+            describe_end(end, &now),
+            "until 2026-03-05 18:00 CET (tomorrow, Europe/Berlin; 2026-03-05T17:00:00Z)"
+        );
+        let end = end_of(None, Some("23:00"), &now).unwrap();
+        assert_eq!(
+            describe_end(end, &now),
+            "until 2026-03-04 23:00 CET (today, Europe/Berlin; 2026-03-04T22:00:00Z)"
+        );
+        let later = "2026-03-09T08:00:00Z".parse().ok();
+        assert_eq!(
+            describe_end(later, &now),
+            "until 2026-03-09 09:00 CET (Europe/Berlin; 2026-03-09T08:00:00Z)"
+        );
+        assert_eq!(describe_end(None, &now), "until released");
+    }
+
+    #[test]
+    fn the_zone_is_named_or_found_or_refused_where_it_matters() {
+        let berlin = clock_zone(Some("Europe/Berlin"), Some("18:00")).unwrap();
+        assert_eq!(berlin.iana_name(), Some("Europe/Berlin"));
+        let bad = clock_zone(Some("Mars/Olympus"), None).unwrap_err().to_string();
+        assert!(bad.contains("--tz \"Mars/Olympus\" is not a time zone"), "{bad}");
+    }
+
+    fn pin(call: ClaimCall, until: Option<&str>) -> NodeClaim {
+        let mut claim: NodeClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+            "metadata": { "name": "home-desk-1" },
+            "spec": { "slotRef": { "name": "desk" }, "request": { "call": "Manual", "group": "home" } },
+        }))
+        .unwrap();
+        claim.spec.request.call = call;
+        claim.spec.until = until.map(|u| Time(u.parse().unwrap()));
+        claim
+    }
+
+    #[test]
+    fn a_schedules_pin_keeps_its_end_and_is_not_released_by_hand() {
+        let window = pin(ClaimCall::Schedule, Some("2026-03-04T17:00:00Z"));
+        let forever = keep_on_refusal(&window, None, "desk").unwrap().to_string();
+        assert!(forever.contains("schedule, until 2026-03-04T17:00:00Z"), "{forever}");
+        assert!(forever.contains("--until HH:MM or --for DURATION"), "{forever}");
+        let later = "2026-03-04T20:00:00Z".parse().ok();
+        assert!(keep_on_refusal(&window, later, "desk").is_none(), "an end is fine");
+        let manual = pin(ClaimCall::Manual, None);
+        assert!(keep_on_refusal(&manual, None, "desk").is_none(), "a person's own pin");
+        let target = SlotArgs { slot: "desk".into(), namespace: "homelab".into() };
+        let release = release_refusal(&window, &target).unwrap().to_string();
+        assert!(release.contains("would claim and boot it again"), "{release}");
+        assert!(release.contains("kubectl edit group.infra.homecluster.dev home -n homelab"));
+        assert!(release_refusal(&manual, &target).is_none());
     }
 }

@@ -243,13 +243,48 @@ fn chart_values_in(line: &str, top_level: &BTreeSet<&str>) -> Vec<String> {
         if path.contains('.')
             && !FILE_EXTENSIONS.contains(&last)
             && is_path(path)
-            && top_level.contains(first)
+            && (top_level.contains(first) || misspells_one_of(first, top_level))
             && !NOT_CHART_VALUES.contains(&path)
         {
             found.push(path.to_string());
         }
     }
     found
+}
+
+/// `word` is not a top-level chart value but is a typing slip away from one (`clusterAutoscalr`,
+/// `energie`): a path under it is meant as a chart value and is checked as one.
+fn misspells_one_of(word: &str, top_level: &BTreeSet<&str>) -> bool {
+    let word = word.to_ascii_lowercase();
+    top_level.iter().any(|key| {
+        let key = key.to_ascii_lowercase();
+        let allowed = if key.len() <= 5 { 1 } else { 2 };
+        let distance = edit_distance(&word, &key);
+        (1..=allowed).contains(&distance)
+    })
+}
+
+/// Edit distance counting insertions, deletions, substitutions and swaps of neighbours as one
+/// slip each (optimal string alignment).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 #[test]
@@ -362,6 +397,14 @@ fn the_scanners_find_what_they_look_for() {
         ),
         ["clusterAutoscaler.enabled", "tls.mode"]
     );
+    // A misspelled top-level key is still read as a chart value, so the schema check refuses it;
+    // words far from every key (`spec`, `status`) are not.
+    assert_eq!(
+        chart_values_in("`clusterAutoscalr.enabled`, `tsl.mode`, `status.draw`", &top),
+        ["clusterAutoscalr.enabled", "tsl.mode"]
+    );
+    assert_eq!(edit_distance("energie", "energy"), 2);
+    assert_eq!(edit_distance("tsl", "tls"), 1);
     assert!(runs_the_operator("homelab-autoscaler power status --slot rack-1"));
     assert!(!runs_the_operator("kubectl scale --replicas=0"));
 }

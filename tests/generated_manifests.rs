@@ -131,6 +131,28 @@ async fn the_check_catches_unquoted_yaml_1_1_booleans() {
     );
 }
 
+/// docs/keeping-machines-on.md asks for quoted times because YAML 1.1 reads an unquoted `18:00`
+/// as the base-60 number 1080. kubectl and Helm do not: both keep it the string `"18:00"`, as a
+/// schedule window's field wants (tools that read YAML 1.1, such as PyYAML, do not).
+#[tokio::test]
+async fn kubectl_and_helm_read_an_unquoted_clock_time_as_a_string() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let group = dir.path().join("group.yaml");
+    std::fs::write(
+        &group,
+        "apiVersion: infra.homecluster.dev/v2alpha1\nkind: Group\nmetadata: {name: home}\n\
+         spec:\n  schedules:\n  - days: Mon-Fri\n    from: 08:00\n    to: 18:00\n",
+    )
+    .expect("write");
+    let by_kubectl = read_as_go(&group).await.expect("kubectl reads it");
+    let window = &by_kubectl[0]["spec"]["schedules"][0];
+    assert_eq!((&window["from"], &window["to"]), (&json!("08:00"), &json!("18:00")));
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, "window:\n  from: 08:00\n  to: 18:00\n").expect("write");
+    let by_helm = read_values_as_helm(&values).await.expect("helm reads it");
+    assert_eq!(by_helm["window"], json!({ "from": "08:00", "to": "18:00" }));
+}
+
 /// Installed with kubectl as a user installs it, the slot CRD takes every power state and phase
 /// the operator writes (an enum read as `[true, false]` refuses them all).
 #[tokio::test]
