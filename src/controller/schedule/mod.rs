@@ -24,10 +24,11 @@ use tracing::Instrument;
 use super::error::{KubeContext, Result, is_already_exists};
 use super::{Context, GroupInputs};
 use crate::api::{
-    ClaimCall, ClaimRequest, Group, GroupScheduleStatus, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim,
-    NodeClaimSpec, SlotRef,
+    ClaimCall, ClaimRequest, Group, GroupScheduleStatus, GroupSpec, LABEL_GROUP, LABEL_SLOT, Node,
+    NodeClaim, NodeClaimSpec, SlotRef,
 };
 use crate::field_manager::{FieldManager, apply_status_of};
+use crate::provider::slot_pricing::pricing_of;
 use crate::{phase, telemetry};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
@@ -56,18 +57,8 @@ async fn reconcile_schedule(group: Arc<Group>, ctx: Arc<Context>, name: String) 
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s.as_ref())))
         .collect();
-    let slots: Vec<SlotView> = pool
-        .iter()
-        .map(|(slot_name, slot)| SlotView {
-            name: (*slot_name).to_string(),
-            hourly_rate: slot
-                .spec
-                .pricing
-                .as_ref()
-                .or(group.spec.pricing.as_ref())
-                .map(|p| p.hourly_rate),
-        })
-        .collect();
+    let slots: Vec<SlotView> =
+        pool.iter().map(|(slot_name, slot)| slot_view(slot_name, slot, &group.spec)).collect();
     let claims: Vec<Arc<NodeClaim>> =
         pool.keys().flat_map(|slot| ctx.stores.claims_of_slot(slot)).collect();
     // A new claim's name must be free in the whole namespace, not only among the pool's.
@@ -221,4 +212,33 @@ async fn write_status(
         .await
         .during(|| format!("writing the schedule status of group {name}"))?;
     Ok(())
+}
+
+/// A slot as the schedule's plan reads it. Its price follows one rule with the provider's slot
+/// choice and the energy report: its own, else its declared draw at the pool's tariff, else
+/// the pool's.
+fn slot_view(name: &str, slot: &Node, group: &GroupSpec) -> SlotView {
+    SlotView {
+        name: name.to_string(),
+        hourly_rate: pricing_of(&slot.spec, group).map(|p| p.hourly_rate),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_priced_as_the_provider_prices_it() {
+        let mut group: crate::api::Group = crate::fixtures::group("home");
+        group.spec.pricing = Some(crate::api::Pricing { hourly_rate: 0.5, pod_rate: 0.0 });
+        group.spec.energy = serde_json::from_value(serde_json::json!({ "pricePerKWh": 0.30 })).ok();
+        let mut frugal = crate::fixtures::slot("nuc", "home");
+        frugal.spec.power =
+            serde_json::from_value(serde_json::json!({ "watts": { "whenOn": 20 } })).ok();
+        let rate = slot_view("nuc", &frugal, &group.spec).hourly_rate.unwrap();
+        assert!((rate - 0.006).abs() < 1e-9, "20 W at 0.30 per kWh, not the pool's 0.5: {rate}");
+        let plain = crate::fixtures::slot("big", "home");
+        assert_eq!(slot_view("big", &plain, &group.spec).hourly_rate, Some(0.5));
+    }
 }

@@ -16,7 +16,8 @@ use crate::schedule::{State, Window};
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlotView {
     pub name: String,
-    /// Its own price, else the pool's; unknown sorts after every known price.
+    /// Its hourly price as the provider prices it (its own, else its declared draw at the
+    /// pool's tariff, else the pool's); unknown sorts after every known price.
     pub hourly_rate: Option<f64>,
 }
 
