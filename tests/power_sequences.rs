@@ -375,5 +375,42 @@ async fn a_failed_step_names_itself_and_what_to_check_and_nothing_after_it_runs(
     let (_, message) = off_as_a_job(&spec, dir.path()).await;
     assert!(message.starts_with("spec.power.offSequence[0] (ssh) failed: "), "{message}");
     assert!(message.contains("exited 3: no sudo here"), "{message}");
-    assert!(log.lock().expect("lock").is_empty(), "no plug request after a failed step");
+    // Only the one reading that found the machine running, before the first step.
+    let log = log.lock().expect("lock").clone();
+    assert!(
+        matches!(log.as_slice(), [Seen::Meter { watts, .. }] if *watts == RUNNING_WATTS),
+        "no switch after a failed step: {log:?}"
+    );
+}
+
+/// An earlier attempt's shutdown landed and its relay step failed: the OS is halted, the relay
+/// still on, and SSH cannot reach the machine. The retry sees the standby draw, skips the
+/// shutdown, and cuts the relay; before, it ran the SSH step first and failed there every time.
+#[tokio::test]
+async fn a_retried_off_sequence_finishes_the_relay_step_of_a_halted_machine() {
+    let peer = SshPeer::start().await.expect("sshd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = mounted_key(dir.path(), &peer);
+    let marker = peer.dir.join("halted-long-ago");
+    let halted = std::fs::File::create(&marker).expect("marker");
+    halted.set_modified(SystemTime::now() - 2 * HALT_TAKES).expect("mtime");
+    let (port, log) = metered_plug(Shape::ShellyGen2, marker).await;
+    let mut spec = plug_and_ssh(
+        &peer,
+        "true".into(),
+        plug(Shape::ShellyGen2, port, true),
+        off_when_drawn_down(30),
+    );
+    // The halted machine answers no SSH: a closed port.
+    let closed = homelab_harness::ports::free_port().expect("a free port");
+    spec.ssh.as_mut().expect("ssh").port = Some(closed);
+    let done = power::power(&spec, PowerAction::Off, &secrets).await.expect("the retry finishes");
+    assert!(
+        done.summary.starts_with("steps before 1 skipped: the draw reads 4 W, under 10 W")
+            && done.summary.contains("http: the draw stayed under 10 W"),
+        "{}",
+        done.summary
+    );
+    let log = log.lock().expect("lock").clone();
+    assert_eq!(cuts(&log).len(), 1, "the relay is cut once: {log:?}");
 }

@@ -2,6 +2,12 @@
 //! first, for the plug's measured draw to stay under a threshold (the OS has halted) or for a
 //! fixed time (a plug that measures nothing), then runs its driver. The first failure ends the
 //! sequence with an error that names the step and what to check.
+//!
+//! An off sequence resumes where a failed attempt left the machine: when the plug's meter
+//! already reads under a later step's `afterDrawBelowWatts`, the OS is down (an earlier
+//! attempt's shutdown landed, and a later step such as the relay cut failed), so the steps
+//! before it are skipped. Otherwise a retry would run the SSH shutdown first, against a halted
+//! machine that cannot answer, and the relay would stay on for good.
 
 use std::time::Duration;
 
@@ -40,7 +46,19 @@ pub async fn run(
     secrets: &Secrets,
 ) -> Result<String, PowerError> {
     let mut done = Vec::new();
-    for (index, step) in spec.sequence(action).iter().enumerate() {
+    let steps = spec.sequence(action);
+    let first = match resume_at(spec, action, secrets).await {
+        Some((index, watts, threshold)) => {
+            tracing::info!(index, watts, threshold, "the OS is down already: resuming");
+            done.push(format!(
+                "steps before {index} skipped: the draw reads {watts} W, under {threshold} W, \
+                 so the OS is down already"
+            ));
+            index
+        }
+        None => 0,
+    };
+    for (index, step) in steps.iter().enumerate().skip(first) {
         let span = tracing::info_span!("step", index, driver = step.driver.field());
         let failed = |detail: String| PowerError::Step {
             sequence: action.sequence_field(),
@@ -67,6 +85,44 @@ pub async fn run(
     }
     Ok(done.join("; "))
 }
+
+/// Where an off sequence resumes: the first step after the first that waits for the draw to fall
+/// under a threshold the meter reads under now, with the reading and the threshold. `None`
+/// (start at the beginning) for an on sequence, one without such a step, or a meter that does
+/// not answer.
+async fn resume_at(
+    spec: &PowerSpec,
+    action: PowerAction,
+    secrets: &Secrets,
+) -> Option<(usize, f64, f64)> {
+    if action != PowerAction::Off {
+        return None;
+    }
+    let steps = spec.sequence(action);
+    let waits = steps.iter().enumerate().skip(1).filter_map(|(index, step)| {
+        step.after_draw_below_watts.map(|threshold| (index, threshold))
+    });
+    let waits: Vec<(usize, f64)> = waits.collect();
+    if waits.is_empty() {
+        return None;
+    }
+    let settings = spec.http.as_ref()?;
+    let watts = match tokio::time::timeout(METER_READ_BOUND, http::read_watts(settings, secrets))
+        .await
+    {
+        Ok(Ok(watts)) => watts,
+        Ok(Err(error)) => {
+            tracing::info!(%error, "the meter does not answer: the sequence starts at its first step");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    // The first such step: skip no more than the reading shows to be done.
+    waits.into_iter().find(|(_, threshold)| watts < *threshold).map(|(i, t)| (i, watts, t))
+}
+
+/// How long the read that decides where an off sequence resumes may take.
+const METER_READ_BOUND: Duration = Duration::from_secs(5);
 
 /// What a step that ran out of time was most likely waiting for.
 fn what_to_check(step: &PowerStep) -> String {
