@@ -321,6 +321,49 @@ async fn the_on_sequence_switches_the_plug_on_and_then_wakes_the_machine() {
     assert!(gap >= Duration::from_secs(1), "woken {gap:?} after the relay, not after the delay");
 }
 
+/// An off sequence shut the OS down but never cut the relay: the plug is on, the machine halted
+/// at its standby draw. Switching the plug on would change nothing and the machine would never
+/// boot, so the boot switches it off first, then on.
+#[tokio::test]
+async fn a_boot_power_cycles_a_relay_left_on_under_a_halted_machine() {
+    let peer = SshPeer::start().await.expect("sshd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = mounted_key(dir.path(), &peer);
+    let marker = peer.dir.join("halted-relay-on");
+    let halted = std::fs::File::create(&marker).expect("marker");
+    halted.set_modified(SystemTime::now() - 2 * HALT_TAKES).expect("mtime");
+    let (port, log) = metered_plug(Shape::Tasmota, marker).await;
+    let spec = plug_and_ssh(
+        &peer,
+        "true".into(),
+        plug(Shape::Tasmota, port, true),
+        off_when_drawn_down(30),
+    );
+    let done = power::power(&spec, PowerAction::On, &secrets).await.expect("on");
+    assert!(done.summary.contains("switched it off first"), "{}", done.summary);
+    let log = log.lock().expect("lock").clone();
+    let switches: Vec<bool> = log
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Switch { on, .. } => Some(*on),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(switches, [false, true], "off, then on: {log:?}");
+
+    // A running machine's relay is left alone: only the switch-on.
+    let (port, log) = metered_plug(Shape::Tasmota, peer.dir.join("running")).await;
+    let spec = plug_and_ssh(
+        &peer,
+        "true".into(),
+        plug(Shape::Tasmota, port, true),
+        off_when_drawn_down(30),
+    );
+    power::power(&spec, PowerAction::On, &secrets).await.expect("on");
+    let log = log.lock().expect("lock").clone();
+    assert!(cuts(&log).is_empty(), "{log:?}");
+}
+
 /// Runs `power off` as a power Job's pod does; returns its error and termination message.
 async fn off_as_a_job(spec: &PowerSpec, secrets_dir: &Path) -> (String, String) {
     let termination = secrets_dir.join("termination-log");

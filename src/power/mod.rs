@@ -168,7 +168,13 @@ pub(crate) async fn run_driver(
             .await
             .map_err(|e| PowerError::protocol("Wake-on-LAN", e))?,
         PowerDriverKind::Http => {
-            http::send(spec.http.as_ref().ok_or_else(missing)?, action, secrets).await?
+            let settings = spec.http.as_ref().ok_or_else(missing)?;
+            let cycled = match action {
+                PowerAction::On => sequence::cycle_a_halted_relay(spec, secrets).await?,
+                PowerAction::Off => None,
+            };
+            let sent = http::send(settings, action, secrets).await?;
+            cycled.map_or(sent.clone(), |cycled| format!("{cycled}; {sent}"))
         }
         PowerDriverKind::Ssh => {
             ssh::shutdown(spec.ssh.as_ref().ok_or_else(missing)?, secrets).await?

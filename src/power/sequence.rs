@@ -121,6 +121,52 @@ async fn resume_at(
     waits.into_iter().find(|(_, threshold)| watts < *threshold).map(|(i, t)| (i, watts, t))
 }
 
+/// Before a plug switches a machine on: a relay left on under a halted OS (an off sequence that
+/// shut the OS down but never cut the relay) would make the switch-on a no-op and the machine
+/// would never boot, so it is switched off first, and the switch-on that follows powers the
+/// machine up (its firmware set to power on when AC returns, as a plug-switched machine needs).
+/// "Halted" is the off sequence's own: a draw above zero and under the `afterDrawBelowWatts` of
+/// its plug step. A plug without a meter, a meter that does not answer, or a draw of zero or
+/// above the threshold leaves the relay as it is.
+pub(crate) async fn cycle_a_halted_relay(
+    spec: &PowerSpec,
+    secrets: &Secrets,
+) -> Result<Option<String>, PowerError> {
+    let threshold = spec
+        .off_sequence
+        .iter()
+        .filter(|s| s.driver == PowerDriverKind::Http)
+        .find_map(|s| s.after_draw_below_watts);
+    let (Some(threshold), Some(settings)) = (threshold, spec.http.as_ref()) else {
+        return Ok(None);
+    };
+    if settings.meter.is_none() || settings.off.is_none() {
+        return Ok(None);
+    }
+    let read = tokio::time::timeout(METER_READ_BOUND, http::read_watts(settings, secrets)).await;
+    let Ok(Ok(watts)) = read else { return Ok(None) };
+    if !(watts > 0.0 && watts < threshold) {
+        return Ok(None);
+    }
+    tracing::info!(watts, threshold, "the relay is on under a halted OS: switching it off first");
+    http::send(settings, PowerAction::Off, secrets).await?;
+    // Give the power supply time to drain, as a person pulling the plug would.
+    let settled = tokio::time::Instant::now() + RELAY_SETTLE;
+    while tokio::time::Instant::now() < settled {
+        tokio::time::sleep(METER_INTERVAL).await;
+        let now = tokio::time::timeout(METER_READ_BOUND, http::read_watts(settings, secrets)).await;
+        if matches!(now, Ok(Ok(w)) if w == 0.0) {
+            break;
+        }
+    }
+    Ok(Some(format!(
+        "the relay was on under a halted OS ({watts} W, under {threshold} W): switched it off first"
+    )))
+}
+
+/// The longest a halted machine's relay is left off before it is switched on again.
+const RELAY_SETTLE: Duration = Duration::from_secs(10);
+
 /// How long the read that decides where an off sequence resumes may take.
 const METER_READ_BOUND: Duration = Duration::from_secs(5);
 
