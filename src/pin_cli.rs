@@ -158,16 +158,23 @@ pub fn end_of(
 /// whose zone cannot be determined is refused only where it matters, for an `--until HH:MM`;
 /// otherwise ends are shown in UTC.
 pub fn clock_zone(tz: Option<&str>, until: Option<&str>) -> Result<TimeZone, PinError> {
+    zone_or_system(tz, until, || TimeZone::try_system().map_err(|e| e.to_string()))
+}
+
+/// [`clock_zone`] with the machine's zone read by `system`.
+fn zone_or_system(
+    tz: Option<&str>,
+    until: Option<&str>,
+    system: impl FnOnce() -> Result<TimeZone, String>,
+) -> Result<TimeZone, PinError> {
     if let Some(given) = tz {
         return TimeZone::get(given)
             .map_err(|e| PinError::BadZone { given: given.into(), reason: e.to_string() });
     }
-    match TimeZone::try_system() {
+    match system() {
         Ok(zone) => Ok(zone),
-        Err(error) => match until.filter(|u| clock_time(u).is_some()) {
-            Some(given) => {
-                Err(PinError::NoLocalZone { given: given.into(), reason: error.to_string() })
-            }
+        Err(reason) => match until.filter(|u| clock_time(u).is_some()) {
+            Some(given) => Err(PinError::NoLocalZone { given: given.into(), reason }),
             None => Ok(TimeZone::UTC),
         },
     }
@@ -470,6 +477,14 @@ mod tests {
         assert_eq!(berlin.iana_name(), Some("Europe/Berlin"));
         let bad = clock_zone(Some("Mars/Olympus"), None).unwrap_err().to_string();
         assert!(bad.contains("--tz \"Mars/Olympus\" is not a time zone"), "{bad}");
+        // A machine whose zone cannot be read: a time of day is refused, not read in UTC.
+        let unknown = || Err("TZ names no zone".to_string());
+        let refused = zone_or_system(None, Some("18:00"), unknown).unwrap_err().to_string();
+        assert!(refused.contains("name the zone with --tz"), "{refused}");
+        let stamped = zone_or_system(None, Some("2026-03-04T18:00:00Z"), unknown).unwrap();
+        assert_eq!(stamped, TimeZone::UTC, "a timestamp needs no zone");
+        let named = zone_or_system(Some("Asia/Tokyo"), Some("18:00"), unknown).unwrap();
+        assert_eq!(named.iana_name(), Some("Asia/Tokyo"));
     }
 
     fn pin(call: ClaimCall, until: Option<&str>) -> NodeClaim {
