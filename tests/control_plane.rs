@@ -336,7 +336,7 @@ async fn generated_webhook_configurations_register_with_the_test_url() {
     assert_eq!(configurations.len(), 2, "one mutating and one validating configuration");
 
     // The real apiserver validates them; their namespaceSelector keeps them away from the
-    // other tests' namespaces while they are registered.
+    // other tests' namespaces while they are registered, and the one on Nodes fails open.
     let base = "https://127.0.0.1:9443";
     plane.register_webhooks(configurations, base, &plane.ca_pem()).await.expect("register");
     let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
@@ -356,6 +356,7 @@ async fn generated_webhook_configurations_register_with_the_test_url() {
     assert_eq!(
         urls,
         [
+            "https://127.0.0.1:9443/mutate/kubernetes-nodes",
             "https://127.0.0.1:9443/mutate/nodeclaims",
             "https://127.0.0.1:9443/validate/groups",
             "https://127.0.0.1:9443/validate/nodeclaims",
