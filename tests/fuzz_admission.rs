@@ -318,6 +318,7 @@ fn admission_reviews_of_any_shape_get_an_answer() {
         Just("/validate/nodeclaims"),
         Just("/validate/nodes"),
         Just("/validate/groups"),
+        Just("/mutate/kubernetes-nodes"),
     ];
     runner()
         .run(&(paths, body()), |(path, body)| {
