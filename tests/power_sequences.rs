@@ -183,6 +183,13 @@ fn mounted_key(dir: &Path, peer: &SshPeer) -> Secrets {
     Secrets::mounted(dir)
 }
 
+/// A halt marker left by a shutdown that landed long before: the machine reads at standby.
+fn halted_long_ago(marker: &Path) -> PathBuf {
+    let halted = std::fs::File::create(marker).expect("marker");
+    halted.set_modified(SystemTime::now() - 2 * HALT_TAKES).expect("mtime");
+    marker.to_path_buf()
+}
+
 fn cuts(log: &[Seen]) -> Vec<Instant> {
     log.iter()
         .filter_map(|s| match s {
@@ -329,9 +336,7 @@ async fn a_boot_power_cycles_a_relay_left_on_under_a_halted_machine() {
     let peer = SshPeer::start().await.expect("sshd");
     let dir = tempfile::tempdir().expect("tempdir");
     let secrets = mounted_key(dir.path(), &peer);
-    let marker = peer.dir.join("halted-relay-on");
-    let halted = std::fs::File::create(&marker).expect("marker");
-    halted.set_modified(SystemTime::now() - 2 * HALT_TAKES).expect("mtime");
+    let marker = halted_long_ago(&peer.dir.join("halted-relay-on"));
     let (port, log) = metered_plug(Shape::Tasmota, marker).await;
     let spec = plug_and_ssh(
         &peer,
@@ -434,9 +439,7 @@ async fn a_retried_off_sequence_finishes_the_relay_step_of_a_halted_machine() {
     let peer = SshPeer::start().await.expect("sshd");
     let dir = tempfile::tempdir().expect("tempdir");
     let secrets = mounted_key(dir.path(), &peer);
-    let marker = peer.dir.join("halted-long-ago");
-    let halted = std::fs::File::create(&marker).expect("marker");
-    halted.set_modified(SystemTime::now() - 2 * HALT_TAKES).expect("mtime");
+    let marker = halted_long_ago(&peer.dir.join("halted-long-ago"));
     let (port, log) = metered_plug(Shape::ShellyGen2, marker).await;
     let mut spec = plug_and_ssh(
         &peer,

@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use homelab_autoscaler::api::{LABEL_GROUP, LABEL_SLOT, Node};
-use homelab_harness::admission::AdmissionLab;
+use homelab_autoscaler::api::{LABEL_GROUP, LABEL_SLOT};
+use homelab_harness::admission::{self, AdmissionLab};
 use homelab_harness::eventually;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::PostParams;
@@ -66,18 +66,15 @@ async fn a_registering_node_carries_its_slots_declaration_and_the_startup_taint_
     let (ok, _, stderr) = register_as_kubelet(&w, &node_name, &forbidden, true).await;
     assert!(!ok && stderr.contains("node-role.kubernetes.io/worker"), "{stderr}");
 
-    let slot: Node = serde_json::from_value(json!({
-        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
-        "metadata": { "name": node_name, "labels": { "group": "pool" } },
-        "spec": {
-            "kubernetesNodeName": node_name,
-            "startupPodSpec": { "image": "registry.invalid/wake:1" },
-            "shutdownPodSpec": { "image": "registry.invalid/sleep:1" },
-            "nodeLabels": { "homelab.test/disk": "ssd", "node-role.kubernetes.io/worker": "" },
-            "nodeTaints": [{ "key": "homelab.test/dedicated", "value": "db", "effect": "NoSchedule" }],
-        },
-    }))
-    .expect("slot");
+    let mut slot = admission::slot(&node_name, Some("pool"));
+    slot.spec.node_labels = serde_json::from_value(
+        json!({ "homelab.test/disk": "ssd", "node-role.kubernetes.io/worker": "" }),
+    )
+    .expect("labels");
+    slot.spec.node_taints = serde_json::from_value(
+        json!([{ "key": "homelab.test/dedicated", "value": "db", "effect": "NoSchedule" }]),
+    )
+    .expect("taints");
     w.slots.create(&PostParams::default(), &slot).await.expect("slot");
     w.create_claim("boot", &node_name, "pool").await.expect("a booting claim");
 

@@ -18,8 +18,9 @@ use crate::api::Node;
 /// (`[*.]kubelet.kubernetes.io`, `[*.]node.kubernetes.io`).
 const KUBELET_NAMESPACES: [&str; 2] = ["kubelet.kubernetes.io", "node.kubernetes.io"];
 
-/// The well-known `kubernetes.io` labels a kubelet sets on its own node.
-const KUBELET_LABELS: [&str; 11] = [
+/// The well-known `kubernetes.io` labels a kubelet writes on its own node at every
+/// registration, which NodeRestriction lets it set.
+pub const KUBELET_LABELS: &[&str] = &[
     "kubernetes.io/hostname",
     "kubernetes.io/os",
     "kubernetes.io/arch",

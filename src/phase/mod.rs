@@ -10,6 +10,8 @@ mod table;
 pub use report::{MachineObservation, SlotReportInput, derive_report};
 pub use table::{GateReading, IllegalMove, Move, Writer, check_move, legal_next, owners};
 
+use std::borrow::Borrow;
+
 use crate::api::{NodeClaim, NodeClaimPhase};
 
 /// The phase of a claim, reading an absent phase as pending.
@@ -28,6 +30,19 @@ pub fn is_live(phase: Option<NodeClaimPhase>) -> bool {
         effective(phase),
         NodeClaimPhase::Pending | NodeClaimPhase::Booting | NodeClaimPhase::Ready
     )
+}
+
+/// The newest of a slot's claims, by creation then name.
+pub fn newest<C: Borrow<NodeClaim>>(claims: impl IntoIterator<Item = C>) -> Option<C> {
+    claims.into_iter().max_by_key(|c| {
+        let meta = &c.borrow().metadata;
+        (meta.creation_timestamp.as_ref().map(|t| t.0), meta.name.clone())
+    })
+}
+
+/// The slot's live claim among `claims`: the newest, should a race have left two.
+pub fn newest_live<C: Borrow<NodeClaim>>(claims: impl IntoIterator<Item = C>) -> Option<C> {
+    newest(claims.into_iter().filter(|c| is_live(Some(of(c.borrow())))))
 }
 
 /// Pending: nothing is in flight yet, so the claim can still be cancelled by deleting it.

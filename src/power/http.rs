@@ -31,6 +31,18 @@ pub async fn send(
     ))
 }
 
+/// [`read_watts`] within `bound`: a meter that does not answer in time is a protocol error.
+pub async fn read_watts_within(
+    settings: &HttpPower,
+    secrets: &Secrets,
+    bound: Duration,
+) -> Result<f64, PowerError> {
+    let url = settings.meter.as_ref().map_or("", |m| m.request.url.as_str());
+    tokio::time::timeout(bound, read_watts(settings, secrets))
+        .await
+        .map_err(|_| PowerError::protocol(url, format!("no answer within {bound:?}")))?
+}
+
 /// Reads the plug's live draw in watts from `http.meter`.
 pub async fn read_watts(settings: &HttpPower, secrets: &Secrets) -> Result<f64, PowerError> {
     let meter = settings

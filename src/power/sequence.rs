@@ -107,15 +107,12 @@ async fn resume_at(
         return None;
     }
     let settings = spec.http.as_ref()?;
-    let watts = match tokio::time::timeout(METER_READ_BOUND, http::read_watts(settings, secrets))
-        .await
-    {
-        Ok(Ok(watts)) => watts,
-        Ok(Err(error)) => {
+    let watts = match http::read_watts_within(settings, secrets, METER_READ_BOUND).await {
+        Ok(watts) => watts,
+        Err(error) => {
             tracing::info!(%error, "the meter does not answer: the sequence starts at its first step");
             return None;
         }
-        Err(_) => return None,
     };
     // The first such step: skip no more than the reading shows to be done.
     waits.into_iter().find(|(_, threshold)| watts < *threshold).map(|(i, t)| (i, watts, t))
@@ -143,8 +140,8 @@ pub(crate) async fn cycle_a_halted_relay(
     if settings.meter.is_none() || settings.off.is_none() {
         return Ok(None);
     }
-    let read = tokio::time::timeout(METER_READ_BOUND, http::read_watts(settings, secrets)).await;
-    let Ok(Ok(watts)) = read else { return Ok(None) };
+    let read = http::read_watts_within(settings, secrets, METER_READ_BOUND).await;
+    let Ok(watts) = read else { return Ok(None) };
     if !(watts > 0.0 && watts < threshold) {
         return Ok(None);
     }
@@ -154,8 +151,8 @@ pub(crate) async fn cycle_a_halted_relay(
     let settled = tokio::time::Instant::now() + RELAY_SETTLE;
     while tokio::time::Instant::now() < settled {
         tokio::time::sleep(METER_INTERVAL).await;
-        let now = tokio::time::timeout(METER_READ_BOUND, http::read_watts(settings, secrets)).await;
-        if matches!(now, Ok(Ok(w)) if w == 0.0) {
+        let now = http::read_watts_within(settings, secrets, METER_READ_BOUND).await;
+        if matches!(now, Ok(w) if w == 0.0) {
             break;
         }
     }
@@ -167,7 +164,7 @@ pub(crate) async fn cycle_a_halted_relay(
 /// The longest a halted machine's relay is left off before it is switched on again.
 const RELAY_SETTLE: Duration = Duration::from_secs(10);
 
-/// How long the read that decides where an off sequence resumes may take.
+/// How long one meter read that decides what a sequence does first may take.
 const METER_READ_BOUND: Duration = Duration::from_secs(5);
 
 /// What a step that ran out of time was most likely waiting for.

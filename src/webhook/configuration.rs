@@ -170,36 +170,39 @@ pub fn mutating(
     ca_bundle: Option<&[u8]>,
     cert_manager_ca_from: Option<&str>,
 ) -> MutatingWebhookConfiguration {
+    // The settings every mutating webhook shares; name, rules and scope are each one's own.
+    let webhook =
+        |name: &str, path: &str, rules, namespace_selector, reinvocation: &str| MutatingWebhook {
+            name: name.into(),
+            client_config: client_config(endpoint, path, ca_bundle),
+            rules: Some(rules),
+            namespace_selector,
+            failure_policy: Some(policy(name).failure_policy.into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(policy(name).timeout_seconds),
+            admission_review_versions: vec!["v1".into()],
+            match_policy: Some("Equivalent".into()),
+            reinvocation_policy: Some(reinvocation.into()),
+            ..MutatingWebhook::default()
+        };
     MutatingWebhookConfiguration {
         metadata: metadata(cert_manager_ca_from),
         webhooks: Some(vec![
-            MutatingWebhook {
-                name: STAMP_CLAIMS.into(),
-                client_config: client_config(endpoint, PATH_MUTATE_CLAIM, ca_bundle),
-                rules: Some(rule("nodeclaims", &["CREATE"])),
-                namespace_selector: Some(only_namespace(namespace)),
-                failure_policy: Some(policy(STAMP_CLAIMS).failure_policy.into()),
-                side_effects: "None".into(),
-                timeout_seconds: Some(policy(STAMP_CLAIMS).timeout_seconds),
-                admission_review_versions: vec!["v1".into()],
-                match_policy: Some("Equivalent".into()),
-                reinvocation_policy: Some("IfNeeded".into()),
-                ..MutatingWebhook::default()
-            },
-            MutatingWebhook {
-                name: DECLARE_KUBERNETES_NODES.into(),
-                client_config: client_config(endpoint, PATH_MUTATE_KUBERNETES_NODE, ca_bundle),
-                rules: Some(kubernetes_node_creates()),
-                // A namespace selector does not filter a cluster-scoped kind: none is set.
-                namespace_selector: None,
-                failure_policy: Some(policy(DECLARE_KUBERNETES_NODES).failure_policy.into()),
-                side_effects: "None".into(),
-                timeout_seconds: Some(policy(DECLARE_KUBERNETES_NODES).timeout_seconds),
-                admission_review_versions: vec!["v1".into()],
-                match_policy: Some("Equivalent".into()),
-                reinvocation_policy: Some("Never".into()),
-                ..MutatingWebhook::default()
-            },
+            webhook(
+                STAMP_CLAIMS,
+                PATH_MUTATE_CLAIM,
+                rule("nodeclaims", &["CREATE"]),
+                Some(only_namespace(namespace)),
+                "IfNeeded",
+            ),
+            // A namespace selector does not filter a cluster-scoped kind: none is set.
+            webhook(
+                DECLARE_KUBERNETES_NODES,
+                PATH_MUTATE_KUBERNETES_NODE,
+                kubernetes_node_creates(),
+                None,
+                "Never",
+            ),
         ]),
     }
 }

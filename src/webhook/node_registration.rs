@@ -11,13 +11,6 @@ use crate::api::{Node, NodeClaim};
 use crate::node_declaration::{marks, registration};
 use crate::phase;
 
-/// The slot's live claim, the newest should a race have left two.
-fn live_claim(claims: &[NodeClaim]) -> Option<&NodeClaim> {
-    claims.iter().filter(|c| phase::is_live(Some(phase::of(c)))).max_by_key(|c| {
-        (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.metadata.name.clone())
-    })
-}
-
 /// The patch for `raw`, the node under admission (`node` as read), registering for `slot`
 /// whose claims are `claims`. Empty when the node already carries it all.
 pub fn patch(
@@ -26,7 +19,7 @@ pub fn patch(
     slot: &Node,
     claims: &[NodeClaim],
 ) -> Vec<PatchOperation> {
-    let want = marks::wanted(live_claim(claims));
+    let want = marks::wanted(phase::newest_live(claims));
     let Some(created) = registration::at_registration(slot, node, &want) else {
         return Vec::new();
     };

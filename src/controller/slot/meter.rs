@@ -51,10 +51,7 @@ pub async fn read_if_due(ctx: &Context, slot: &Node) -> Option<Reading> {
 async fn read(ctx: &Context, settings: &HttpPower) -> Result<f64, PowerError> {
     let names: Vec<String> = settings.meter.iter().flat_map(|m| m.request.secret_names()).collect();
     let secrets = Secrets::load(ctx.client.clone(), &ctx.namespace, names).await?;
-    let url = settings.meter.as_ref().map_or("", |m| m.request.url.as_str());
-    tokio::time::timeout(READ_TIMEOUT, http::read_watts(settings, &secrets))
-        .await
-        .map_err(|_| PowerError::protocol(url, format!("no answer within {READ_TIMEOUT:?}")))?
+    http::read_watts_within(settings, &secrets, READ_TIMEOUT).await
 }
 
 /// The condition message of a failed read: what failed and what to do about it.

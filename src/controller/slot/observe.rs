@@ -66,20 +66,7 @@ pub async fn write_node(
 
 /// The slot's live claim (the newest, should a race have left two).
 pub fn live_claim(ctx: &Context, slot_name: &str) -> Option<std::sync::Arc<NodeClaim>> {
-    ctx.claims_of_slot(slot_name)
-        .into_iter()
-        .filter(|c| phase::is_live(Some(phase::of(c))))
-        .max_by_key(|c| age(c))
-}
-
-/// Claims order by creation, then name.
-fn age(claim: &NodeClaim) -> (Option<jiff::Timestamp>, Option<String>) {
-    (claim.metadata.creation_timestamp.as_ref().map(|t| t.0), claim.metadata.name.clone())
-}
-
-/// The newest claim of a slot.
-pub fn newest<'a>(claims: impl IntoIterator<Item = &'a NodeClaim>) -> Option<&'a NodeClaim> {
-    claims.into_iter().max_by_key(|c| age(c))
+    phase::newest_live(ctx.claims_of_slot(slot_name))
 }
 
 fn digest(claim: &NodeClaim) -> SlotClaimDigest {
@@ -170,7 +157,7 @@ pub async fn write_status(
     });
     let previous = slot.status.clone().unwrap_or_default();
     let last_claim =
-        newest(claims.iter().map(AsRef::as_ref)).map(digest).or(previous.last_claim.clone());
+        phase::newest(claims.iter().map(AsRef::as_ref)).map(digest).or(previous.last_claim.clone());
     const OWN: [&str; 5] = [
         "CapacityMatches",
         "ProviderIDMatches",

@@ -13,7 +13,6 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::drain::{self, Drained};
-use super::observe::newest;
 use crate::api::{LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
@@ -49,8 +48,8 @@ pub fn decide<'a>(claims: &[&'a NodeClaim], maybe_on: bool) -> MachineFate<'a> {
         return MachineFate::Keep;
     }
     let marked_ready =
-        newest(claims.iter().copied().filter(|c| phase::of(c) == NodeClaimPhase::Ready));
-    let owed = newest(claims.iter().copied().filter(|c| awaits_forced_shutdown(c)));
+        phase::newest(claims.iter().copied().filter(|c| phase::of(c) == NodeClaimPhase::Ready));
+    let owed = phase::newest(claims.iter().copied().filter(|c| awaits_forced_shutdown(c)));
     if let Some(claim) = marked_ready.or(owed) {
         return MachineFate::PowerOff { claim: Some(claim) };
     }
@@ -58,7 +57,7 @@ pub fn decide<'a>(claims: &[&'a NodeClaim], maybe_on: bool) -> MachineFate<'a> {
         return MachineFate::Keep;
     }
     // Up and unwanted: count on the newest terminal claim that still holds its finalizer.
-    let holding = newest(
+    let holding = phase::newest(
         claims
             .iter()
             .copied()

@@ -6,21 +6,7 @@
 use k8s_openapi::api::core::v1::Node as CoreNode;
 
 use crate::api::{Node, TaintSelector};
-
-/// Labels a kubelet or the distribution writes at every registration.
-const KUBELET_LABELS: &[&str] = &[
-    "kubernetes.io/hostname",
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "beta.kubernetes.io/os",
-    "beta.kubernetes.io/arch",
-    "beta.kubernetes.io/instance-type",
-    "node.kubernetes.io/instance-type",
-    "topology.kubernetes.io/region",
-    "topology.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/region",
-    "failure-domain.beta.kubernetes.io/zone",
-];
+use crate::node_declaration::registration::KUBELET_LABELS;
 
 /// Label prefixes whose labels come back by themselves: the operator's own, k3s's, and node
 /// feature discovery's.
