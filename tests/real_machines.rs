@@ -7,18 +7,14 @@
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
 //! The first run builds the `machines` programs and the operator's image (`make image`).
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Result, ensure};
 use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
-use homelab_autoscaler::claim::Timeouts;
-use homelab_autoscaler::controller::MachineSettings;
 use homelab_harness::claims::{phase, provider_claim_for};
-use homelab_harness::lab::spawn_controllers;
 use homelab_harness::machine::{Lan, Machine, MachineSpec, PowerState};
+use homelab_harness::real_lab::{
+    ACT, HUB_ROLE, Stranding, hub, machine_settings, operator_image, pool_machine, start_operator,
+    timeouts,
+};
 use homelab_harness::slots::{event_reasons, node_reporting};
 use homelab_harness::{Components, ControlPlane, eventually, ready_status, test_namespace};
 use k8s_openapi::api::batch::v1::Job;
@@ -26,101 +22,6 @@ use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::sync::OnceCell;
-use tokio_util::sync::CancellationToken;
-
-/// How long the operator and the machines are given for one step.
-const ACT: Duration = Duration::from_secs(180);
-const HUB_ROLE: &str = "homelab.test/role";
-
-/// Timeouts short enough that a failed attempt costs seconds. The SSH driver gives up on an
-/// unreachable host after 30 s, inside the Job's 60 s.
-fn timeouts() -> Timeouts {
-    Timeouts {
-        job_timeout: Duration::from_secs(60),
-        registration: Duration::from_secs(30),
-        readiness_gate: Duration::from_secs(30),
-        margin: Duration::from_secs(5),
-    }
-}
-
-/// The operator's image as `make image` builds it, once per test process; or the tarball that
-/// `HOMELAB_OPERATOR_IMAGE` names, built before.
-async fn operator_image() -> Result<(PathBuf, String)> {
-    static IMAGE: OnceCell<(PathBuf, String)> = OnceCell::const_new();
-    let name = format!("ghcr.io/homecluster-dev/homelab-autoscaler:{}", env!("CARGO_PKG_VERSION"));
-    IMAGE
-        .get_or_try_init(|| async {
-            if let Some(prebuilt) = std::env::var_os("HOMELAB_OPERATOR_IMAGE") {
-                return Ok((PathBuf::from(prebuilt), name));
-            }
-            let root = homelab_harness::repo_root();
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| root.join("target"), PathBuf::from);
-            let out = target.join("image/homelab-autoscaler-machines.tar");
-            let status = tokio::process::Command::new(root.join("scripts/build-image.sh"))
-                .arg(&out)
-                .status()
-                .await
-                .context("running scripts/build-image.sh")?;
-            ensure!(status.success(), "scripts/build-image.sh failed: {status}");
-            Ok((out, name))
-        })
-        .await
-        .cloned()
-}
-
-/// The always-on machine the power Jobs run on, with the operator's image imported.
-async fn hub(plane: &ControlPlane, lan: &Lan) -> Result<Machine> {
-    let spec = MachineSpec {
-        name: "hub".into(),
-        labels: BTreeMap::from([(HUB_ROLE.into(), "hub".into())]),
-        ..MachineSpec::default()
-    };
-    let hub = Machine::create(plane, lan, spec).await?;
-    hub.power_on().await?;
-    let (tar, name) = operator_image().await?;
-    let output = hub.ctr(&["images", "import", &tar.display().to_string()]).await?;
-    ensure!(output.status.success(), "ctr import: {}", String::from_utf8_lossy(&output.stderr));
-    let listed = hub.ctr(&["images", "ls", "-q"]).await?;
-    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-    ensure!(listed.lines().any(|l| l == name), "{name} not among the hub's images:\n{listed}");
-    Ok(hub)
-}
-
-/// A pool machine woken by Wake-on-LAN and shut down over SSH, and the key that logs in.
-async fn pool_machine(plane: &ControlPlane, lan: &Lan, name: &str) -> Result<(Machine, String)> {
-    let keys = tempfile::tempdir()?;
-    let key = keys.path().join("id");
-    let status = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .context("running ssh-keygen")?;
-    ensure!(status.success(), "ssh-keygen failed");
-    let public = std::fs::read_to_string(key.with_extension("pub"))?;
-    let spec = MachineSpec {
-        name: name.into(),
-        ssh_authorized_key: Some(public),
-        ..MachineSpec::default()
-    };
-    let machine = Machine::create(plane, lan, spec).await?;
-    Ok((machine, std::fs::read_to_string(&key)?))
-}
-
-/// The operator's controllers for `ns`, in this process, with power Jobs from `image`.
-async fn start_operator(client: &kube::Client, ns: &str, image: &str) -> CancellationToken {
-    let settings = MachineSettings {
-        drain_timeout: Duration::from_secs(5),
-        off_node_grace: Duration::from_secs(20),
-        // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s.
-        node_monitor_grace: Duration::from_secs(25),
-        meter_interval: Duration::from_secs(60),
-    };
-    let stop = CancellationToken::new();
-    spawn_controllers(client, ns, timeouts(), settings, image, &stop).await;
-    stop
-}
 
 /// The pool as a user writes it, applied with kubectl: a Group and one slot whose power is the
 /// machine's own (Wake-on-LAN on, SSH off), its Jobs on the hub.
@@ -171,39 +72,6 @@ spec:
     Ok(())
 }
 
-/// Records every moment a machine is on, its kubelet running, with no Node after it had one in
-/// this power-on: a machine stranded without its Node.
-fn watch_for_stranding(machine: Machine, nodes: Api<CoreNode>) -> Arc<Mutex<Vec<String>>> {
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let record = seen.clone();
-    tokio::spawn(async move {
-        let mut registered = false;
-        loop {
-            let on = machine.power_state().await == PowerState::On;
-            let node = nodes.get_opt(machine.name()).await;
-            match (on, node) {
-                (false, _) => registered = false,
-                (true, Ok(Some(_))) => registered = true,
-                (true, Ok(None)) if registered && machine.kubelet_running().await => {
-                    if let Ok(mut log) = record.lock() {
-                        log.push(format!("{}: on with no Node", jiff::Timestamp::now()));
-                    }
-                }
-                _ => {}
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    });
-    seen
-}
-
-/// Fails at once if the machine has run without its Node.
-async fn assert_not_stranded(seen: &Mutex<Vec<String>>, nodes: &Api<CoreNode>, name: &str) {
-    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
-    let node = nodes.get_opt(name).await.ok().flatten().map(|n| n.metadata.uid);
-    assert!(seen.is_empty(), "machine {name} ran without its Node (now {node:?}): {seen:?}");
-}
-
 /// A machine running with no claim loses its link for longer than `--off-node-grace` and gets
 /// it back. Its kubelet never registers again a Node deleted while it runs, so the operator
 /// keeps the Node while the machine is silent: the shutdown it sends to confirm the machine off
@@ -218,15 +86,16 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     let lan = Lan::start(plane.api_address()).expect("lan");
     let hub = hub(plane, &lan).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
-    let (m1, key) = pool_machine(plane, &lan, &format!("{ns}-m1")).await.expect("machine");
+    let spec = MachineSpec::named(&format!("{ns}-m1"));
+    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
     let _m1_logs = m1.logs_on_failure();
     let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(&client, &ns, &image).await;
+    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
     apply_pool(plane, &ns, &m1, &key).await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
     let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
-    let stranded = watch_for_stranding(m1.clone(), nodes.clone());
+    let stranded = Stranding::watch(m1.clone(), nodes.clone());
     let slot = m1.name().to_owned();
 
     // Booted for a claim: the wake Job on the hub sends the magic packet across the lan.
@@ -262,7 +131,7 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     // and that shutdown fails across the cut link: the Node must still be there afterwards.
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     eventually("a shutdown to confirm the silent machine off, failed", ACT * 2, || async {
-        assert_not_stranded(&stranded, &nodes, &slot).await;
+        stranded.assert_never(&slot);
         let reasons = event_reasons(&client, &ns, &slot).await?;
         ensure!(reasons.iter().any(|r| r == "ConfirmingOff"), "events {reasons:?}");
         let failed = jobs.list(&ListParams::default()).await?.items.into_iter().any(|j| {
@@ -293,7 +162,7 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     // Node is the one the kubelet registered: never removed and never replaced under it.
     m1.link().restore().expect("restore");
     eventually("the machine off and its Node removed", ACT * 2, || async {
-        assert_not_stranded(&stranded, &nodes, &slot).await;
+        stranded.assert_never(&slot);
         if let Some(node) = nodes.get_opt(&slot).await? {
             assert_eq!(node.metadata.uid, registered.metadata.uid, "the Node was replaced");
         }
@@ -305,6 +174,6 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     })
     .await
     .expect("off");
-    assert_not_stranded(&stranded, &nodes, &slot).await;
+    stranded.assert_never(&slot);
     operator.cancel();
 }

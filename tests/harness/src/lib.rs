@@ -39,6 +39,7 @@ mod plane;
 pub mod ports;
 pub mod power_peers;
 mod process;
+pub mod real_lab;
 mod resources;
 pub mod slots;
 mod test_namespace;

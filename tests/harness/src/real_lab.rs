@@ -1,0 +1,172 @@
+//! The operator on real machines ([`crate::machine`]): what every scenario of that tier sets up.
+//! An always-on machine (the hub) runs the power Jobs as real pods of the operator's own image;
+//! pool machines get an sshd whose key the test holds; the operator's controllers run in the
+//! test process with timeouts short enough that a failed attempt costs seconds; and a watcher
+//! records every moment a machine runs without its Node.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use homelab_autoscaler::claim::Timeouts;
+use homelab_autoscaler::controller::MachineSettings;
+use homelab_autoscaler::operator::DEFAULT_POWER_IMAGE;
+use k8s_openapi::api::core::v1::Node as CoreNode;
+use kube::api::Api;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use crate::control_plane::ControlPlane;
+use crate::lab::spawn_controllers;
+use crate::machine::{Lan, Machine, MachineSpec, PowerState};
+
+/// How long the operator and the machines are given for one step.
+pub const ACT: Duration = Duration::from_secs(180);
+/// The label of the hub's Node, which the pools' power Jobs select.
+pub const HUB_ROLE: &str = "homelab.test/role";
+
+/// Timeouts short enough that a failed attempt costs seconds. The SSH driver gives up on an
+/// unreachable host after 30 s, inside the Job's 60 s.
+pub fn timeouts() -> Timeouts {
+    Timeouts {
+        job_timeout: Duration::from_secs(60),
+        registration: Duration::from_secs(30),
+        readiness_gate: Duration::from_secs(30),
+        margin: Duration::from_secs(5),
+    }
+}
+
+/// The machine settings the scenarios run the operator with: a short drain and grace.
+pub fn machine_settings() -> MachineSettings {
+    MachineSettings {
+        drain_timeout: Duration::from_secs(5),
+        off_node_grace: Duration::from_secs(20),
+        // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s.
+        node_monitor_grace: Duration::from_secs(25),
+        meter_interval: Duration::from_secs(60),
+    }
+}
+
+/// The operator's image as `make image` builds it, once per test process; or the tarball that
+/// `HOMELAB_OPERATOR_IMAGE` names, built before. Returns the tarball and the image's name.
+pub async fn operator_image() -> Result<(PathBuf, String)> {
+    static IMAGE: OnceCell<(PathBuf, String)> = OnceCell::const_new();
+    IMAGE
+        .get_or_try_init(|| async {
+            let name = DEFAULT_POWER_IMAGE.to_owned();
+            if let Some(prebuilt) = std::env::var_os("HOMELAB_OPERATOR_IMAGE") {
+                return Ok((PathBuf::from(prebuilt), name));
+            }
+            let root = crate::repo_root();
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map_or_else(|| root.join("target"), PathBuf::from);
+            let out = target.join("image/homelab-autoscaler-machines.tar");
+            let status = tokio::process::Command::new(root.join("scripts/build-image.sh"))
+                .arg(&out)
+                .status()
+                .await
+                .context("running scripts/build-image.sh")?;
+            ensure!(status.success(), "scripts/build-image.sh failed: {status}");
+            Ok((out, name))
+        })
+        .await
+        .cloned()
+}
+
+/// The always-on machine the power Jobs run on, powered on, with the operator's image imported.
+pub async fn hub(plane: &ControlPlane, lan: &Lan) -> Result<Machine> {
+    let spec = MachineSpec {
+        name: "hub".into(),
+        labels: BTreeMap::from([(HUB_ROLE.into(), "hub".into())]),
+        ..MachineSpec::default()
+    };
+    let hub = Machine::create(plane, lan, spec).await?;
+    hub.power_on().await?;
+    let (tar, name) = operator_image().await?;
+    let output = hub.ctr(&["images", "import", &tar.display().to_string()]).await?;
+    ensure!(output.status.success(), "ctr import: {}", String::from_utf8_lossy(&output.stderr));
+    let listed = hub.ctr(&["images", "ls", "-q"]).await?;
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    ensure!(listed.lines().any(|l| l == name), "{name} not among the hub's images:\n{listed}");
+    Ok(hub)
+}
+
+/// A fresh ed25519 key pair: the private key (OpenSSH PEM) and the public line.
+pub fn ssh_key_pair() -> Result<(String, String)> {
+    let keys = tempfile::tempdir()?;
+    let key = keys.path().join("id");
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .context("running ssh-keygen")?;
+    ensure!(status.success(), "ssh-keygen failed");
+    Ok((std::fs::read_to_string(&key)?, std::fs::read_to_string(key.with_extension("pub"))?))
+}
+
+/// A pool machine, powered off, with an sshd that the returned private key logs in to (every
+/// command powers the machine off). `spec.ssh_authorized_key` is set here.
+pub async fn pool_machine(
+    plane: &ControlPlane,
+    lan: &Lan,
+    mut spec: MachineSpec,
+) -> Result<(Machine, String)> {
+    let (private, public) = ssh_key_pair()?;
+    spec.ssh_authorized_key = Some(public);
+    let machine = Machine::create(plane, lan, spec).await?;
+    Ok((machine, private))
+}
+
+/// The operator's controllers for `ns`, in this process, with power Jobs from `image`.
+pub async fn start_operator(
+    client: &kube::Client,
+    ns: &str,
+    image: &str,
+    settings: MachineSettings,
+) -> CancellationToken {
+    let stop = CancellationToken::new();
+    spawn_controllers(client, ns, timeouts(), settings, image, &stop).await;
+    stop
+}
+
+/// Every moment a watched machine was on, its kubelet running, with no Node after it had one in
+/// that power-on: a machine stranded without its Node.
+#[derive(Clone, Default)]
+pub struct Stranding {
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Stranding {
+    /// Watches `machine` every 250 ms until the runtime ends.
+    pub fn watch(machine: Machine, nodes: Api<CoreNode>) -> Self {
+        let stranding = Self::default();
+        let record = stranding.seen.clone();
+        tokio::spawn(async move {
+            let mut registered = false;
+            loop {
+                let on = machine.power_state().await == PowerState::On;
+                let node = nodes.get_opt(machine.name()).await;
+                match (on, node) {
+                    (false, _) => registered = false,
+                    (true, Ok(Some(_))) => registered = true,
+                    (true, Ok(None)) if registered && machine.kubelet_running().await => {
+                        if let Ok(mut log) = record.lock() {
+                            log.push(format!("{}: on with no Node", jiff::Timestamp::now()));
+                        }
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        stranding
+    }
+
+    /// Panics if the machine has run without its Node.
+    pub fn assert_never(&self, name: &str) {
+        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        assert!(seen.is_empty(), "machine {name} ran without its Node: {seen:?}");
+    }
+}
