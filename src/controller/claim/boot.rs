@@ -21,6 +21,10 @@ use crate::field_manager::FieldManager;
 use crate::machine::TO_BE_DELETED_TAINT;
 use crate::phase::{self, Writer};
 
+/// How often a pending claim looks again while its slot's shutdown Job runs (that Job belongs to
+/// an earlier claim, so its end wakes that one, not this).
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {
     if overdue(ctx, claim) {
         let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController)
@@ -40,6 +44,13 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         );
         chokepoint::move_phase(ctx, claim, cancel).await?;
         return Ok(Action::await_change());
+    }
+    // A shutdown still in flight may land after this boot's power-on (an SSH shutdown retries
+    // until the machine answers, and a machine that is woken answers): the boot waits for it to
+    // end. Its Job is bounded by the startup Job timeout, inside this claim's deadline check above.
+    if ctx.shutdown_in_flight(&claim.spec.slot_ref.name) {
+        tracing::info!(slot = %claim.spec.slot_ref.name, "waiting for the slot's shutdown Job to end before booting");
+        return Ok(Action::requeue(SHUTDOWN_WAIT));
     }
     // From the check to the booting write, no other claim of this slot may pass the check.
     let _boot_lock = ctx.lock_slot_for_boot(&claim.spec.slot_ref.name).await;
