@@ -2,45 +2,70 @@
 //! each running a real containerd and kubelet. The power Jobs run as real pods, from the
 //! operator's own image, on the kubelet of an always-on machine (the hub), and reach the pool's
 //! machines across the lan by the real protocols: a Wake-on-LAN magic packet to the card, an SSH
-//! shutdown to the machine's sshd. Nothing in these tests presses a machine's buttons.
+//! shutdown to the machine's sshd. Nothing in these tests presses a machine's buttons, except
+//! the power cut of the gate scenario, which is the fault under test.
+//!
+//! Scenarios: a machine cut off past the grace keeps its Node; a drain that a disruption budget
+//! refuses keeps the machine on; a power cut at the readiness gate ends with one machine serving.
 //!
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
 //! The first run builds the `machines` programs and the operator's image (`make image`).
 
-use anyhow::{Result, ensure};
-use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use homelab_autoscaler::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::controller::MachineSettings;
+use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
-use homelab_harness::machine::{Lan, Machine, MachineSpec, PowerState};
+use homelab_harness::machine::{Lan, Machine, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, hub, machine_settings, operator_image, pool_machine, start_operator,
     timeouts,
 };
-use homelab_harness::slots::{event_reasons, node_reporting};
-use homelab_harness::{Components, ControlPlane, eventually, ready_status, test_namespace};
+use homelab_harness::slots::{condition, event_reasons, node_reporting};
+use homelab_harness::{Components, ControlPlane, eventually, ready_status, stays, test_namespace};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Node as CoreNode;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// The pool as a user writes it, applied with kubectl: a Group and one slot whose power is the
-/// machine's own (Wake-on-LAN on, SSH off), its Jobs on the hub.
-async fn apply_pool(plane: &ControlPlane, ns: &str, machine: &Machine, key: &str) -> Result<()> {
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": format!("{}-ssh", machine.name()) },
-        "stringData": { "ssh-privatekey": key },
-    });
-    let manifest = format!(
-        r#"{secret}
----
-apiVersion: infra.homecluster.dev/v2alpha1
+/// The label every slot of the pool declares (its value the test's namespace), which no kubelet
+/// registers: a workload that selects it runs on a machine of its test's pool, never on a hub.
+const POOL_LABEL: &str = "homelab.test/pool";
+
+/// The pool as a user writes it, applied with kubectl: Group `lan`, whose gate waits for
+/// `readiness_taint` when one is given, and a slot per machine whose power is the machine's own
+/// (Wake-on-LAN on, SSH off), its Jobs on the test's hub, declaring [`POOL_LABEL`].
+async fn apply_pool(
+    plane: &ControlPlane,
+    ns: &str,
+    readiness_taint: Option<&str>,
+    machines: &[(&Machine, &str)],
+) -> Result<()> {
+    let gate = readiness_taint.map_or_else(String::new, |key| format!("{{ key: {key} }}"));
+    let mut manifest = format!(
+        r#"apiVersion: infra.homecluster.dev/v2alpha1
 kind: Group
 metadata:
   name: lan
 spec:
   driver: builtin
-  nodeReadinessTaints: []
+  nodeReadinessTaints: [{gate}]
+"#
+    );
+    for (machine, key) in machines {
+        let secret = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": format!("{}-ssh", machine.name()) },
+            "stringData": { "ssh-privatekey": key },
+        });
+        manifest.push_str(&format!(
+            r#"---
+{secret}
 ---
 apiVersion: infra.homecluster.dev/v2alpha1
 kind: Node
@@ -49,6 +74,7 @@ metadata:
   labels: {{ group: lan }}
 spec:
   kubernetesNodeName: {name}
+  nodeLabels: {{ "{POOL_LABEL}": "{ns}" }}
   power:
     wakeOnLan:
       mac: "{mac}"
@@ -59,17 +85,78 @@ spec:
       privateKey: {{ name: {name}-ssh, key: ssh-privatekey }}
       knownHostKey: "{host_key}"
       command: poweroff
-    nodeSelector: {{ "{HUB_ROLE}": hub }}
+    nodeSelector: {{ "{HUB_ROLE}": "{ns}" }}
 "#,
-        name = machine.name(),
-        mac = machine.mac(),
-        broadcast = Lan::broadcast(),
-        address = machine.address(),
-        host_key = machine.ssh_host_key()?,
-    );
+            name = machine.name(),
+            mac = machine.mac(),
+            broadcast = Lan::broadcast(),
+            address = machine.address(),
+            host_key = machine.ssh_host_key()?,
+        ));
+    }
     let output = plane.kubectl_apply(ns, &manifest).await?;
     ensure!(output.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&output.stderr));
     Ok(())
+}
+
+/// A claim for `slot` as the provider makes one, created; then waited on until ready.
+async fn claim_ready(client: &kube::Client, ns: &str, name: &str, slot: &str) {
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), ns);
+    let slots: Api<Node> = Api::namespaced(client.clone(), ns);
+    let groups: Api<Group> = Api::namespaced(client.clone(), ns);
+    let claim =
+        provider_claim_for(name, slot, &slots, &groups, timeouts(), "test").await.expect("claim");
+    claims.create(&PostParams::default(), &claim).await.expect("create claim");
+    eventually(&format!("claim {name} ready on the real machine"), ACT, || async {
+        let claim = claims.get(name).await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", claim.status);
+        Ok(())
+    })
+    .await
+    .expect("ready");
+}
+
+/// Releases a claim as a scaler does: marked for scale-down, then deleted.
+async fn release(claims: &Api<NodeClaim>, name: &str) {
+    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
+    claims.patch_status(name, &PatchParams::default(), &Patch::Merge(&mark)).await.expect("mark");
+    claims.delete(name, &DeleteParams::default()).await.expect("release");
+}
+
+/// A workload of `replicas` pods of the pause image (on the machines only: no registry serves
+/// it), on the machines of the pool in `ns` only.
+fn workload(ns: &str, name: &str, replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": {
+                    "nodeSelector": { POOL_LABEL: ns },
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{ "name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never" }],
+                },
+            },
+        },
+    }))
+    .expect("deployment")
+}
+
+/// The pods of workload `app` that are Running, with their nodes.
+async fn running(pods: &Api<Pod>, app: &str) -> Result<Vec<(String, String)>> {
+    let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| {
+            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+            (p.metadata.name.unwrap_or_default(), node)
+        })
+        .collect())
 }
 
 /// A machine running with no claim loses its link for longer than `--off-node-grace` and gets
@@ -84,14 +171,14 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     let space = test_namespace(Components::CLUSTER, "real-partition").await.expect("namespace");
     let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
     let lan = Lan::start(plane.api_address()).expect("lan");
-    let hub = hub(plane, &lan).await.expect("hub");
+    let hub = hub(plane, &lan, &ns).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
     let spec = MachineSpec::named(&format!("{ns}-m1"));
     let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
     let _m1_logs = m1.logs_on_failure();
     let (_, image) = operator_image().await.expect("image");
     let operator = start_operator(&client, &ns, &image, machine_settings()).await;
-    apply_pool(plane, &ns, &m1, &key).await.expect("pool");
+    apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
     let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
@@ -99,18 +186,7 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     let slot = m1.name().to_owned();
 
     // Booted for a claim: the wake Job on the hub sends the magic packet across the lan.
-    let groups: Api<Group> = Api::namespaced(client.clone(), &ns);
-    let claim = provider_claim_for("boot", &slot, &slots, &groups, timeouts(), "test")
-        .await
-        .expect("claim");
-    claims.create(&PostParams::default(), &claim).await.expect("create claim");
-    eventually("the claim ready on the real machine", ACT, || async {
-        let claim = claims.get("boot").await?;
-        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", claim.status);
-        Ok(())
-    })
-    .await
-    .expect("ready");
+    claim_ready(&client, &ns, "boot", &slot).await;
     assert!(m1.wakes() >= 1, "woken by a magic packet, not by the test");
     let registered = nodes.get(&slot).await.expect("node");
 
@@ -123,9 +199,7 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     })
     .await
     .expect("unknown");
-    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
-    claims.patch_status("boot", &PatchParams::default(), &Patch::Merge(&mark)).await.expect("mark");
-    claims.delete("boot", &DeleteParams::default()).await.expect("release");
+    release(&claims, "boot").await;
 
     // Past the grace with nothing wanting it, the operator powers the machine off to confirm it,
     // and that shutdown fails across the cut link: the Node must still be there afterwards.
@@ -176,4 +250,259 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     .expect("off");
     stranded.assert_never(&slot);
     operator.cancel();
+}
+
+/// A machine whose one pod a PodDisruptionBudget protects is released. The eviction is refused,
+/// so the machine stays on, cordoned, its pod running, and the slot names the budget; nothing is
+/// evicted or killed, however long past the drain's retries. Once the budget allows it the pod
+/// is evicted, and only then does the machine go off and its Node with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_budget() {
+    homelab_autoscaler::tls::install_crypto_provider();
+    let space = test_namespace(Components::CLUSTER, "real-budget").await.expect("namespace");
+    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
+    let lan = Lan::start(plane.api_address()).expect("lan");
+    let hub = hub(plane, &lan, &ns).await.expect("hub");
+    let _hub_logs = hub.logs_on_failure();
+    let spec = MachineSpec::named(&format!("{ns}-m1"));
+    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
+    let _m1_logs = m1.logs_on_failure();
+    let (_, image) = operator_image().await.expect("image");
+    // No --drain-timeout, as installed: a budget holds the machine for as long as it refuses.
+    let settings = MachineSettings { drain_timeout: None, ..machine_settings() };
+    let operator = start_operator(&client, &ns, &image, settings).await;
+    apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
+    let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let stranded = Stranding::watch(m1.clone(), nodes.clone());
+    let slot = m1.name().to_owned();
+    claim_ready(&client, &ns, "boot", &slot).await;
+
+    // The precious workload runs on the machine, a budget over its one replica.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments.create(&PostParams::default(), &workload(&ns, "db", 1)).await.expect("workload");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": { "name": "db" },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "db" } } },
+    }))
+    .expect("budget");
+    budgets.create(&PostParams::default(), &budget).await.expect("budget");
+    let (pod, _) =
+        eventually("the pod running on the machine, the budget in force", ACT, || async {
+            let running = running(&pods, "db").await?;
+            ensure!(running.len() == 1 && running[0].1 == slot, "running {running:?}");
+            let healthy = budgets.get("db").await?.status.and_then(|s| s.current_healthy);
+            ensure!(healthy == Some(1), "{healthy:?} healthy");
+            Ok(running[0].clone())
+        })
+        .await
+        .expect("running");
+    let pod_uid = pods.get(&pod).await.expect("pod").metadata.uid;
+
+    // Released: the drain is refused, and the slot names the budget.
+    release(&claims, "boot").await;
+    eventually("the slot saying which budget holds its machine", ACT, || async {
+        let slot_obj = slots.get(&slot).await?;
+        let (drained, message) = condition(&slot_obj, "Drained").context("no Drained condition")?;
+        ensure!(!drained, "{message}");
+        ensure!(message.contains(&format!("PodDisruptionBudget {ns}/db")), "{message}");
+        ensure!(message.contains(&format!("pod {ns}/{pod}")), "{message}");
+        let reasons = event_reasons(&client, &ns, &slot).await?;
+        ensure!(reasons.iter().any(|r| r == "DrainBlocked"), "events {reasons:?}");
+        Ok(())
+    })
+    .await
+    .expect("held");
+    // Held: well past the harness's former 5 s bound and many eviction rounds, the machine is on,
+    // cordoned, no shutdown Job exists, and the pod is the same one, running.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    stays("the machine held on by the budget", Duration::from_secs(30), || async {
+        stranded.assert_never(&slot);
+        ensure!(m1.power_state().await == PowerState::On, "the machine went off");
+        let node = nodes.get(&slot).await?;
+        ensure!(node.spec.and_then(|s| s.unschedulable) == Some(true), "not cordoned");
+        let shutdown = format!("{LABEL_LIFECYCLE}=shutdown");
+        let shutdowns = jobs.list(&ListParams::default().labels(&shutdown)).await?;
+        ensure!(shutdowns.items.is_empty(), "a shutdown Job was created");
+        let now = pods.get(&pod).await?;
+        ensure!(now.metadata.uid == pod_uid, "the pod was replaced");
+        ensure!(now.metadata.deletion_timestamp.is_none(), "the pod is being deleted");
+        Ok(())
+    })
+    .await
+    .expect("held on");
+
+    // The budget relaxed: the pod is evicted, and then the machine goes off and its Node with it.
+    let relax = json!({ "spec": { "minAvailable": 0 } });
+    budgets.patch("db", &PatchParams::default(), &Patch::Merge(&relax)).await.expect("relax");
+    eventually("the pod evicted, the machine off and its Node removed", ACT * 2, || async {
+        stranded.assert_never(&slot);
+        ensure!(pods.get_opt(&pod).await?.is_none(), "pod {pod} still there");
+        ensure!(m1.power_state().await == PowerState::Off, "the machine is still on");
+        ensure!(nodes.get_opt(&slot).await?.is_none(), "Node {slot} still there");
+        let slot_obj = slots.get(&slot).await?;
+        ensure!(condition(&slot_obj, "Drained").is_none(), "the hold is still reported");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    stranded.assert_never(&slot);
+    operator.cancel();
+}
+
+/// The power fails while a booted machine waits at the readiness gate (its network agent has not
+/// cleared the taint yet). The claim is not made ready on a dead machine: it fails inside its
+/// deadline, the built-in scaler asks again, and in the end exactly one machine serves the pod:
+/// one live claim, one machine on, the pod running on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_at_the_readiness_gate_ends_with_exactly_one_machine_serving() {
+    homelab_autoscaler::tls::install_crypto_provider();
+    let space = test_namespace(Components::CLUSTER, "real-gate-cut").await.expect("namespace");
+    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
+    let lan = Lan::start(plane.api_address()).expect("lan");
+    let hub = hub(plane, &lan, &ns).await.expect("hub");
+    let _hub_logs = hub.logs_on_failure();
+    // The kubelets register with the agent's taint, as a CNI's nodes do, and the gate waits for it.
+    let agent_taint =
+        Taint { key: AGENT_TAINT.into(), effect: "NoSchedule".into(), ..Taint::default() };
+    let mut machines = Vec::new();
+    for name in ["m1", "m2"] {
+        let spec = MachineSpec {
+            taints: vec![agent_taint.clone()],
+            ..MachineSpec::named(&format!("{ns}-{name}"))
+        };
+        let (machine, key) = pool_machine(plane, &lan, spec).await.expect("machine");
+        machines.push((machine, key));
+    }
+    let _logs: Vec<_> = machines.iter().map(|(m, _)| m.logs_on_failure()).collect();
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    let pool: Vec<(&Machine, &str)> = machines.iter().map(|(m, k)| (m, k.as_str())).collect();
+    apply_pool(plane, &ns, Some(AGENT_TAINT), &pool).await.expect("pool");
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let stranded: Vec<Stranding> =
+        machines.iter().map(|(m, _)| Stranding::watch(m.clone(), nodes.clone())).collect();
+    let config = ScalerConfig {
+        interval: Duration::from_secs(2),
+        timeouts: timeouts(),
+        ..ScalerConfig::new(ns.clone())
+    };
+    tokio::spawn(scaler::run(client.clone(), config, operator.child_token()));
+
+    // One pod: the scaler claims one machine, which boots and stops at the gate.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments.create(&PostParams::default(), &workload(&ns, "app", 1)).await.expect("workload");
+    let (first, victim) = eventually("a booted machine held at the gate", ACT, || async {
+        let list = claims.list(&ListParams::default()).await?.items;
+        ensure!(list.len() == 1, "{} claims", list.len());
+        let claim = &list[0];
+        ensure!(phase(claim) == NodeClaimPhase::Booting, "phase {:?}", claim.status);
+        let slot = claim.spec.slot_ref.name.clone();
+        let node = nodes.get_opt(&slot).await?.context("not registered yet")?;
+        ensure!(homelab_harness::is_ready(&node), "the kubelet is not Ready yet");
+        Ok((claim.metadata.name.clone().unwrap_or_default(), slot))
+    })
+    .await
+    .expect("at the gate");
+    let victim = machines.iter().map(|(m, _)| m).find(|m| m.name() == victim).expect("machine");
+    let boots_before_cut = victim.boots();
+    victim.power_cut().await.expect("power cut");
+
+    // The agent clears its taint only on a machine it runs on: one booted after the cut.
+    let agent = {
+        let (nodes, machines) =
+            (nodes.clone(), machines.iter().map(|(m, _)| m.clone()).collect::<Vec<_>>());
+        let victim_name = victim.name().to_owned();
+        tokio::spawn(async move {
+            loop {
+                for machine in &machines {
+                    let fresh = machine.name() != victim_name || machine.boots() > boots_before_cut;
+                    if fresh && machine.power_state().await == PowerState::On {
+                        let _ = clear_taint(&nodes, machine.name(), AGENT_TAINT).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
+    // The claim on the dead machine fails inside its deadline; one machine ends up serving.
+    let budget = timeouts().budget();
+    eventually("exactly one machine serving the pod", budget + ACT, || async {
+        for s in &stranded {
+            s.assert_never("a pool machine");
+        }
+        let failed = claims.get_opt(&first).await?;
+        if let Some(claim) = &failed {
+            let status = claim.status.clone().unwrap_or_default();
+            ensure!(phase(claim) == NodeClaimPhase::Failed, "first claim {:?}", claim.status);
+            let (deadline, failed_at) =
+                (claim.spec.deadline_at.clone(), status.finished_at.clone());
+            if let (Some(deadline), Some(failed_at)) = (deadline, failed_at) {
+                assert!(
+                    failed_at.0 <= deadline.0,
+                    "failed at {failed_at:?} past its deadline {deadline:?}"
+                );
+            }
+        }
+        let live: Vec<NodeClaim> = claims
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|c| phase(c) != NodeClaimPhase::Failed && phase(c) != NodeClaimPhase::Completed)
+            .collect();
+        ensure!(live.len() == 1, "{} live claims", live.len());
+        ensure!(phase(&live[0]) == NodeClaimPhase::Ready, "phase {:?}", live[0].status);
+        let serving = live[0].spec.slot_ref.name.clone();
+        let mut on = Vec::new();
+        for (machine, _) in &machines {
+            if machine.power_state().await == PowerState::On {
+                on.push(machine.name().to_owned());
+            }
+        }
+        ensure!(on == [serving.clone()], "machines on {on:?}, serving {serving}");
+        let running = running(&pods, "app").await?;
+        ensure!(running.len() == 1 && running[0].1 == serving, "running {running:?}");
+        Ok(())
+    })
+    .await
+    .expect("one machine serving");
+    // And it stays that way: no second machine for the same pod.
+    stays("one machine serving", Duration::from_secs(20), || async {
+        let mut on = 0;
+        for (machine, _) in &machines {
+            on += usize::from(machine.power_state().await == PowerState::On);
+        }
+        ensure!(on == 1, "{on} machines on");
+        Ok(())
+    })
+    .await
+    .expect("stays one");
+    agent.abort();
+    operator.cancel();
+}
+
+/// The taint of the network agent the pool's gate waits for.
+const AGENT_TAINT: &str = "homelab.test/agent-not-ready";
+
+/// Removes taint `key` from Node `name` (what the agent does once it runs).
+async fn clear_taint(nodes: &Api<CoreNode>, name: &str, key: &str) -> Result<()> {
+    let Some(node) = nodes.get_opt(name).await? else { return Ok(()) };
+    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    if taints.iter().all(|t| t.key != key) {
+        return Ok(());
+    }
+    let kept: Vec<&Taint> = taints.iter().filter(|t| t.key != key).collect();
+    let patch = json!({
+        "metadata": { "resourceVersion": node.metadata.resource_version },
+        "spec": { "taints": kept },
+    });
+    nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
 }

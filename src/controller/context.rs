@@ -25,8 +25,9 @@ pub struct Context {
     pub client: Client,
     pub namespace: String,
     pub timeouts: Timeouts,
-    /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead.
-    pub drain_timeout: Duration,
+    /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead anyway;
+    /// `None`: for as long as a budget refuses.
+    pub drain_timeout: Option<Duration>,
     /// How long a kubelet may be silent (its node Ready `Unknown`), with no claim wanting the
     /// machine, before the machine counts as off and its node is removed.
     pub off_node_grace: Duration,
@@ -86,8 +87,9 @@ pub struct GroupInputs {
 /// How the slot side treats machines going down.
 #[derive(Clone, Copy, Debug)]
 pub struct MachineSettings {
-    /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead.
-    pub drain_timeout: Duration,
+    /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead anyway;
+    /// `None`: for as long as a budget refuses.
+    pub drain_timeout: Option<Duration>,
     /// How long a silent kubelet is given before its machine counts as off.
     pub off_node_grace: Duration,
     /// How long kube-controller-manager waits for a silent kubelet before it marks the node

@@ -134,9 +134,11 @@ pub struct RunArgs {
     /// How long a registered node has to clear the readiness gate (budget member).
     #[arg(long, default_value = "4m", value_parser = crate::api::duration::parse_go_duration)]
     pub readiness_gate_timeout: kube::core::Duration,
-    /// How long a drain waits on PodDisruptionBudgets before the machine is powered off anyway.
-    #[arg(long, default_value = "5m", value_parser = crate::api::duration::parse_go_duration)]
-    pub drain_timeout: kube::core::Duration,
+    /// How long a drain refused by PodDisruptionBudgets waits before the machine is powered off
+    /// anyway, its protected pods with it. Unset: the machine stays on, cordoned, for as long as
+    /// a budget refuses (the slot's `Drained` condition names it).
+    #[arg(long, value_parser = crate::api::duration::parse_go_duration)]
+    pub drain_timeout: Option<kube::core::Duration>,
     /// How long a machine's kubelet may be silent (its node Ready `Unknown`), with no claim
     /// wanting the machine, before the slot's shutdown Job powers it off to confirm it is off.
     /// Silence alone never removes a node (a machine cut off from the API server is silent
@@ -327,7 +329,7 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 /// How the slot side treats machines going down.
 fn machine_settings(args: &RunArgs) -> MachineSettings {
     MachineSettings {
-        drain_timeout: args.drain_timeout.into(),
+        drain_timeout: args.drain_timeout.map(Into::into),
         off_node_grace: args.off_node_grace.into(),
         node_monitor_grace: args.node_monitor_grace_period.into(),
         meter_interval: args.meter_interval.into(),

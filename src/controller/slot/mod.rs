@@ -87,17 +87,16 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 recheck = Some(at);
             }
         }
-        let shutdown_retry =
-            shutdown::reconcile(&ctx, &slot, node.as_deref(), silent_since).await?;
+        let shutdown = shutdown::reconcile(&ctx, &slot, node.as_deref(), silent_since).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
-        observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), reading.as_ref())
-            .await?;
+        let seen = observe::Seen { reading: reading.as_ref(), hold: shutdown.hold.as_ref() };
+        observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), seen).await?;
         // A silent kubelet's grace and the next meter read are deadlines no event announces.
         let grace = recheck.map(|at| {
             std::time::Duration::from_secs_f64(at.duration_since(ctx.now()).as_secs_f64().max(1.0))
         });
         let meter = meter::metered(&slot).map(|_| ctx.meter_interval);
-        Ok([shutdown_retry, grace, meter]
+        Ok([shutdown.retry, grace, meter]
             .into_iter()
             .flatten()
             .min()

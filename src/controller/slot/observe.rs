@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
 
+use super::drain::DrainHold;
 use super::meter::{self, Reading};
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
@@ -134,13 +135,22 @@ fn condition(
 }
 
 /// Writes the slot's status when it changed; `live` is the slot's live claim.
+/// What this pass of the slot's reconcile saw besides the objects: the plug meter's reading (when
+/// one was due) and a drain that disruption budgets hold back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen<'a> {
+    pub reading: Option<&'a Reading>,
+    pub hold: Option<&'a DrainHold>,
+}
+
 pub async fn write_status(
     ctx: &Context,
     slot: &Node,
     node: Option<&CoreNode>,
     live: Option<&NodeClaim>,
-    reading: Option<&Reading>,
+    seen: Seen<'_>,
 ) -> Result<()> {
+    let reading = seen.reading;
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let claims = ctx.claims_of_slot(&slot_name);
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
@@ -158,12 +168,13 @@ pub async fn write_status(
     let previous = slot.status.clone().unwrap_or_default();
     let last_claim =
         phase::newest(claims.iter().map(AsRef::as_ref)).map(digest).or(previous.last_claim.clone());
-    const OWN: [&str; 5] = [
+    const OWN: [&str; 6] = [
         "CapacityMatches",
         "ProviderIDMatches",
         "NodeLabelsDeclared",
         "MeterRead",
         "NodeReporting",
+        "Drained",
     ];
     let mut conditions: Vec<Condition> =
         previous.conditions.iter().filter(|c| !OWN.contains(&c.type_.as_str())).cloned().collect();
@@ -275,6 +286,18 @@ pub async fn write_status(
         None if meter::metered(slot).is_some() => conditions.extend(kept("MeterRead")),
         None => {}
     }
+    // Only while a budget holds the drain: the condition says which, and goes with the hold.
+    let held = seen.hold.map(DrainHold::message);
+    if let Some(message) = &held {
+        conditions.push(condition(
+            "Drained",
+            false,
+            "DisruptionBudget",
+            message.clone(),
+            &previous.conditions,
+            ctx.now(),
+        ));
+    }
     let status = NodeStatus {
         observed_generation: slot.metadata.generation,
         power_state: Some(if observed.powered_on { ObservedPower::On } else { ObservedPower::Off }),
@@ -292,6 +315,10 @@ pub async fn write_status(
         previous.conditions.iter().any(|c| c.type_ == "ProviderIDMatches" && c.status == "False");
     if let (Some(message), false) = (&mismatch, was_mismatched) {
         ctx.publish(slot, EventType::Warning, "ProviderIDMismatch", message.clone()).await;
+    }
+    let was_held = previous.conditions.iter().find(|c| c.type_ == "Drained").map(|c| &c.message);
+    if let Some(message) = held.filter(|m| was_held != Some(m)) {
+        ctx.publish(slot, EventType::Warning, "DrainBlocked", message).await;
     }
     if slot.status.as_ref() == Some(&status) {
         return Ok(());

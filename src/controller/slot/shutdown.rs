@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::drain::{self, Drained};
+use super::drain::{self, DrainHold, Drained};
 use crate::api::{LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
@@ -26,6 +26,20 @@ use crate::machine;
 use crate::phase;
 
 const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a shutdown pass leaves for the slot's reconcile: when to look again (`None`: on the next
+/// change) and a drain that disruption budgets hold back.
+#[derive(Debug, Default)]
+pub struct Pass {
+    pub retry: Option<std::time::Duration>,
+    pub hold: Option<DrainHold>,
+}
+
+impl Pass {
+    fn retry_in(after: std::time::Duration) -> Self {
+        Self { retry: Some(after), hold: None }
+    }
+}
 
 /// Why the machine is being powered off, and the claim (if any) the shutdown is counted on.
 #[derive(Debug, PartialEq)]
@@ -87,26 +101,25 @@ pub fn last_attempt_ended(
         .max()
 }
 
-/// Powers the machine off when no claim wants it; returns when to look again (`None`: on the
-/// next change). `silent_since`: the node's kubelet has been silent past the grace and nothing
-/// has confirmed the machine off yet.
+/// Powers the machine off when no claim wants it. `silent_since`: the node's kubelet has been
+/// silent past the grace and nothing has confirmed the machine off yet.
 pub async fn reconcile(
     ctx: &Context,
     slot: &Node,
     node: Option<&CoreNode>,
     silent_since: Option<Timestamp>,
-) -> Result<Option<std::time::Duration>> {
+) -> Result<Pass> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let owned = ctx.claims_of_slot(&slot_name);
     let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
     let on = machine::powered_on(node) || silent_since.is_some();
     let MachineFate::PowerOff { claim } = decide(&claims, on) else {
-        return Ok(None);
+        return Ok(Pass::default());
     };
 
     let shutdown_jobs = ctx.lifecycle_jobs_of_slot(&slot_name, Lifecycle::Shutdown);
     if shutdown_jobs.iter().any(|j| outcome(j) == JobOutcome::Running) {
-        return Ok(None);
+        return Ok(Pass::default());
     }
     let now = ctx.now();
     let grace =
@@ -134,7 +147,7 @@ pub async fn reconcile(
     };
     if attempts > 0 && !on && claim.is_some_and(|c| !awaits_forced_shutdown(c)) {
         // The last shutdown landed; the claim's release path takes it from here.
-        return Ok(None);
+        return Ok(Pass::default());
     }
     if attempts >= MAX_CONSECUTIVE_ATTEMPTS {
         let pause_end = last_at.and_then(|t| t.checked_add(grace).ok()).unwrap_or(now);
@@ -170,7 +183,7 @@ pub async fn reconcile(
                 }
             }
             let wait = pause_end.duration_since(now).as_secs().max(1);
-            return Ok(Some(std::time::Duration::from_secs(
+            return Ok(Pass::retry_in(std::time::Duration::from_secs(
                 u64::try_from(wait).unwrap_or(u64::MAX),
             )));
         }
@@ -189,7 +202,7 @@ pub async fn reconcile(
             let settled = finished.checked_add(settle).unwrap_or(Timestamp::MAX);
             if now < settled {
                 let wait = settled.duration_since(now).as_secs_f64().max(1.0);
-                return Ok(Some(std::time::Duration::from_secs_f64(wait)));
+                return Ok(Pass::retry_in(std::time::Duration::from_secs_f64(wait)));
             }
         }
         let who = claim
@@ -213,17 +226,29 @@ pub async fn reconcile(
             .and_then(|c| c.status.as_ref())
             .and_then(|s| s.scale_down_requested_at.as_ref().or(s.finished_at.as_ref()))
             .map_or(now, |t| t.0);
-        let drain_end = started
-            .checked_add(SignedDuration::try_from(ctx.drain_timeout).unwrap_or(SignedDuration::MAX))
-            .unwrap_or(now);
-        if let Drained::Blocked { pods } =
+        // Without --drain-timeout a budget holds the machine on for as long as it refuses.
+        let force_at = ctx.drain_timeout.map(|timeout| {
+            started
+                .checked_add(SignedDuration::try_from(timeout).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(now)
+        });
+        if let Drained::Blocked(pods) =
             drain::evict_all(ctx, &slot.spec.kubernetes_node_name).await?
         {
-            if now < drain_end {
-                tracing::info!(pods, "eviction blocked by a PodDisruptionBudget; retrying");
-                return Ok(Some(DRAIN_RETRY));
+            if force_at.is_none_or(|end| now < end) {
+                tracing::info!(
+                    pods = pods.len(),
+                    "eviction refused by a PodDisruptionBudget; holding the machine on"
+                );
+                return Ok(Pass {
+                    retry: Some(DRAIN_RETRY),
+                    hold: Some(DrainHold { pods, force_at }),
+                });
             }
-            tracing::warn!(pods, "drain timed out on PodDisruptionBudgets; powering off anyway");
+            tracing::warn!(
+                pods = pods.len(),
+                "drain timed out on PodDisruptionBudgets; powering off anyway"
+            );
         }
     }
 
@@ -265,7 +290,7 @@ pub async fn reconcile(
         .and_then(|c| c.metadata.name.clone())
         .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
     if !created {
-        return Ok(None);
+        return Ok(Pass::default());
     }
     match silent_since {
         Some(since) => {
@@ -280,7 +305,7 @@ pub async fn reconcile(
             ctx.publish(slot, EventType::Normal, "ScaleDownRequested", message).await;
         }
     }
-    Ok(None)
+    Ok(Pass::default())
 }
 
 #[cfg(test)]

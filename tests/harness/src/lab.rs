@@ -57,7 +57,7 @@ pub const LAB_POWER_IMAGE: &str = "registry.invalid/homelab-autoscaler:lab";
 /// The machine settings of the lab's controllers.
 fn lab_settings() -> MachineSettings {
     MachineSettings {
-        drain_timeout: Duration::from_secs(5),
+        drain_timeout: Some(Duration::from_secs(5)),
         off_node_grace: Duration::from_secs(10),
         // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
         node_monitor_grace: Duration::from_secs(30),

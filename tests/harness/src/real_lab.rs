@@ -41,7 +41,7 @@ pub fn timeouts() -> Timeouts {
 /// The machine settings the scenarios run the operator with: a short drain and grace.
 pub fn machine_settings() -> MachineSettings {
     MachineSettings {
-        drain_timeout: Duration::from_secs(5),
+        drain_timeout: Some(Duration::from_secs(5)),
         off_node_grace: Duration::from_secs(20),
         // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s.
         node_monitor_grace: Duration::from_secs(25),
@@ -75,11 +75,13 @@ pub async fn operator_image() -> Result<(PathBuf, String)> {
         .cloned()
 }
 
-/// The always-on machine the power Jobs run on, powered on, with the operator's image imported.
-pub async fn hub(plane: &ControlPlane, lan: &Lan) -> Result<Machine> {
+/// The always-on machine the power Jobs of namespace `ns` run on, powered on, with the operator's
+/// image imported. Its Node is `<ns>-hub`, labelled [`HUB_ROLE`]`=<ns>`: the tests of one binary
+/// share a control plane, and each test's Jobs must run on its own hub, on its own lan.
+pub async fn hub(plane: &ControlPlane, lan: &Lan, ns: &str) -> Result<Machine> {
     let spec = MachineSpec {
-        name: "hub".into(),
-        labels: BTreeMap::from([(HUB_ROLE.into(), "hub".into())]),
+        name: format!("{ns}-hub"),
+        labels: BTreeMap::from([(HUB_ROLE.into(), ns.into())]),
         ..MachineSpec::default()
     };
     let hub = Machine::create(plane, lan, spec).await?;

@@ -236,6 +236,11 @@ impl Machine {
         self.inner.wakes.load(Ordering::SeqCst)
     }
 
+    /// How many times it has been powered on.
+    pub fn boots(&self) -> u32 {
+        self.inner.board.boots.load(Ordering::SeqCst)
+    }
+
     /// Its sshd's host key as `ssh-ed25519 AAAA…`, when it has an sshd.
     pub fn ssh_host_key(&self) -> Result<String> {
         let ssh = self.inner.board.ssh.as_ref();
