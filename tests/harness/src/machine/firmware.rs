@@ -1,12 +1,16 @@
 //! A real machine's power state, the one thing that starts and stops its software: `Off` or
 //! `On` (running [`Os`]). Every transition goes through [`Firmware`], behind the machine's lock,
-//! so a power button, a Wake-on-LAN packet or a BMC call (later) can each press it from its own
-//! task: pressing "on" on a machine that is on does nothing, as on the real thing.
+//! so a power button, a Wake-on-LAN packet or a BMC call can each press it from its own task:
+//! pressing "on" on a machine that is on does nothing, as on the real thing.
+//!
+//! It also knows whether the wall feeds the power supply (mains). A machine without a smart plug
+//! always has it. Behind a plug whose relay is off it has none: nothing can turn it on, as a
+//! machine unplugged from the wall has no standby power for its card, its BMC or its button.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use super::Board;
 use super::os::Os;
@@ -22,9 +26,15 @@ pub enum PowerState {
 /// How long a graceful shutdown waits for each step before it cuts the power.
 const SHUTDOWN_STEP_SECONDS: &str = "10";
 
-#[derive(Default)]
 pub(crate) struct Firmware {
     os: Option<Os>,
+    mains: bool,
+}
+
+impl Default for Firmware {
+    fn default() -> Self {
+        Self { os: None, mains: true }
+    }
 }
 
 impl Firmware {
@@ -36,10 +46,33 @@ impl Firmware {
         self.os.as_ref()
     }
 
-    /// Off → On: boots containerd and the kubelet. On: nothing.
+    /// Whether the power supply is fed from the wall.
+    pub fn mains(&self) -> bool {
+        self.mains
+    }
+
+    /// The relay opens: the machine loses its power at once, as by [`Self::power_cut`], and
+    /// nothing turns it on until mains is back.
+    pub async fn mains_lost(&mut self, board: &Board) -> Result<()> {
+        self.mains = false;
+        self.power_cut(board).await
+    }
+
+    /// The relay closes: a machine whose firmware is set to power on when AC returns boots; any
+    /// other stays off, waiting for a button, a magic packet or its BMC.
+    pub async fn mains_back(&mut self, board: &Board) -> Result<()> {
+        self.mains = true;
+        if board.spec.power_on_with_ac { self.power_on(board).await } else { Ok(()) }
+    }
+
+    /// Off → On: boots containerd and the kubelet. On: nothing. Without mains it fails: there
+    /// is no power to boot with.
     pub async fn power_on(&mut self, board: &Board) -> Result<()> {
         if self.os.is_some() {
             return Ok(());
+        }
+        if !self.mains {
+            bail!("machine {} has no mains power (its plug's relay is off)", board.name);
         }
         let boot = board.boots.fetch_add(1, Ordering::SeqCst) + 1;
         match Os::boot(board, boot).await {

@@ -28,6 +28,7 @@
 //! (Go's cache already held the modules kube-apiserver shares with it), containerd + shim + ctr
 //! 141 s, runc 28 s (10 s more for seccomp), the CNI plugins 13 s, pause under 1 s.
 
+pub mod bmc;
 mod cgroups;
 mod disk;
 mod firmware;
@@ -35,6 +36,7 @@ mod host_sysctls;
 pub mod netns;
 mod network;
 mod os;
+pub mod plug;
 mod relay;
 mod ssh;
 mod wake_on_lan;
@@ -43,16 +45,19 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Output;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Taint;
 use tokio::sync::Mutex;
 
+pub use bmc::Bmc;
 pub use disk::PAUSE_IMAGE;
 pub use firmware::PowerState;
 pub use network::{API_PORT, Lan, Link};
+pub use plug::Plug;
 pub use ssh::SSH_PORT;
 pub use wake_on_lan::{WAKE_ON_LAN_PORT, is_magic_packet};
 
@@ -79,6 +84,10 @@ pub struct MachineSpec {
     /// A public key (`ssh-ed25519 AAAA…`) that may log in to the machine's sshd, whose every
     /// command powers the machine off; no sshd without it.
     pub ssh_authorized_key: Option<String>,
+    /// What the firmware does when mains comes back after it was cut (a smart plug's relay
+    /// closing): boot, as with the BIOS setting "restore on AC power loss: power on", or stay
+    /// off until something presses "on". Without a plug mains is never cut.
+    pub power_on_with_ac: bool,
 }
 
 impl MachineSpec {
@@ -102,6 +111,12 @@ struct Inner {
     button: std::sync::Mutex<Option<PowerButtonLine>>,
     /// How many magic packets for its card the machine has received.
     wakes: AtomicU32,
+    /// The firmware's state and mains as of its last completed transition, read without the
+    /// lock, so a BMC or a plug answers at once while the machine boots or shuts down.
+    on_now: AtomicBool,
+    mains_now: AtomicBool,
+    /// Every change of the power state, in order.
+    history: std::sync::Mutex<Vec<PowerEvent>>,
     board: Board,
     link: Link,
     _janitor: Janitor,
@@ -184,6 +199,9 @@ impl Machine {
                 wake: std::sync::Mutex::new(None),
                 button: std::sync::Mutex::new(None),
                 wakes: AtomicU32::new(0),
+                on_now: AtomicBool::new(false),
+                mains_now: AtomicBool::new(true),
+                history: std::sync::Mutex::new(Vec::new()),
                 board,
                 link,
                 _janitor: janitor,
@@ -276,20 +294,62 @@ impl Machine {
         self.inner.firmware.lock().await.state()
     }
 
+    /// The power state as of the firmware's last completed transition, without waiting for one
+    /// in progress (a machine shutting down is On until it is Off): what its BMC reports.
+    pub fn power_state_now(&self) -> PowerState {
+        if self.inner.on_now.load(Ordering::SeqCst) { PowerState::On } else { PowerState::Off }
+    }
+
+    /// Whether the wall feeds its power supply (always, without a plug).
+    pub fn has_mains(&self) -> bool {
+        self.inner.mains_now.load(Ordering::SeqCst)
+    }
+
+    /// Every change of its power state so far, in order.
+    pub fn power_history(&self) -> Vec<PowerEvent> {
+        self.inner.history.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
     /// Powers on (boots containerd and the kubelet); nothing if it is on. Returns once both
     /// run; the Node registers (or comes back Ready) in the seconds after.
     pub async fn power_on(&self) -> Result<()> {
-        self.inner.firmware.lock().await.power_on(&self.inner.board).await
+        let mut firmware = self.inner.firmware.lock().await;
+        let done = firmware.power_on(&self.inner.board).await;
+        self.inner.record(&firmware, PowerCause::Boot);
+        done
     }
 
     /// Pulls the plug: every process of the machine is SIGKILLed at once.
     pub async fn power_cut(&self) -> Result<()> {
-        self.inner.firmware.lock().await.power_cut(&self.inner.board).await
+        let mut firmware = self.inner.firmware.lock().await;
+        let done = firmware.power_cut(&self.inner.board).await;
+        self.inner.record(&firmware, PowerCause::PowerCut);
+        done
     }
 
     /// Shuts down in order (SIGTERM, then SIGKILL after a while).
     pub async fn shutdown(&self) -> Result<()> {
-        self.inner.firmware.lock().await.shutdown(&self.inner.board).await
+        let mut firmware = self.inner.firmware.lock().await;
+        let done = firmware.shutdown(&self.inner.board).await;
+        self.inner.record(&firmware, PowerCause::Shutdown);
+        done
+    }
+
+    /// Mains comes and goes with a plug's relay ([`plug`]): lost, the machine is cut at once
+    /// and nothing can turn it on; back, it boots if `power_on_with_ac`, else stays off.
+    pub(crate) async fn set_mains(&self, on: bool) -> Result<()> {
+        // First, so that the plug's meter and the BMC see it before the cut is done.
+        self.inner.mains_now.store(on, Ordering::SeqCst);
+        let mut firmware = self.inner.firmware.lock().await;
+        let board = &self.inner.board;
+        let (done, cause) = if on {
+            (firmware.mains_back(board).await, PowerCause::MainsBack)
+        } else {
+            (firmware.mains_lost(board).await, PowerCause::MainsLost)
+        };
+        self.inner.mains_now.store(firmware.mains(), Ordering::SeqCst);
+        self.inner.record(&firmware, cause);
+        done
     }
 
     /// Whether the kubelet process is running (false when off).
@@ -343,6 +403,37 @@ impl Machine {
                 )
             })
             .collect()
+    }
+}
+
+/// Why a machine's power state changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PowerCause {
+    Boot,
+    Shutdown,
+    PowerCut,
+    MainsLost,
+    MainsBack,
+}
+
+/// One change of a machine's power state: when, to what, and what did it.
+#[derive(Clone, Copy, Debug)]
+pub struct PowerEvent {
+    pub at: Instant,
+    pub state: PowerState,
+    pub cause: PowerCause,
+}
+
+impl Inner {
+    /// Mirrors the firmware's state and logs it when it changed.
+    fn record(&self, firmware: &Firmware, cause: PowerCause) {
+        let state = firmware.state();
+        let was = self.on_now.swap(state == PowerState::On, Ordering::SeqCst);
+        if was != (state == PowerState::On)
+            && let Ok(mut history) = self.history.lock()
+        {
+            history.push(PowerEvent { at: Instant::now(), state, cause });
+        }
     }
 }
 

@@ -95,12 +95,8 @@ impl Lan {
     /// Cables a new machine: creates its namespace `netns` with `eth0` on the bridge at the next
     /// free address, and a default route through the bridge. Returns its address and the link.
     pub(crate) fn cable(&self, netns: &str) -> Result<(Ipv4Addr, Link)> {
-        let host = self.next_host.fetch_add(1, Ordering::Relaxed);
-        if host == 255 {
-            bail!("the lan {} has no address left", self.netns);
-        }
-        let [a, b, c] = LAN_PREFIX;
-        let address = Ipv4Addr::new(a, b, c, host);
+        let address = self.next_address()?;
+        let host = address.octets()[3];
         netns::add(netns)?;
         let port = format!("m{host}");
         let cidr = format!("{address}/24");
@@ -126,6 +122,27 @@ impl Lan {
         netns::forward(lan)?;
         netns::forward(netns)?;
         Ok((address, Link { lan: lan.to_owned(), port }))
+    }
+}
+
+impl Lan {
+    /// The next free address of the lan, for a machine or a device (a BMC, a plug).
+    pub(crate) fn next_address(&self) -> Result<Ipv4Addr> {
+        let host = self.next_host.fetch_add(1, Ordering::Relaxed);
+        if host == 255 {
+            bail!("the lan {} has no address left", self.netns);
+        }
+        let [a, b, c] = LAN_PREFIX;
+        Ok(Ipv4Addr::new(a, b, c, host))
+    }
+
+    /// A device wired to the lan's switch itself (a smart plug): the next free address, on the
+    /// bridge, in the lan's namespace, where the device's sockets are opened. No machine's cable
+    /// stands between it and the others.
+    pub(crate) fn attach_device(&self) -> Result<(Ipv4Addr, &str)> {
+        let address = self.next_address()?;
+        ip(&["-n", &self.netns, "addr", "add", &format!("{address}/24"), "dev", "br0"])?;
+        Ok((address, &self.netns))
     }
 }
 
