@@ -224,3 +224,24 @@ async fn json_rpc(State(plug): State<Device>, Json(call): Json<Value>) -> Respon
     };
     Json(json!({ "id": call["id"], "src": "shellyplusplugs", "result": result })).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_reads_its_arguments_from_the_query_or_the_body() {
+        let query: Uri = "/rpc/Switch.Set?id=0&on=false".parse().expect("uri");
+        let params = parameters(&query, b"");
+        assert_eq!(argument(&params, "on").as_deref(), Some("false"));
+        assert!(only_switch_zero(&params).is_none());
+        let bare: Uri = "/rpc/Switch.Set".parse().expect("uri");
+        let params = parameters(&bare, br#"{"id":0,"on":true}"#);
+        assert_eq!(argument(&params, "on").as_deref(), Some("true"), "a JSON bool reads as text");
+        assert_eq!(argument(&params, "id").as_deref(), Some("0"));
+        let other: Uri = "/rpc/Switch.GetStatus?id=1".parse().expect("uri");
+        let refused = only_switch_zero(&parameters(&other, b"")).expect("switch 1 is refused");
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        assert!(only_switch_zero(&parameters(&bare, b"")).is_some(), "no id is refused");
+    }
+}
