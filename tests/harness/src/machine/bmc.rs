@@ -91,14 +91,10 @@ impl Bmc {
             .with_single_cert(certs, key)
             .context("the BMC's TLS configuration")?;
         let listen = SocketAddr::from((address, REDFISH_PORT));
-        let listener = netns::open_in(machine.netns(), move || {
-            let listener = std::net::TcpListener::bind(listen)?;
-            listener.set_nonblocking(true)?;
-            Ok(listener)
-        })
-        .context("listening for Redfish in the machine's namespace")?;
+        let listener = netns::tcp_listener(machine.netns(), listen)
+            .context("listening for Redfish in the machine's namespace")?;
         let listener = TlsListener {
-            tcp: TcpListener::from_std(listener)?,
+            tcp: listener,
             tls: TlsAcceptor::from(Arc::new(config)),
             machine: machine.clone(),
         };

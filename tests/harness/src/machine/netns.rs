@@ -81,3 +81,17 @@ where
         .context("starting a thread to enter a network namespace")?;
     thread.join().map_err(|_| anyhow::anyhow!("the network namespace thread panicked"))?
 }
+
+/// A listening TCP socket on `address` inside namespace `name`, for a task of the calling
+/// runtime to serve (a device's service on the lan: a BMC, a plug).
+pub(crate) fn tcp_listener(
+    name: &str,
+    address: std::net::SocketAddr,
+) -> Result<tokio::net::TcpListener> {
+    let listener = open_in(name, move || {
+        let listener = std::net::TcpListener::bind(address)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    })?;
+    tokio::net::TcpListener::from_std(listener).context("handing the listener to the runtime")
+}

@@ -68,13 +68,8 @@ impl Plug {
         machine.set_mains(false).await.context("opening the plug's relay")?;
         let (address, lan_netns) = lan.attach_device()?;
         let listen = SocketAddr::from((address, PLUG_PORT));
-        let listener = netns::open_in(lan_netns, move || {
-            let listener = std::net::TcpListener::bind(listen)?;
-            listener.set_nonblocking(true)?;
-            Ok(listener)
-        })
-        .context("listening for the plug's RPC on the lan")?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let listener = netns::tcp_listener(lan_netns, listen)
+            .context("listening for the plug's RPC on the lan")?;
         let switches: Arc<Mutex<Vec<RelaySwitch>>> = Arc::default();
         let device = Device { machine: machine.clone(), switches: switches.clone() };
         let app = axum::Router::new()
