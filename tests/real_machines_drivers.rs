@@ -27,7 +27,7 @@ use homelab_harness::real_lab::{
     start_operator, timeouts,
 };
 use homelab_harness::slots::event_reasons;
-use homelab_harness::{Components, ControlPlane, eventually, test_namespace};
+use homelab_harness::{Components, ControlPlane, TestNamespace, eventually, test_namespace};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -75,6 +75,15 @@ where
 fn claimed_slots(ledger: &Mutex<HashMap<String, NodeClaim>>) -> BTreeMap<String, String> {
     let ledger = ledger.lock().map(|l| l.clone()).unwrap_or_default();
     ledger.into_iter().map(|(uid, claim)| (uid, claim.spec.slot_ref.name)).collect()
+}
+
+/// One scenario's namespace on the shared control plane, a lan of its own and its own hub.
+async fn scenario(prefix: &str) -> (TestNamespace, Lan, Machine) {
+    homelab_autoscaler::tls::install_crypto_provider();
+    let space = test_namespace(Components::CLUSTER, prefix).await.expect("namespace");
+    let lan = Lan::start(space.plane.api_address()).expect("lan");
+    let hub = hub_named(space.plane, &lan, &format!("{}-hub", space.ns)).await.expect("hub");
+    (space, lan, hub)
 }
 
 /// Two slots powered through their machines' BMCs (Redfish over HTTPS, the login and each BMC's
@@ -206,11 +215,8 @@ fn has_register_taint(node: &CoreNode) -> bool {
 /// is a machine on without its Node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_builtin_scaler_powers_a_pool_up_and_down_through_redfish() {
-    homelab_autoscaler::tls::install_crypto_provider();
-    let space = test_namespace(Components::CLUSTER, "real-redfish").await.expect("namespace");
+    let (space, lan, hub) = scenario("real-redfish").await;
     let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let lan = Lan::start(plane.api_address()).expect("lan");
-    let hub = hub_named(plane, &lan, &format!("{ns}-hub")).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
     let mut machines = Vec::new();
     for i in 1..=2 {
@@ -353,11 +359,8 @@ async fn the_builtin_scaler_powers_a_pool_up_and_down_through_redfish() {
 /// draw: never while the OS runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut() {
-    homelab_autoscaler::tls::install_crypto_provider();
-    let space = test_namespace(Components::CLUSTER, "real-plug").await.expect("namespace");
+    let (space, lan, hub) = scenario("real-plug").await;
     let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let lan = Lan::start(plane.api_address()).expect("lan");
-    let hub = hub_named(plane, &lan, &format!("{ns}-hub")).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
     let spec = MachineSpec { power_on_with_ac: true, ..MachineSpec::named(&format!("{ns}-p1")) };
     let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
