@@ -23,8 +23,8 @@ use homelab_harness::machine::{
     Bmc, Machine, MachineSpec, PAUSE_IMAGE, Plug, PowerCause, PowerState,
 };
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, hub_named, machine_settings, operator_image, pool_machine,
-    start_operator, timeouts,
+    ACT, HUB_ROLE, Stranding, hub, machine_settings, operator_image, pool_machine, start_operator,
+    timeouts,
 };
 use homelab_harness::slots::event_reasons;
 use homelab_harness::{Components, ControlPlane, TestNamespace, eventually, test_namespace};
@@ -82,7 +82,7 @@ async fn scenario(prefix: &str) -> (TestNamespace, Lan, Machine) {
     homelab_autoscaler::tls::install_crypto_provider();
     let space = test_namespace(Components::CLUSTER, prefix).await.expect("namespace");
     let lan = Lan::start(space.plane.api_address()).expect("lan");
-    let hub = hub_named(space.plane, &lan, &format!("{}-hub", space.ns)).await.expect("hub");
+    let hub = hub(space.plane, &lan, &space.ns).await.expect("hub");
     (space, lan, hub)
 }
 
@@ -136,7 +136,7 @@ spec:
       credentials: {{ secretName: bmc-login }}
       tls: {{ caBundle: {{ name: {name}-bmc-ca, key: ca.crt }} }}
     confirmTimeoutSeconds: 40
-    nodeSelector: {{ "{HUB_ROLE}": "{ns}-hub" }}
+    nodeSelector: {{ "{HUB_ROLE}": "{ns}" }}
 "#,
             name = machine.name(),
             endpoint = bmc.endpoint(),
@@ -411,7 +411,7 @@ spec:
     offSequence:
       - driver: ssh
       - {{ driver: http, afterDrawBelowWatts: {THRESHOLD}, drawSteadySeconds: {STEADY}, timeoutSeconds: 45 }}
-    nodeSelector: {{ "{HUB_ROLE}": "{ns}-hub" }}
+    nodeSelector: {{ "{HUB_ROLE}": "{ns}" }}
 "#,
         base = plug.base(),
         address = m1.address(),
