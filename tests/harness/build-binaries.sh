@@ -3,7 +3,7 @@
 # modules beside this script, into a cache outside the repository. Idempotent: a binary is
 # rebuilt only when its wrapper's go.mod/go.sum change. Prints the binary directory last.
 #
-#   build-binaries.sh [integration|cluster|e2e|machines|all]   (default: cluster)
+#   build-binaries.sh [integration|cluster|autoscaler|e2e|machines|all]   (default: cluster)
 #
 # `machines` is `e2e` plus the programs of the harness's real machines (kubelet, containerd,
 # runc, CNI plugins, our pause); no other profile builds those.
@@ -201,8 +201,8 @@ build_pause_image() {
 
 want=${1:-cluster}
 case "$want" in
-  integration|cluster|e2e|machines|all) ;;
-  *) echo "usage: $0 [integration|cluster|e2e|machines|all]" >&2; exit 2 ;;
+  integration|cluster|autoscaler|e2e|machines|all) ;;
+  *) echo "usage: $0 [integration|cluster|autoscaler|e2e|machines|all]" >&2; exit 2 ;;
 esac
 
 # One run at a time per cache (two test binaries, or a developer and a test run): two builds of
@@ -224,10 +224,13 @@ build k8s "$kube_ld" "" "${kube[@]}"
 if [[ $want != integration ]]; then
   build kwok "" "" kwok=sigs.k8s.io/kwok/cmd/kwok
 fi
+# `autoscaler` is what `make demo` runs: the cluster and cluster-autoscaler, nothing else.
+if [[ $want != integration && $want != cluster ]]; then
+  build_cluster_autoscaler
+fi
 if [[ $want == e2e || $want == machines || $want == all ]]; then
   build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
   build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
-  build_cluster_autoscaler
   build_cert_manager
 fi
 # Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the

@@ -12,15 +12,18 @@ use tokio::sync::OnceCell;
 
 use crate::progress;
 
-/// Which programs a test binary needs, named as build-binaries.sh names its profiles.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which programs a test binary needs, named as build-binaries.sh names its profiles. Each is
+/// the one before it plus a few programs, so they are ordered by what they hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Profile {
     /// etcd, kube-apiserver, kubectl.
     Integration,
     /// Integration plus kube-controller-manager, kube-scheduler and kwok.
     Cluster,
-    /// Cluster plus helm, crane, prometheus, promtool, cluster-autoscaler and cert-manager's
-    /// controller and cainjector (the last three built from their source).
+    /// Cluster plus cluster-autoscaler (built from its source): what `make demo` runs.
+    Autoscaler,
+    /// Autoscaler plus helm, crane, prometheus, promtool and cert-manager's controller and
+    /// cainjector (built from their source).
     E2e,
     /// E2e plus what the real machines of [`crate::machine`] run: kubelet, containerd,
     /// containerd-shim-runc-v2, ctr, runc, the CNI plugins (in `cni/`), our pause program and
@@ -33,6 +36,7 @@ impl Profile {
         match self {
             Profile::Integration => "integration",
             Profile::Cluster => "cluster",
+            Profile::Autoscaler => "autoscaler",
             Profile::E2e => "e2e",
             Profile::Machines => "machines",
         }
@@ -44,13 +48,15 @@ impl Profile {
         if self != Profile::Integration {
             programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
-        if matches!(self, Profile::E2e | Profile::Machines) {
+        if self >= Profile::Autoscaler {
+            programs.push("cluster-autoscaler");
+        }
+        if self >= Profile::E2e {
             programs.extend([
                 "helm",
                 "crane",
                 "prometheus",
                 "promtool",
-                "cluster-autoscaler",
                 "cert-manager-controller",
                 "cert-manager-cainjector",
             ]);
@@ -88,6 +94,7 @@ impl Binaries {
 
 static INTEGRATION: OnceCell<Binaries> = OnceCell::const_new();
 static CLUSTER: OnceCell<Binaries> = OnceCell::const_new();
+static AUTOSCALER: OnceCell<Binaries> = OnceCell::const_new();
 static E2E: OnceCell<Binaries> = OnceCell::const_new();
 static MACHINES: OnceCell<Binaries> = OnceCell::const_new();
 
@@ -105,26 +112,26 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
         );
     }
     // Each profile is a superset of the one before: once a larger one ran, use it.
-    if let Some(all) = MACHINES.get() {
-        return Ok(all.clone());
+    let larger = PROFILES.iter().rev().take_while(|p| **p > profile);
+    if let Some(built) = larger.filter_map(|p| cell_of(*p).get()).next() {
+        return Ok(built.clone());
     }
-    if profile != Profile::Machines
-        && let Some(e2e) = E2E.get()
-    {
-        return Ok(e2e.clone());
-    }
-    if matches!(profile, Profile::Integration | Profile::Cluster)
-        && let Some(cluster) = CLUSTER.get()
-    {
-        return Ok(cluster.clone());
-    }
-    let cell = match profile {
+    let cell = cell_of(profile);
+    cell.get_or_try_init(|| run_build_script(profile)).await.cloned()
+}
+
+/// Every profile, smallest first.
+const PROFILES: [Profile; 5] =
+    [Profile::Integration, Profile::Cluster, Profile::Autoscaler, Profile::E2e, Profile::Machines];
+
+fn cell_of(profile: Profile) -> &'static OnceCell<Binaries> {
+    match profile {
         Profile::Integration => &INTEGRATION,
         Profile::Cluster => &CLUSTER,
+        Profile::Autoscaler => &AUTOSCALER,
         Profile::E2e => &E2E,
         Profile::Machines => &MACHINES,
-    };
-    cell.get_or_try_init(|| run_build_script(profile)).await.cloned()
+    }
 }
 
 fn script() -> PathBuf {

@@ -59,9 +59,9 @@ pub struct Autoscaler {
     runs: u32,
 }
 
-/// The program, built (once) by the harness script's e2e profile.
+/// The program, built (once) by the harness script's autoscaler profile.
 pub async fn binary() -> Result<PathBuf> {
-    Ok(binaries(Profile::E2e).await?.path("cluster-autoscaler"))
+    Ok(binaries(Profile::Autoscaler).await?.path("cluster-autoscaler"))
 }
 
 impl Autoscaler {
