@@ -51,6 +51,8 @@ pub struct WebhookServer {
     authorities: Arc<Mutex<Vec<String>>>,
     /// The name of both configurations, unique to the test's namespace.
     configuration_name: String,
+    /// The caches the server judges by.
+    caches: homelab_autoscaler::cache::Stores,
 }
 
 impl Drop for WebhookServer {
@@ -79,8 +81,9 @@ impl WebhookServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let client = plane.client()?;
+        let caches = homelab_autoscaler::cache::Stores::start(&client, namespace);
         let state = WebhookState {
-            caches: homelab_autoscaler::cache::Stores::start(&client, namespace),
+            caches: caches.clone(),
             client,
             namespace: namespace.to_string(),
             operator_usernames: operator_usernames.iter().map(|u| u.to_string()).collect(),
@@ -118,6 +121,7 @@ impl WebhookServer {
             server,
             authorities,
             configuration_name: format!("homelab-autoscaler-{namespace}"),
+            caches,
         })
     }
 
@@ -270,11 +274,32 @@ impl AdmissionLab {
     }
 
     /// Writes a claim's status through the status subresource, as the claim controller does.
+    /// Writes a claim's status as a controller would, and returns once the webhook server's
+    /// caches hold it: admission judges the next request by what its caches have seen, and a
+    /// test that writes a failure and then creates the next claim means the two in that order.
     pub async fn set_claim_status(&self, name: &str, status: Value) {
-        self.claims
+        let written = self
+            .claims
             .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
             .await
             .unwrap_or_else(|e| panic!("patching the status of claim {name}: {e}"));
+        let version = written.metadata.resource_version;
+        let claims = self.hooks.caches.claims.clone();
+        let key = kube::runtime::reflector::ObjectRef::<NodeClaim>::new(name).within(&self.ns);
+        eventually(
+            &format!("admission's cache holding claim {name}'s status"),
+            ACT_TIMEOUT,
+            || {
+                let seen = claims.get(&key).and_then(|c| c.metadata.resource_version.clone());
+                let version = version.clone();
+                async move {
+                    ensure!(seen == version, "cache at {seen:?}, written {version:?}");
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .expect("admission's cache");
     }
 
     /// Runs the built kubectl; returns (success, stdout, stderr).
