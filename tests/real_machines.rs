@@ -20,11 +20,11 @@ use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::machine::{Lan, Machine, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, hub, machine_settings, operator_image, pool_machine, start_operator,
-    timeouts,
+    ACT, HUB_ROLE, Stranding, machine_settings, operator_image, pool_machine, scenario, secret,
+    start_operator, timeouts,
 };
 use homelab_harness::slots::{condition, event_reasons, node_reporting};
-use homelab_harness::{Components, ControlPlane, eventually, ready_status, stays, test_namespace};
+use homelab_harness::{ControlPlane, eventually, ready_status, stays};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
@@ -58,11 +58,7 @@ spec:
 "#
     );
     for (machine, key) in machines {
-        let secret = json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": format!("{}-ssh", machine.name()) },
-            "stringData": { "ssh-privatekey": key },
-        });
+        let secret = secret(&format!("{}-ssh", machine.name()), "ssh-privatekey", key);
         manifest.push_str(&format!(
             r#"---
 {secret}
@@ -167,11 +163,8 @@ async fn running(pods: &Api<Pod>, app: &str) -> Result<Vec<(String, String)>> {
 /// on without its Node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded() {
-    homelab_autoscaler::tls::install_crypto_provider();
-    let space = test_namespace(Components::CLUSTER, "real-partition").await.expect("namespace");
+    let (space, lan, hub) = scenario("real-partition").await;
     let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let lan = Lan::start(plane.api_address()).expect("lan");
-    let hub = hub(plane, &lan, &ns).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
     let spec = MachineSpec::named(&format!("{ns}-m1"));
     let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
@@ -258,11 +251,8 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
 /// is evicted, and only then does the machine go off and its Node with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_budget() {
-    homelab_autoscaler::tls::install_crypto_provider();
-    let space = test_namespace(Components::CLUSTER, "real-budget").await.expect("namespace");
+    let (space, lan, hub) = scenario("real-budget").await;
     let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let lan = Lan::start(plane.api_address()).expect("lan");
-    let hub = hub(plane, &lan, &ns).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
     let spec = MachineSpec::named(&format!("{ns}-m1"));
     let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
@@ -359,11 +349,8 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
 /// one live claim, one machine on, the pod running on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_power_cut_at_the_readiness_gate_ends_with_exactly_one_machine_serving() {
-    homelab_autoscaler::tls::install_crypto_provider();
-    let space = test_namespace(Components::CLUSTER, "real-gate-cut").await.expect("namespace");
+    let (space, lan, hub) = scenario("real-gate-cut").await;
     let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let lan = Lan::start(plane.api_address()).expect("lan");
-    let hub = hub(plane, &lan, &ns).await.expect("hub");
     let _hub_logs = hub.logs_on_failure();
     // The kubelets register with the agent's taint, as a CNI's nodes do, and the gate waits for it.
     let agent_taint =

@@ -17,17 +17,16 @@ use futures::StreamExt;
 use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
-use homelab_harness::machine::Lan;
 use homelab_harness::machine::plug::{ON_WATTS, STANDBY_WATTS};
 use homelab_harness::machine::{
     Bmc, Machine, MachineSpec, PAUSE_IMAGE, Plug, PowerCause, PowerState,
 };
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, hub, machine_settings, operator_image, pool_machine, start_operator,
-    timeouts,
+    ACT, HUB_ROLE, Stranding, machine_settings, operator_image, pool_machine, scenario, secret,
+    start_operator, timeouts,
 };
 use homelab_harness::slots::event_reasons;
-use homelab_harness::{Components, ControlPlane, TestNamespace, eventually, test_namespace};
+use homelab_harness::{ControlPlane, eventually};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -77,15 +76,6 @@ fn claimed_slots(ledger: &Mutex<HashMap<String, NodeClaim>>) -> BTreeMap<String,
     ledger.into_iter().map(|(uid, claim)| (uid, claim.spec.slot_ref.name)).collect()
 }
 
-/// One scenario's namespace on the shared control plane, a lan of its own and its own hub.
-async fn scenario(prefix: &str) -> (TestNamespace, Lan, Machine) {
-    homelab_autoscaler::tls::install_crypto_provider();
-    let space = test_namespace(Components::CLUSTER, prefix).await.expect("namespace");
-    let lan = Lan::start(space.plane.api_address()).expect("lan");
-    let hub = hub(space.plane, &lan, &space.ns).await.expect("hub");
-    (space, lan, hub)
-}
-
 /// Two slots powered through their machines' BMCs (Redfish over HTTPS, the login and each BMC's
 /// CA in Secrets), declaring [`POOL_LABEL`], in a pool the built-in scaler runs; and a Deployment
 /// of two replicas that select that label, tolerate the kubelets' taint and may not share a
@@ -113,11 +103,7 @@ spec:
 "#
     );
     for (machine, bmc) in machines {
-        let ca = json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": format!("{}-bmc-ca", machine.name()) },
-            "stringData": { "ca.crt": bmc.ca_pem() },
-        });
+        let ca = secret(&format!("{}-bmc-ca", machine.name()), "ca.crt", bmc.ca_pem());
         manifest.push_str(&format!(
             r#"---
 {ca}
@@ -372,11 +358,7 @@ async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut()
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
     let slot = m1.name().to_owned();
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": format!("{slot}-ssh") },
-        "stringData": { "ssh-privatekey": key },
-    });
+    let secret = secret(&format!("{slot}-ssh"), "ssh-privatekey", &key);
     let manifest = format!(
         r#"{secret}
 ---

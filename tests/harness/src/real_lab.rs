@@ -18,9 +18,10 @@ use kube::api::Api;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use crate::control_plane::ControlPlane;
+use crate::control_plane::{Components, ControlPlane};
 use crate::lab::spawn_controllers;
 use crate::machine::{Lan, Machine, MachineSpec, PowerState};
+use crate::test_namespace::{TestNamespace, test_namespace};
 
 /// How long the operator and the machines are given for one step.
 pub const ACT: Duration = Duration::from_secs(180);
@@ -93,6 +94,25 @@ pub async fn hub(plane: &ControlPlane, lan: &Lan, ns: &str) -> Result<Machine> {
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
     ensure!(listed.lines().any(|l| l == name), "{name} not among the hub's images:\n{listed}");
     Ok(hub)
+}
+
+/// One scenario's namespace on the test binary's shared control plane, a lan of its own and its
+/// own hub: scenarios of one binary run side by side.
+pub async fn scenario(prefix: &str) -> (TestNamespace, Lan, Machine) {
+    homelab_autoscaler::tls::install_crypto_provider();
+    let space = test_namespace(Components::CLUSTER, prefix).await.expect("namespace");
+    let lan = Lan::start(space.plane.api_address()).expect("lan");
+    let hub = hub(space.plane, &lan, &space.ns).await.expect("hub");
+    (space, lan, hub)
+}
+
+/// A Secret `name` holding one `key`, as a manifest document for kubectl.
+pub fn secret(name: &str, key: &str, value: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": name },
+        "stringData": { key: value },
+    })
 }
 
 /// A fresh ed25519 key pair: the private key (OpenSSH PEM) and the public line.
