@@ -26,9 +26,10 @@ test-fast:
 
 ## demo: a local pool of simulated machines scaling up and down, under the real
 ## cluster-autoscaler and then the built-in scaler. DRIVER=cluster-autoscaler|builtin picks one;
-## KEEP=1 leaves the last cluster running and prints its KUBECONFIG.
+## KEEP=1 leaves the last cluster running and prints its KUBECONFIG; MACHINES=real (root) plays
+## it on real machines (a kubelet and containerd each, Wake-on-LAN on, SSH off).
 demo:
-	DRIVER=$(DRIVER) KEEP=$(KEEP) tests/harness/demo.sh
+	DRIVER=$(DRIVER) KEEP=$(KEEP) MACHINES=$(MACHINES) tests/harness/demo.sh
 
 ## image: the operator's OCI image without a container engine: a static binary packed with crane
 ## into an OCI layout tarball ($(CARGO_TARGET_DIR)/image/homelab-autoscaler.tar, or IMAGE_OUT).

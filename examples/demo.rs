@@ -8,11 +8,13 @@
 //! it changes, scales the workload away, and ends with a summary of each step and its duration.
 //!
 //! `DRIVER=cluster-autoscaler` or `DRIVER=builtin` plays one part only. `KEEP=1` leaves the last
-//! part's cluster running (until Ctrl-C) and prints the `KUBECONFIG` line for it. Everything the
-//! demo started stops when it exits.
+//! part's cluster running (until Ctrl-C) and prints the `KUBECONFIG` line for it.
+//! `MACHINES=real` (root only) plays the same pools on real machines: network namespaces each
+//! running a real kubelet and containerd, woken by Wake-on-LAN and shut down over SSH by the
+//! operator's power Jobs. Everything the demo started stops when it exits.
 
 use anyhow::{Context as _, Result, bail};
-use homelab_harness::e2e::{AutoscalerSettings, World, operator_binary};
+use homelab_harness::e2e::{AutoscalerSettings, Machines, World, operator_binary};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Driver {
@@ -29,16 +31,25 @@ fn drivers() -> Result<Vec<Driver>> {
     }
 }
 
+fn machines() -> Result<Machines> {
+    match std::env::var("MACHINES").unwrap_or_default().as_str() {
+        "" | "simulated" => Ok(Machines::Simulated),
+        "real" => Ok(Machines::Real),
+        other => bail!("MACHINES={other}: use simulated or real"),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let bin = operator_binary(std::env::args().nth(1).as_deref())?;
     let keep = std::env::var("KEEP").is_ok_and(|v| !v.is_empty() && v != "0");
     let drivers = drivers()?;
+    let machines = machines()?;
     for (index, driver) in drivers.iter().enumerate() {
         let last = index + 1 == drivers.len();
         let world = match driver {
-            Driver::ClusterAutoscaler => autoscaler_part(&bin).await?,
-            Driver::Builtin => builtin_part(&bin).await?,
+            Driver::ClusterAutoscaler => autoscaler_part(&bin, machines).await?,
+            Driver::Builtin => builtin_part(&bin, machines).await?,
         };
         if keep && last {
             hold(world).await?;
@@ -48,10 +59,10 @@ async fn main() -> Result<()> {
 }
 
 /// Part 1: the real cluster-autoscaler takes the pool 0 → 3 → 0.
-async fn autoscaler_part(bin: &std::path::Path) -> Result<World> {
+async fn autoscaler_part(bin: &std::path::Path, machines: Machines) -> Result<World> {
     println!("homelab-autoscaler demo, part 1: the real cluster-autoscaler drives a pool of three");
-    println!("machines through the operator's externalgrpc provider (mutual TLS)\n");
-    let mut world = World::start_for_autoscaler(bin, true).await?;
+    println!("{} through the operator's externalgrpc provider (mutual TLS)\n", what(machines));
+    let mut world = World::start_for_autoscaler_with(bin, true, machines).await?;
     let ca = world.autoscaler(&AutoscalerSettings::default()).await?;
     println!("cluster-autoscaler running (its log: {})\n", ca.log_path().display());
     let outcome = world.autoscaler_scale_up_and_down(&ca, 3).await;
@@ -70,11 +81,13 @@ async fn autoscaler_part(bin: &std::path::Path) -> Result<World> {
 }
 
 /// Part 2: the built-in demand scaler does the same without cluster-autoscaler.
-async fn builtin_part(bin: &std::path::Path) -> Result<World> {
+async fn builtin_part(bin: &std::path::Path, machines: Machines) -> Result<World> {
     println!(
-        "\nhomelab-autoscaler demo, part 2: the built-in demand scaler, no cluster-autoscaler\n"
+        "\nhomelab-autoscaler demo, part 2: the built-in demand scaler drives a pool of three {}, \
+         no cluster-autoscaler\n",
+        what(machines)
     );
-    let mut world = World::start(bin, true).await?;
+    let mut world = World::start_on_machines(bin, true, machines).await?;
     let outcome = world.builtin_scale_up_and_down(3).await;
     println!("{}", world.summary());
     if let Err(error) = &outcome {
@@ -82,6 +95,13 @@ async fn builtin_part(bin: &std::path::Path) -> Result<World> {
     }
     outcome?;
     Ok(world)
+}
+
+fn what(machines: Machines) -> &'static str {
+    match machines {
+        Machines::Simulated => "simulated machines",
+        Machines::Real => "real machines (a kubelet and containerd each; Wake-on-LAN on, SSH off)",
+    }
 }
 
 /// Leaves the world running for a person until Ctrl-C.

@@ -20,8 +20,8 @@ use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::machine::{Lan, Machine, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, machine_settings, operator_image, pool_machine, scenario, secret,
-    start_operator, timeouts,
+    ACT, HUB_ROLE, Stranding, clear_taint, machine_settings, operator_image, pool_machine,
+    scenario, secret, start_operator, timeouts,
 };
 use homelab_harness::slots::{condition, event_reasons, node_reporting};
 use homelab_harness::{ControlPlane, eventually, ready_status, stays};
@@ -477,19 +477,3 @@ async fn a_power_cut_at_the_readiness_gate_ends_with_exactly_one_machine_serving
 
 /// The taint of the network agent the pool's gate waits for.
 const AGENT_TAINT: &str = "homelab.test/agent-not-ready";
-
-/// Removes taint `key` from Node `name` (what the agent does once it runs).
-async fn clear_taint(nodes: &Api<CoreNode>, name: &str, key: &str) -> Result<()> {
-    let Some(node) = nodes.get_opt(name).await? else { return Ok(()) };
-    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
-    if taints.iter().all(|t| t.key != key) {
-        return Ok(());
-    }
-    let kept: Vec<&Taint> = taints.iter().filter(|t| t.key != key).collect();
-    let patch = json!({
-        "metadata": { "resourceVersion": node.metadata.resource_version },
-        "spec": { "taints": kept },
-    });
-    nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    Ok(())
-}

@@ -9,11 +9,10 @@
 //! The first run builds the `machines` programs and the operator's image (`make image`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use futures::StreamExt;
 use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
@@ -22,15 +21,14 @@ use homelab_harness::machine::{
     Bmc, Machine, MachineSpec, PAUSE_IMAGE, Plug, PowerCause, PowerState,
 };
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, machine_settings, operator_image, pool_machine, scenario, secret,
-    start_operator, timeouts,
+    ACT, HUB_ROLE, Stranding, first_seen, machine_settings, operator_image, pool_machine, scenario,
+    secret, start_operator, timeouts,
 };
 use homelab_harness::slots::event_reasons;
 use homelab_harness::{ControlPlane, eventually};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
 use serde_json::json;
 
 /// The taint the pool's kubelets register with (`--register-with-taints`); the slots do not
@@ -44,30 +42,6 @@ const BMC_PASSWORD: &str = "standby-rail";
 
 fn fail(output: &std::process::Output, what: &str) -> anyhow::Error {
     anyhow::anyhow!("{what}: {}", String::from_utf8_lossy(&output.stderr))
-}
-
-/// Every object of `api` ever seen, by uid, as first seen: claims are deleted once released,
-/// so a list at the end would miss them; and with a watch started before a Node exists, its
-/// first sight is the Node as the kubelet created it.
-fn first_seen<K>(api: Api<K>) -> Arc<Mutex<HashMap<String, K>>>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-{
-    let seen: Arc<Mutex<HashMap<String, K>>> = Arc::default();
-    let record = seen.clone();
-    tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default()).boxed();
-        while let Some(event) = events.next().await {
-            let (Ok(watcher::Event::Apply(object)) | Ok(watcher::Event::InitApply(object))) = event
-            else {
-                continue;
-            };
-            if let (Some(uid), Ok(mut seen)) = (object.meta().uid.clone(), record.lock()) {
-                seen.entry(uid).or_insert(object);
-            }
-        }
-    });
-    seen
 }
 
 /// The slots of every claim ever seen, by the claim's uid.

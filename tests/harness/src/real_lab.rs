@@ -4,17 +4,19 @@
 //! test process with timeouts short enough that a failed attempt costs seconds; and a watcher
 //! records every moment a machine runs without its Node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
+use futures::StreamExt;
 use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::operator::DEFAULT_POWER_IMAGE;
-use k8s_openapi::api::core::v1::Node as CoreNode;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
@@ -80,11 +82,19 @@ pub async fn operator_image() -> Result<(PathBuf, String)> {
 /// image imported. Its Node is `<ns>-hub`, labelled [`HUB_ROLE`]`=<ns>`: the tests of one binary
 /// share a control plane, and each test's Jobs must run on its own hub, on its own lan.
 pub async fn hub(plane: &ControlPlane, lan: &Lan, ns: &str) -> Result<Machine> {
-    let spec = MachineSpec {
-        name: format!("{ns}-hub"),
-        labels: BTreeMap::from([(HUB_ROLE.into(), ns.into())]),
-        ..MachineSpec::default()
-    };
+    always_on(plane, lan, &format!("{ns}-hub"), BTreeMap::from([(HUB_ROLE.into(), ns.into())]))
+        .await
+}
+
+/// A machine that runs the power Jobs: powered on, registered with `labels`, and holding the
+/// operator's image (no registry serves it).
+pub async fn always_on(
+    plane: &ControlPlane,
+    lan: &Lan,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<Machine> {
+    let spec = MachineSpec { name: name.into(), labels, ..MachineSpec::default() };
     let hub = Machine::create(plane, lan, spec).await?;
     hub.power_on().await?;
     let (tar, name) = operator_image().await?;
@@ -94,6 +104,61 @@ pub async fn hub(plane: &ControlPlane, lan: &Lan, ns: &str) -> Result<Machine> {
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
     ensure!(listed.lines().any(|l| l == name), "{name} not among the hub's images:\n{listed}");
     Ok(hub)
+}
+
+/// Removes taint `key` from Node `name`, if it is there: what a network agent (Cilium's, say)
+/// does once it runs on the machine. Conditional on the Node's resourceVersion, so a write
+/// another writer made in between is never undone.
+pub async fn clear_taint(nodes: &Api<CoreNode>, name: &str, key: &str) -> Result<()> {
+    let Some(node) = nodes.get_opt(name).await? else { return Ok(()) };
+    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    if taints.iter().all(|t| t.key != key) {
+        return Ok(());
+    }
+    let kept: Vec<&Taint> = taints.iter().filter(|t| t.key != key).collect();
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": node.metadata.resource_version },
+        "spec": { "taints": kept },
+    });
+    nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+fn is_conflict(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<kube::Error>(), Some(kube::Error::Api(status)) if status.code == 409)
+}
+
+/// A network agent's stand-in for a whole cluster: on every Node that is Ready and carries the
+/// agent's bootstrap taint `key` (registered by its kubelet, `--register-with-taints`), removes
+/// the taint, as the agent's pod does once networking is up on that machine. Runs until `stop`.
+pub fn network_agent(nodes: Api<CoreNode>, key: &'static str, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut events = watcher(nodes.clone(), watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        loop {
+            let node = tokio::select! {
+                () = stop.cancelled() => return,
+                next = events.next() => match next {
+                    Some(Ok(node)) => node,
+                    Some(Err(_)) => continue,
+                    None => return,
+                },
+            };
+            let tainted = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+            let tainted = tainted.is_some_and(|taints| taints.iter().any(|t| t.key == key));
+            if tainted && crate::is_ready(&node) {
+                let name = node.metadata.name.unwrap_or_default();
+                match clear_taint(&nodes, &name, key).await {
+                    // A conflict means a newer version is on its way: the watch brings it.
+                    Err(error) if is_conflict(&error) => {}
+                    Err(error) => eprintln!("network agent on {name}: {error:#}"),
+                    Ok(()) => {}
+                }
+            }
+        }
+    });
 }
 
 /// One scenario's namespace on the test binary's shared control plane, a lan of its own and its
@@ -151,6 +216,30 @@ pub async fn start_operator(
     let stop = CancellationToken::new();
     spawn_controllers(client, ns, timeouts(), settings, image, &stop).await;
     stop
+}
+
+/// Every object of `api` ever seen, by uid, as first seen: claims are deleted once released,
+/// so a list at the end would miss them; and with a watch started before a Node exists, its
+/// first sight is the Node as the kubelet created it.
+pub fn first_seen<K>(api: Api<K>) -> Arc<Mutex<HashMap<String, K>>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let seen: Arc<Mutex<HashMap<String, K>>> = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            let (Ok(watcher::Event::Apply(object)) | Ok(watcher::Event::InitApply(object))) = event
+            else {
+                continue;
+            };
+            if let (Some(uid), Ok(mut seen)) = (object.meta().uid.clone(), record.lock()) {
+                seen.entry(uid).or_insert(object);
+            }
+        }
+    });
+    seen
 }
 
 /// Every moment a watched machine was on, its kubelet running, with no Node after it had one in

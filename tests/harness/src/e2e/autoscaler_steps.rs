@@ -17,6 +17,7 @@ use serde_json::json;
 use super::{Autoscaler, NAMESPACE, World};
 use crate::claims::phase;
 use crate::eventually;
+use crate::machine::PAUSE_IMAGE;
 
 /// The annotation that keeps cluster-autoscaler from scaling a node down.
 const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
@@ -70,19 +71,29 @@ impl World {
 
     /// Creates the workload's Deployment.
     pub async fn deploy(&self, w: &Workload) -> Result<()> {
+        let mut pod = json!({
+            "nodeSelector": w.node_selector,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{ "name": "app", "image": "nginx:1.27", "resources": { "requests": { "cpu": w.cpu } } }],
+        });
+        if self.real_pool().is_some() {
+            // A real kubelet reports its host's CPUs, not the slot's declared capacity: a pod
+            // asks little and keeps to a machine of its own by anti-affinity instead. No
+            // registry serves an image; every machine holds the pause image.
+            pod["containers"] = json!([{
+                "name": "app", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                "resources": { "requests": { "cpu": "100m" } },
+            }]);
+            pod["affinity"] = json!({ "podAntiAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": [
+                { "labelSelector": { "matchLabels": { "app": w.name } }, "topologyKey": "kubernetes.io/hostname" },
+            ] } });
+        }
         let deployment: Deployment = serde_json::from_value(json!({
             "metadata": { "name": w.name, "namespace": "default" },
             "spec": {
                 "replicas": w.replicas,
                 "selector": { "matchLabels": { "app": w.name } },
-                "template": {
-                    "metadata": { "labels": { "app": w.name } },
-                    "spec": {
-                        "nodeSelector": w.node_selector,
-                        "terminationGracePeriodSeconds": 0,
-                        "containers": [{ "name": "app", "image": "nginx:1.27", "resources": { "requests": { "cpu": w.cpu } } }],
-                    },
-                },
+                "template": { "metadata": { "labels": { "app": w.name } }, "spec": pod },
             },
         }))?;
         self.deployments().create(&PostParams::default(), &deployment).await?;
@@ -247,7 +258,13 @@ impl World {
                 .and_then(|n| n.metadata.creation_timestamp)
                 .map(|t| t.0);
             if let (Some(done), Some(registered)) = (done, registered) {
-                boot = boot.max(span(done, registered) + super::SIMULATED_GATE_DELAY);
+                // A simulated machine's gate is a fixed delay; a real one's is in the rest.
+                let gate = if self.real_pool().is_some() {
+                    Duration::ZERO
+                } else {
+                    super::SIMULATED_GATE_DELAY
+                };
+                boot = boot.max(span(done, registered) + gate);
             }
         }
         let total = span(created, running);

@@ -6,6 +6,7 @@
 //! A [`World`] runs on the test binary's shared control plane ([`World::start`]) or on one a
 //! test owns ([`World::start_on`] with [`ControlPlane::start`]), which stops with the World.
 
+mod real_pool;
 mod scenarios;
 
 use std::collections::BTreeMap;
@@ -33,6 +34,7 @@ mod autoscaler_steps;
 pub mod prometheus;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint, sum_samples};
 pub use autoscaler_steps::{Workload, describe, released_by_autoscaler};
+pub use real_pool::{AGENT_TAINT, RealPool};
 
 /// Every claim the World has seen, by name, as last seen (deleted ones stay).
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;
@@ -58,7 +60,10 @@ pub struct World {
     // Field order is drop order: the product's processes go before the control plane.
     /// The operator replicas started so far (a killed one stays, with its process gone).
     pub replicas: Vec<Replica>,
-    _simulator: Child,
+    /// The machine simulator, for a simulated pool.
+    _simulator: Option<Child>,
+    /// The lan, lab and machines of a real pool.
+    real: Option<RealPool>,
     watch: tokio::task::JoinHandle<()>,
     /// Narrates cluster-autoscaler's calls as they reach the provider.
     calls: Option<tokio::task::JoinHandle<()>>,
@@ -90,6 +95,39 @@ impl Drop for World {
         self.watch.abort();
         if let Some(calls) = &self.calls {
             calls.abort();
+        }
+    }
+}
+
+/// What the pool's machines are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Machines {
+    /// Nodes of kwok, booted by the operator's machine simulator when a startup Job succeeds:
+    /// no root needed, seconds per boot.
+    Simulated,
+    /// Real machines ([`crate::machine`]), one per slot, powered by the slots' own drivers
+    /// from power Jobs on a real lab machine ([`RealPool`]). Needs root.
+    Real,
+}
+
+/// How a World is started.
+struct Setup {
+    narrate: bool,
+    tls: WebhookTls,
+    /// Serve the externalgrpc provider over mutual TLS, for cluster-autoscaler.
+    grpc_mtls: bool,
+    operator_kubeconfig: Option<PathBuf>,
+    machines: Machines,
+}
+
+impl Setup {
+    fn new(narrate: bool) -> Self {
+        Self {
+            narrate,
+            tls: WebhookTls::SelfMade,
+            grpc_mtls: false,
+            operator_kubeconfig: None,
+            machines: Machines::Simulated,
         }
     }
 }
@@ -230,11 +268,19 @@ impl World {
         Self::start_with(bin, narrate, WebhookTls::SelfMade).await
     }
 
+    /// [`World::start`] with the pool's machines as `machines` says: simulated, or real
+    /// machines (root only) whose power Jobs run on a real "lab" machine.
+    pub async fn start_on_machines(bin: &Path, narrate: bool, machines: Machines) -> Result<World> {
+        let started = Instant::now();
+        let plane = ControlPlane::shared(Components::CLUSTER).await?;
+        Self::build(plane.into(), bin, Setup { machines, ..Setup::new(narrate) }, started).await
+    }
+
     /// [`World::start`] with the webhook certificate from `tls`.
     pub async fn start_with(bin: &Path, narrate: bool, tls: WebhookTls) -> Result<World> {
         let started = Instant::now();
         let plane = ControlPlane::shared(Components::CLUSTER).await?;
-        Self::start_from(plane.into(), bin, narrate, tls, false, started).await
+        Self::build(plane.into(), bin, Setup { tls, ..Setup::new(narrate) }, started).await
     }
 
     /// [`World::start_with`] on the shared control plane, every replica serving one self-signed
@@ -255,8 +301,19 @@ impl World {
     /// mutual TLS for the real cluster-autoscaler to dial ([`World::autoscaler`]). It needs a
     /// cluster of its own: cluster-autoscaler acts on every pending pod and node it sees.
     pub async fn start_for_autoscaler(bin: &Path, narrate: bool) -> Result<World> {
-        let plane = ControlPlane::start(Components::CLUSTER).await?;
-        Self::start_for_autoscaler_on(plane, bin, narrate).await
+        Self::start_for_autoscaler_with(bin, narrate, Machines::Simulated).await
+    }
+
+    /// [`World::start_for_autoscaler`] with the pool's machines as `machines` says.
+    pub async fn start_for_autoscaler_with(
+        bin: &Path,
+        narrate: bool,
+        machines: Machines,
+    ) -> Result<World> {
+        let started = Instant::now();
+        let plane = Plane::from(ControlPlane::start(Components::CLUSTER).await?);
+        let setup = Setup { grpc_mtls: true, machines, ..Setup::new(narrate) };
+        Self::build(plane, bin, setup, started).await
     }
 
     /// [`World::start_for_autoscaler`] on `plane`, a control plane of the test's own that may
@@ -269,7 +326,7 @@ impl World {
         let started = Instant::now();
         let plane = plane.into();
         plane.ensure(Components::CLUSTER).await?;
-        Self::start_from(plane, bin, narrate, WebhookTls::SelfMade, true, started).await
+        Self::build(plane, bin, Setup { grpc_mtls: true, ..Setup::new(narrate) }, started).await
     }
 
     /// [`World::start_with`] on `plane`: an owned control plane
@@ -285,7 +342,7 @@ impl World {
         let started = Instant::now();
         let plane = plane.into();
         plane.ensure(Components::CLUSTER).await?;
-        Self::start_from(plane, bin, narrate, tls, false, started).await
+        Self::build(plane, bin, Setup { tls, ..Setup::new(narrate) }, started).await
     }
 
     /// [`World::start_on`] with the operator replicas running as whoever `operator_kubeconfig`
@@ -300,38 +357,16 @@ impl World {
         let started = Instant::now();
         let plane = plane.into();
         plane.ensure(Components::CLUSTER).await?;
-        Self::start_with_kubeconfig(
-            plane,
-            bin,
-            false,
+        let setup = Setup {
             tls,
-            false,
-            started,
-            Some(operator_kubeconfig.to_path_buf()),
-        )
-        .await
+            operator_kubeconfig: Some(operator_kubeconfig.to_path_buf()),
+            ..Setup::new(false)
+        };
+        Self::build(plane, bin, setup, started).await
     }
 
-    async fn start_from(
-        plane: Plane,
-        bin: &Path,
-        narrate: bool,
-        tls: WebhookTls,
-        grpc_mtls: bool,
-        started: Instant,
-    ) -> Result<World> {
-        Self::start_with_kubeconfig(plane, bin, narrate, tls, grpc_mtls, started, None).await
-    }
-
-    async fn start_with_kubeconfig(
-        plane: Plane,
-        bin: &Path,
-        narrate: bool,
-        tls: WebhookTls,
-        grpc_mtls: bool,
-        started: Instant,
-        operator_kubeconfig: Option<PathBuf>,
-    ) -> Result<World> {
+    async fn build(plane: Plane, bin: &Path, setup: Setup, started: Instant) -> Result<World> {
+        let Setup { narrate, tls, grpc_mtls, operator_kubeconfig, machines } = setup;
         homelab_autoscaler::tls::install_crypto_provider();
         plane.install_crds().await?;
         let client = plane.client()?;
@@ -348,27 +383,33 @@ impl World {
             Ok(())
         })
         .await?;
-        plane
-            .add_machine(
-                "lab",
-                vec![],
-                [("homelab.demo/role".to_string(), "lab".to_string())].into(),
-            )
-            .await?;
 
         let logs = log_dir()?;
         let kubeconfig = plane.kubeconfig_path();
-        let simulator = spawn(
-            bin,
-            &[
-                "simulate".into(),
-                format!("--namespace={NAMESPACE}"),
-                format!("--boot-delay={}s", SIMULATED_BOOT_DELAY.as_secs()),
-                format!("--gate-delay={}s", SIMULATED_GATE_DELAY.as_secs()),
-            ],
-            kubeconfig,
-            &logs.join("simulator.log"),
-        )?;
+        let (simulator, real) = match machines {
+            Machines::Simulated => {
+                plane
+                    .add_machine(
+                        "lab",
+                        vec![],
+                        [("homelab.demo/role".to_string(), "lab".to_string())].into(),
+                    )
+                    .await?;
+                let simulator = spawn(
+                    bin,
+                    &[
+                        "simulate".into(),
+                        format!("--namespace={NAMESPACE}"),
+                        format!("--boot-delay={}s", SIMULATED_BOOT_DELAY.as_secs()),
+                        format!("--gate-delay={}s", SIMULATED_GATE_DELAY.as_secs()),
+                    ],
+                    kubeconfig,
+                    &logs.join("simulator.log"),
+                )?;
+                (Some(simulator), None)
+            }
+            Machines::Real => (None, Some(RealPool::start(&plane, &client).await?)),
+        };
         let ledger = ClaimLedger::default();
         let watch = tokio::spawn(record_claims(client.clone(), ledger.clone(), narrate, started));
         let grpc_cert_dir = if grpc_mtls {
@@ -387,6 +428,7 @@ impl World {
         let mut world = World {
             replicas: Vec::new(),
             _simulator: simulator,
+            real,
             watch,
             calls: (grpc_mtls && narrate)
                 .then(|| tokio::spawn(print_calls(logs.join("operator-0.log"), started))),
@@ -406,7 +448,12 @@ impl World {
         };
         world.steps.push(Step { what: "control plane up, CRDs installed".into(), took: up });
         world.start_replica().await?;
-        world.note(format!("operator and simulator running (logs in {})", logs.display()), started);
+        let machines = match machines {
+            Machines::Simulated => "the simulator",
+            Machines::Real => "the lab machine",
+        };
+        world
+            .note(format!("operator and {machines} running (logs in {})", logs.display()), started);
         Ok(world)
     }
 
@@ -425,7 +472,8 @@ impl World {
             format!(
                 "--operator-usernames=admin,system:serviceaccount:{NAMESPACE}:homelab-autoscaler"
             ),
-            "--startup-job-timeout=30s".into(),
+            // A power Job on a real machine may wait for its SSH peer's 30 s connect timeout.
+            format!("--startup-job-timeout={}s", if self.real.is_some() { 60 } else { 30 }),
             "--registration-timeout=30s".into(),
             "--readiness-gate-timeout=60s".into(),
             "--drain-timeout=10s".into(),
@@ -507,6 +555,35 @@ impl World {
             .kubectl(&["create", "-n", NAMESPACE, "-f", &manifest.to_string_lossy(), "-o", "name"])
             .await?;
         Ok(created.trim().rsplit('/').next().unwrap_or_default().to_string())
+    }
+
+    /// Applies examples/`file`, a pool, into the operator's namespace: as it is on simulated
+    /// machines; on real machines with each slot's power its machine's own ([`RealPool`]).
+    pub async fn apply_pool(&mut self, file: &str) -> Result<()> {
+        let path = crate::repo_path(&format!("examples/{file}"));
+        let path = path.to_string_lossy();
+        if self.real.is_none() {
+            self.kubectl(&["apply", "-n", NAMESPACE, "-f", &path]).await?;
+            return Ok(());
+        }
+        // kubectl reads the YAML, as it does a user's; the harness edits only its JSON.
+        let objects = self
+            .kubectl(&["create", "--dry-run=client", "-o", "json", "-n", NAMESPACE, "-f", &path])
+            .await?;
+        let real = self.real.as_mut().context("a real pool")?;
+        let list = real.realize(&self.plane, &objects).await?;
+        let output = self.plane.kubectl_apply(NAMESPACE, &list.to_string()).await?;
+        ensure!(
+            output.status.success(),
+            "kubectl apply of {file} on real machines: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    /// The pool's real machines, when the World runs on them.
+    pub fn real_pool(&self) -> Option<&RealPool> {
+        self.real.as_ref()
     }
 
     /// Keeps `ca` running for as long as the World.

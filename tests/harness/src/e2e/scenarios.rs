@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::NodeClaimPhase;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::autoscaler_steps::{Workload, describe, released_by_autoscaler};
@@ -30,27 +30,12 @@ impl World {
     /// the Deployment to zero brings the pool back to zero.
     pub async fn builtin_scale_up_and_down(&mut self, replicas: i32) -> Result<()> {
         let t = Instant::now();
-        let pool = crate::repo_path("examples/pool.yaml");
-        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()]).await?;
+        self.apply_pool("pool.yaml").await?;
         self.note("applied examples/pool.yaml: group `workers`, slots mini-1, mini-2, big-1", t);
 
         let t = Instant::now();
-        let web: Deployment = serde_json::from_value(json!({
-            "metadata": { "name": "web", "namespace": "default" },
-            "spec": {
-                "replicas": replicas,
-                "selector": { "matchLabels": { "app": "web" } },
-                "template": {
-                    "metadata": { "labels": { "app": "web" } },
-                    "spec": {
-                        "nodeSelector": { "infra.homecluster.dev/group": "workers" },
-                        "containers": [{ "name": "web", "image": "nginx:1.27", "resources": { "requests": { "cpu": "1" } } }],
-                    },
-                },
-            },
-        }))?;
+        self.deploy(&Workload::on_group("web", "workers", replicas, "1")).await?;
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), "default");
-        deployments.create(&PostParams::default(), &web).await?;
         self.note(
             format!("created Deployment web with {replicas} pods that only the pool can run"),
             t,
@@ -144,8 +129,7 @@ impl World {
     /// and powers it off again by deleting the claim.
     pub async fn manual_claim(&mut self) -> Result<()> {
         let t = Instant::now();
-        let pool = crate::repo_path("examples/pool.yaml");
-        self.kubectl(&["apply", "-n", NAMESPACE, "-f", &pool.to_string_lossy()]).await?;
+        self.apply_pool("pool.yaml").await?;
         self.note("applied examples/pool.yaml", t);
 
         let t = Instant::now();
@@ -219,7 +203,7 @@ impl World {
         replicas: i32,
     ) -> Result<()> {
         let t = Instant::now();
-        self.apply_example("pool-cluster-autoscaler.yaml").await?;
+        self.apply_pool("pool-cluster-autoscaler.yaml").await?;
         self.note(
             "applied examples/pool-cluster-autoscaler.yaml: group `workers`, slots mini-1..3",
             t,
@@ -228,7 +212,9 @@ impl World {
         let t = Instant::now();
         let want = usize::try_from(replicas)?;
         self.deploy(&Workload::on_group("web", "workers", replicas, "3")).await?;
-        self.note(format!("created Deployment web: {replicas} pods of 3 CPUs, one per machine"), t);
+        let apart =
+            if self.real_pool().is_some() { "kept apart by anti-affinity" } else { "of 3 CPUs" };
+        self.note(format!("created Deployment web: {replicas} pods {apart}, one per machine"), t);
 
         let t = Instant::now();
         let nodes =
@@ -239,7 +225,7 @@ impl World {
         );
         let split = self.scale_up_breakdown("web", "workers").await?;
         self.record(format!(
-            "pod pending → Running, {:.0}s: cluster-autoscaler's decision {:.0}s, simulated boot {:.0}s, our control plane {:.0}s (1 s resolution)",
+            "pod pending → Running, {:.0}s: cluster-autoscaler's decision {:.0}s, machine boot {:.0}s, our control plane {:.0}s (1 s resolution)",
             split.total.as_secs_f64(),
             split.decision.as_secs_f64(),
             split.boot.as_secs_f64(),

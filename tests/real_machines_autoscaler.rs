@@ -1,0 +1,177 @@
+//! The real cluster-autoscaler drives a pool of real machines (homelab_harness::machine): the
+//! operator binary (webhooks, controllers, the externalgrpc provider over mutual TLS) and
+//! cluster-autoscaler as processes on a control plane of their own; examples/
+//! pool-cluster-autoscaler.yaml applied with kubectl, each slot powered by its machine's own
+//! drivers (a Wake-on-LAN magic packet on, an SSH shutdown off) from power Jobs that run the
+//! operator's image on a real lab machine. Nothing here presses a machine's buttons.
+//!
+//! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
+//! The first run builds the `machines` programs and the operator's image (`make image`).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use homelab_autoscaler::api::{ClaimCall, LABEL_GROUP, LABEL_SLOT, NodeClaimPhase};
+use homelab_harness::claims::phase;
+use homelab_harness::e2e::{
+    AGENT_TAINT, Autoscaler, AutoscalerSettings, Machines, Workload, World, describe,
+    operator_binary, released_by_autoscaler,
+};
+use homelab_harness::eventually;
+use homelab_harness::machine::{Machine, PowerCause, PowerState};
+use homelab_harness::real_lab::{Stranding, first_seen};
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::api::{Api, ListParams};
+
+/// A real boot (kubelet, containerd, the gate) and cluster-autoscaler's loop, with room.
+const ACT: Duration = Duration::from_secs(240);
+
+/// Two pods that may not share a machine take the pool of three 0 → 2; scaled away, 2 → 0,
+/// each machine shut down over SSH and its Node gone; scaled back, 0 → 2 again. Every boot is a
+/// magic packet from the lab to the machine's card, every shutdown an SSH command to its sshd.
+/// A machine booted twice registers a fresh Node that carries its kubelet's
+/// `--register-with-taints` taint from creation, and the slot's labels come back on it. At no
+/// moment is a machine on without its Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_autoscaler_wakes_real_machines_and_shuts_them_down_over_ssh() {
+    let bin = operator_binary(None).expect("operator binary");
+    let mut world =
+        World::start_for_autoscaler_with(&bin, false, Machines::Real).await.expect("world");
+    let _logs = world.plane.logs_on_failure();
+    let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
+    if let Err(error) = up_down_up(&mut world, &ca).await {
+        panic!(
+            "{error:#}\n--- cluster-autoscaler ({}) ---\n{}\n--- operator ---\n{}",
+            ca.log_path().display(),
+            ca.log_tail(80),
+            world.operator_log_tail(0, 60)
+        );
+    }
+}
+
+async fn up_down_up(world: &mut World, ca: &Autoscaler) -> Result<()> {
+    world.apply_pool("pool-cluster-autoscaler.yaml").await?;
+    let machines: Vec<Machine> =
+        world.real_pool().context("a real pool")?.machines().values().cloned().collect();
+    ensure!(machines.len() == 3, "a machine per slot of the example: {}", machines.len());
+    let _machine_logs: Vec<_> = machines.iter().map(Machine::logs_on_failure).collect();
+    let nodes: Api<CoreNode> = Api::all(world.client.clone());
+    let created = first_seen(nodes.clone());
+    let stranded: Vec<Stranding> =
+        machines.iter().map(|m| Stranding::watch(m.clone(), nodes.clone())).collect();
+    let never_stranded = || {
+        for (watch, machine) in stranded.iter().zip(&machines) {
+            watch.assert_never(machine.name());
+        }
+    };
+    let machine = |name: &str| machines.iter().find(|m| m.name() == name).cloned();
+
+    // 0 -> 2: two claims from IncreaseSize, each machine woken by a magic packet.
+    world.deploy(&Workload::on_group("web", "workers", 2, "1")).await?;
+    let first = running_on(world, 2).await?;
+    never_stranded();
+    world.settled_without_double_boot(ca, "workers", 2).await?;
+    for m in &machines {
+        let booted = first.contains(m.name());
+        let on = m.power_state().await == PowerState::On;
+        ensure!(on == booted, "{}: on {on}, serving {booted}", m.name());
+        ensure!(
+            (m.wakes() > 0) == booted,
+            "{}: {} magic packets, serving {booted}",
+            m.name(),
+            m.wakes()
+        );
+    }
+    let first_nodes: Vec<CoreNode> = {
+        let mut all = Vec::new();
+        for name in &first {
+            all.push(nodes.get(name).await?);
+        }
+        all
+    };
+
+    // 2 -> 0: cluster-autoscaler's scale-down, each machine shut down by its OS over SSH.
+    world.scale("web", 0).await?;
+    world.pool_at_zero("workers", ACT).await?;
+    never_stranded();
+    for name in &first {
+        let m = machine(name).context("the machine")?;
+        ensure!(m.power_state().await == PowerState::Off, "{name} is still on");
+        let last = m.power_history().last().copied().context("a power history")?;
+        ensure!(
+            (last.state, last.cause) == (PowerState::Off, PowerCause::Shutdown),
+            "{name}: off by the OS's orderly shutdown, not a cut: {last:?}"
+        );
+    }
+    let claims = world.claims_made_by_increase_size("workers", 2)?;
+    ensure!(
+        claims.iter().all(|c| phase(c) == NodeClaimPhase::Completed && released_by_autoscaler(c)),
+        "every claim completed by cluster-autoscaler's DeleteNodes:\n{}",
+        describe(&claims)
+    );
+
+    // 0 -> 2 again. Two of three machines each time: at least one boots twice.
+    world.scale("web", 2).await?;
+    let second = running_on(world, 2).await?;
+    world.quiet_loops(ca, 5).await?;
+    let claims = world.claims_seen("workers");
+    let live: Vec<_> = claims.iter().filter(|c| phase(c) == NodeClaimPhase::Ready).collect();
+    ensure!(
+        claims.len() == 4
+            && live.len() == 2
+            && claims.iter().all(|c| c.spec.request.call == ClaimCall::IncreaseSize),
+        "two claims per scale-up, all from IncreaseSize, two ready:\n{}",
+        describe(&claims)
+    );
+    let twice: Vec<&CoreNode> = first_nodes
+        .iter()
+        .filter(|n| second.contains(n.metadata.name.as_deref().unwrap_or_default()))
+        .collect();
+    ensure!(!twice.is_empty(), "a machine booted twice: {first:?}, then {second:?}");
+    for old in twice {
+        let name = old.metadata.name.clone().unwrap_or_default();
+        let node = nodes.get(&name).await?;
+        ensure!(node.metadata.uid != old.metadata.uid, "{name}: a fresh Node");
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        let as_created = created.lock().ok().and_then(|seen| seen.get(&uid).cloned());
+        let as_created = as_created.context("the watch saw the fresh Node's creation")?;
+        let taints = as_created.spec.and_then(|s| s.taints).unwrap_or_default();
+        ensure!(
+            taints.iter().any(|t| t.key == AGENT_TAINT && t.effect == "NoExecute"),
+            "{name}: the kubelet's --register-with-taints taint from creation: {taints:?}"
+        );
+        let labels = node.metadata.labels.unwrap_or_default();
+        ensure!(
+            labels.get(LABEL_GROUP).map(String::as_str) == Some("workers")
+                && labels.get(LABEL_SLOT) == Some(&name),
+            "{name}: the slot's labels are back: {labels:?}"
+        );
+    }
+    never_stranded();
+    Ok(())
+}
+
+/// Waits until `want` pods of `web` run with their container running, each on a machine of its
+/// own; returns the machines.
+async fn running_on(world: &World, want: usize) -> Result<BTreeSet<String>> {
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), "default");
+    eventually(&format!("{want} pods of web running on real machines"), ACT, || async {
+        let listed = pods.list(&ListParams::default().labels("app=web")).await?.items;
+        let mut hosts = BTreeSet::new();
+        for pod in listed.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let status = pod.status.clone().unwrap_or_default();
+            let running = status
+                .container_statuses
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+            if status.phase.as_deref() == Some("Running") && running {
+                hosts.extend(pod.spec.as_ref().and_then(|s| s.node_name.clone()));
+            }
+        }
+        ensure!(hosts.len() == want, "web running on {hosts:?}, want {want} machines");
+        Ok(hosts)
+    })
+    .await
+}
