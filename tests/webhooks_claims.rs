@@ -97,6 +97,31 @@ spec:
     assert_eq!(created.spec.requested_by.as_deref(), Some("admin"));
     assert_eq!(created.spec.attempt, Some(1));
     assert!(created.spec.deadline_at.is_some() && created.spec.requested_at.is_some());
+
+    // A person's own attempt number is replaced by admission's, and kubectl says so.
+    let name = created.metadata.name.clone().expect("name");
+    w.set_claim_status(&name, json!({ "phase": "completed" })).await;
+    let file = w.manifest(
+        "numbered.yaml",
+        r#"apiVersion: infra.homecluster.dev/v2alpha1
+kind: NodeClaim
+metadata:
+  name: numbered
+spec:
+  slotRef: { name: machine-1 }
+  request: { call: Manual, group: pool }
+  attempt: 7
+"#,
+    );
+    let (ok, stdout, stderr) = w.kubectl(&["create", "-f", &file, "-n", &w.ns, "-o", "json"]).await;
+    assert!(ok, "kubectl create failed: {stderr}");
+    let numbered: NodeClaim = serde_json::from_str(&stdout).expect("kubectl -o json");
+    assert_eq!(numbered.spec.attempt, Some(1), "admission's number, not the sent one");
+    assert!(
+        stderr.contains("Warning: spec.attempt: this claim is attempt 1")
+            && stderr.contains("not 7"),
+        "kubectl shows the warning: {stderr}"
+    );
     w.finish().await;
 }
 

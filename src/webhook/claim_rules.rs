@@ -72,6 +72,25 @@ pub fn stamp(claim: &NodeClaim, username: &str, facts: &ClaimFacts<'_>) -> Stamp
     }
 }
 
+/// The warning for a client that sent its own `spec.attempt` and got the stamp's instead: the
+/// number is admission's (it follows the slot's claims), so it is replaced, not refused. The
+/// operator's provider sends the number it counted from its own cache; the stamp corrects it
+/// without a word.
+pub fn replaced_attempt_warning(
+    claim: &NodeClaim,
+    stamp: &Stamp,
+    is_operator: bool,
+) -> Option<String> {
+    let (sent, stamped) = (claim.spec.attempt?, stamp.attempt?);
+    (sent != stamped && !is_operator).then(|| {
+        format!(
+            "spec.attempt: this claim is attempt {stamped} for slot {:?}, not {sent}: admission \
+             numbers attempts from the slot's claims, so it was set to {stamped}; leave it unset",
+            claim.spec.slot_ref.name
+        )
+    })
+}
+
 /// The JSON patch that writes the stamp (and the selection labels) onto a new claim. Empty when
 /// the claim already carries it, so a reinvocation changes nothing.
 pub fn stamp_patch(claim: &NodeClaim, stamp: &Stamp) -> Vec<PatchOperation> {
@@ -191,29 +210,22 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
         );
     }
     if !live_others.is_empty() {
-        // The live claim decides. Its boot moves the attempt seed, possibly between the
-        // mutating and the validating call of this very request, so an attempt judged now
-        // would only hide the reason with a spurious mismatch.
+        // The live claim decides; the streak is judged once it has ended.
         return findings.verdict();
     }
-    match facts.seed() {
-        Some(AttemptSeed::Exhausted { failures, retry_after }) => findings.forbidden(
+    // Only the bound is judged here. The number itself is the stamp's: the mutating call wrote
+    // it from the claims it saw, and a failure written between the two calls of this request
+    // would make any comparison here refuse a claim whose client never chose a number.
+    if let Some(AttemptSeed::Exhausted { failures, retry_after }) = facts.seed() {
+        findings.forbidden(
             "attempts_not_exhausted",
             format!(
-            "slot {slot_name:?} failed {failures} boots in a row and takes no claim until \
-             {retry_after}; fix its startup Job, then reset the streak now with \
-             `kubectl annotate node.infra.homecluster.dev {slot_name} -n {ns} \
-             infra.homecluster.dev/attempts-reset-at=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite`"
-        )),
-        Some(AttemptSeed::Attempt(n)) if claim.spec.attempt.is_some_and(|a| a != n) => {
-            findings.invalid(
-                "attempt_matches",
-                format!(
-                "spec.attempt: this claim is attempt {n} for slot {slot_name:?}, not {}; leave it unset",
-                claim.spec.attempt.unwrap_or_default()
-            ))
-        }
-        _ => {}
+                "slot {slot_name:?} failed {failures} boots in a row and takes no claim until \
+                 {retry_after}; fix its startup Job, then reset the streak now with \
+                 `kubectl annotate node.infra.homecluster.dev {slot_name} -n {ns} \
+                 infra.homecluster.dev/attempts-reset-at=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite`"
+            ),
+        );
     }
     findings.verdict()
 }
@@ -453,10 +465,36 @@ mod tests {
         assert_eq!(code, 422);
         assert!(msg.contains("spec.requestedAt"), "{msg}");
 
-        let mut wrong_attempt = ok.clone();
-        wrong_attempt.spec.attempt = Some(2);
-        let (code, msg) = denial(validate_create(&wrong_attempt, &facts(Some(&s), Some(&g), &[])));
-        assert_eq!((code, msg.contains("attempt 1")), (422, true), "{msg}");
+        // The number is the stamp's: validation does not compare it (see the next test).
+        let mut other_number = ok.clone();
+        other_number.spec.attempt = Some(2);
+        assert!(validate_create(&other_number, &facts(Some(&s), Some(&g), &[])).is_allowed());
+    }
+
+    #[test]
+    fn a_sent_attempt_is_replaced_by_the_stamp_with_a_warning_for_people() {
+        let (s, g) = (slot("slot-a", "pool"), group("pool"));
+        let f = facts(Some(&s), Some(&g), &[]);
+        let mut sent = claim("c", "slot-a", "pool");
+        sent.spec.attempt = Some(5);
+        let stamped = stamp(&sent, "alice", &f);
+        assert_eq!(stamped.attempt, Some(1), "the slot's next number, not the sent one");
+        let warning = replaced_attempt_warning(&sent, &stamped, false).expect("a warning");
+        assert!(
+            warning.contains("attempt 1")
+                && warning.contains("not 5")
+                && warning.contains("leave it unset"),
+            "{warning}"
+        );
+        assert_eq!(
+            replaced_attempt_warning(&sent, &stamped, true),
+            None,
+            "the operator's provider"
+        );
+        sent.spec.attempt = Some(1);
+        assert_eq!(replaced_attempt_warning(&sent, &stamped, false), None, "the right number");
+        sent.spec.attempt = None;
+        assert_eq!(replaced_attempt_warning(&sent, &stamped, false), None, "left unset");
     }
 
     #[test]

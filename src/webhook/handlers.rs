@@ -124,8 +124,15 @@ pub async fn mutate_claim(State(state): State<Arc<Shared>>, Json(review): Review
                     let ns = request.namespace.clone().unwrap_or_default();
                     let facts = facts.as_facts(&state, &ns, state.clock.now());
                     let stamp = claim_rules::stamp(&claim, &username, &facts);
+                    let is_operator = state.is_operator(&username);
                     Verdict::Allow {
-                        warnings: vec![],
+                        warnings: claim_rules::replaced_attempt_warning(
+                            &claim,
+                            &stamp,
+                            is_operator,
+                        )
+                        .into_iter()
+                        .collect(),
                         patch: claim_rules::stamp_patch(&claim, &stamp),
                     }
                 }
