@@ -15,7 +15,9 @@
 //! `BENCH_CALLS` (sequential calls per RPC, default 2000), `BENCH_INCREASES` (IncreaseSize
 //! calls per pool, default 10), `BENCH_IDLE_SECONDS` (default 10), `BENCH_RATES` (requests/s,
 //! default `100,500,1000`), `BENCH_RATE_SECONDS` (per rate and rule, default 5),
-//! `BENCH_CREATES` (creates per arm, default 300), `BENCH_ROUNDS` (scale-up rounds, default 10),
+//! `BENCH_RATE_ROUNDS` (rounds of every rate, default 3), `BENCH_CREATES` (creates per arm and
+//! round, default 300), `BENCH_ADMISSION_ROUNDS` (rounds of the three admission arms, default 3),
+//! `BENCH_ROUNDS` (scale-up rounds, default 10),
 //! `BENCH_OPERATORS` (`<path>,…`: operator binaries that `pools` measures one after another on
 //! each pool size, to compare two builds in one run; default the one built beside the bench,
 //! which the other sections use).
@@ -48,7 +50,9 @@ struct Knobs {
     idle: Duration,
     rates: Vec<u32>,
     rate_seconds: f64,
+    rate_rounds: usize,
     creates: usize,
+    admission_rounds: usize,
     rounds: usize,
 }
 
@@ -71,7 +75,9 @@ impl Knobs {
             idle: Duration::from_secs_f64(env("BENCH_IDLE_SECONDS", 10.0, 1.0, full)),
             rates: rates.split(',').map(|r| r.trim().parse()).collect::<Result<_, _>>()?,
             rate_seconds: env("BENCH_RATE_SECONDS", 5.0, 0.5, full),
+            rate_rounds: env("BENCH_RATE_ROUNDS", 3, 1, full),
             creates: env("BENCH_CREATES", 300, 10, full),
+            admission_rounds: env("BENCH_ADMISSION_ROUNDS", 3, 1, full),
             rounds: env("BENCH_ROUNDS", 10, 1, full),
         })
     }
@@ -310,102 +316,199 @@ async fn webhook_rates(run: &Run) -> Result<()> {
     section("Webhook latency in-process over HTTPS (HTTP/2, one keep-alive connection)");
     let ns = run.namespace("webhook").await?;
     webhook::write_pool(&run.client, &ns, 10).await?;
-    let server = webhook::Server::start(run.plane, &ns).await?;
+    let server = webhook::Server::start(run.plane, &ns, webhook::Handler::Rules).await?;
+    let noop = webhook::Server::start(run.plane, &ns, webhook::Handler::AllowAll).await?;
     let h2 = webhook::H2::connect(server.port, &run.plane.ca_pem()).await?;
+    let noop_h2 = webhook::H2::connect(noop.port, &run.plane.ca_pem()).await?;
     let k = &run.knobs;
-    for &rate in &k.rates {
-        println!("### {rate} requests/s, {} s each", k.rate_seconds);
-        let mut claim_p50 = Duration::ZERO;
-        let mut claim_p99 = Duration::ZERO;
-        for rule in webhook::Rule::ALL {
-            let samples = webhook::rule_at(&h2, &ns, rule, rate, k.rate_seconds).await;
-            if matches!(rule, webhook::Rule::Claim) {
-                (claim_p50, claim_p99) = (samples.quantile(0.5), samples.quantile(0.99));
+    // Per rate, each round's claim-rule p99 and (claim p50, no-op p50).
+    type Rounds = (u32, Vec<Duration>, Vec<(Duration, Duration)>);
+    let mut by_rate: Vec<Rounds> =
+        k.rates.iter().map(|&rate| (rate, Vec::new(), Vec::new())).collect();
+    for round in 1..=k.rate_rounds {
+        for (rate, p99s, p50s) in &mut by_rate {
+            let rate = *rate;
+            println!("### round {round}, {rate} requests/s, {} s each", k.rate_seconds);
+            let mut claim = stats::Samples::default();
+            for rule in webhook::Rule::ALL {
+                let samples = webhook::rule_at(&h2, &ns, rule, rate, k.rate_seconds).await;
+                println!("{}", samples.line(rule.name()));
+                if matches!(rule, webhook::Rule::Claim) {
+                    claim = samples;
+                }
             }
-            println!("{}", samples.line(rule.name()));
+            let floor =
+                webhook::rule_at(&noop_h2, &ns, webhook::Rule::Claim, rate, k.rate_seconds).await;
+            println!("{}", floor.line("no-op handler (the claim's review, allowed unread)"));
+            println!(
+                "claim webhook / no-op handler: p50 {:.2}, p99 {:.2}",
+                ratio(claim.quantile(0.5), floor.quantile(0.5)),
+                ratio(claim.quantile(0.99), floor.quantile(0.99)),
+            );
+            // Last, once: at these rates the reads saturate the apiserver, whose backlog would
+            // spill into whatever ran next.
+            if round == k.rate_rounds {
+                let reads = webhook::claim_reads_at(&run.client, &ns, rate, k.rate_seconds).await;
+                println!(
+                    "{}",
+                    reads.line("the claim rule's 3 reads alone, straight to the apiserver")
+                );
+                println!(
+                    "claim webhook / its reads alone: p50 {:.2}, p99 {:.2}",
+                    ratio(claim.quantile(0.5), reads.quantile(0.5)),
+                    ratio(claim.quantile(0.99), reads.quantile(0.99))
+                );
+            }
+            p99s.push(claim.quantile(0.99));
+            p50s.push((claim.quantile(0.5), floor.quantile(0.5)));
         }
-        let reads = webhook::claim_reads_at(&run.client, &ns, rate, k.rate_seconds).await;
-        println!("{}", reads.line("the claim rule's 3 reads alone, straight to the apiserver"));
-        println!(
-            "claim webhook / its reads alone: p50 {:.2}, p99 {:.2}",
-            ratio(claim_p50, reads.quantile(0.5)),
-            ratio(claim_p99, reads.quantile(0.99))
-        );
     }
-    drop(server);
+    println!("\nthe claim rule, round by round:");
+    for (rate, p99s, p50s) in &by_rate {
+        let p99s: Vec<String> = p99s.iter().map(|d| ms(*d)).collect();
+        let p50s: Vec<String> =
+            p50s.iter().map(|(ours, floor)| format!("{:.2}", ratio(*ours, *floor))).collect();
+        println!("{rate:>5}/s  p99 {}  p50 / no-op p50 {}", p99s.join(", "), p50s.join(", "));
+    }
+    drop((server, noop));
     Ok(())
 }
 
 async fn admission(run: &Run) -> Result<()> {
-    section("kube-apiserver create latency of a NodeClaim, with and without our webhooks");
+    section("kube-apiserver create latency of a NodeClaim: without webhooks, no-op webhooks, ours");
+    use webhook::Route;
     let ns = run.namespace("admission").await?;
-    let n = run.knobs.creates;
-    webhook::write_pool(&run.client, &ns, 3 * n + 1).await?;
-    let server = webhook::Server::start(run.plane, &ns).await?;
-    // Slot 0 stays free; each arm creates claims for slots of its own.
-    let without = creates_seen(run, &ns, 1..n + 1).await?;
-    webhook::register(run.plane, &ns, server.port).await?;
-    webhook::wait_webhooks(&run.client, &ns, true).await?;
-    server.take_calls();
-    let open_before = apiserver::connections_to(server.port)?;
-    let own_before = apiserver::scrape_own();
-    let with = creates_seen(run, &ns, n + 1..2 * n + 1).await?;
-    let own_after = apiserver::scrape_own();
-    let open_after = apiserver::connections_to(server.port)?;
-    let served = server.take_calls();
-    webhook::unregister(&run.client, &ns).await?;
-    webhook::wait_webhooks(&run.client, &ns, false).await?;
-    let without_again = creates_seen(run, &ns, 2 * n + 1..3 * n + 1).await?;
-    println!("{}", without.samples.line("create without webhooks"));
-    println!("{}", with.samples.line("create with webhooks (mutate + validate)"));
-    println!("{}", without_again.samples.line("create without webhooks, again"));
-    let mean = |a: Duration, b: Duration| (a + b) / 2;
-    let (w, a, b) = (&with.samples, &without.samples, &without_again.samples);
+    let (n, rounds) = (run.knobs.creates, run.knobs.admission_rounds);
+    let arms = [Route::Nowhere, Route::Floor, Route::Ours];
+    webhook::write_pool(&run.client, &ns, arms.len() * rounds * n + 1).await?;
+    let ours = webhook::Server::start(run.plane, &ns, webhook::Handler::Rules).await?;
+    let floor = webhook::Server::start(run.plane, &ns, webhook::Handler::AllowAll).await?;
+    let mut seen: std::collections::BTreeMap<Route, Vec<Arm>> = Default::default();
+    let mut served: std::collections::BTreeMap<Route, Vec<webhook::Served>> = Default::default();
+    let mut own = Vec::new();
+    let mut connections: std::collections::BTreeMap<Route, usize> = Default::default();
+    // Slot 0 stays free (the routing probe's); each arm of each round creates claims for slots
+    // of its own. Each round starts with a different arm, so none always follows the same one.
+    let mut next = 1;
+    for round in 0..rounds {
+        for k in 0..arms.len() {
+            let arm = arms[(round + k) % arms.len()];
+            webhook::route(run.plane, &ns, arm, &ours, &floor).await?;
+            let server = if arm == Route::Floor { &floor } else { &ours };
+            let open_before = apiserver::connections_to(server.port)?;
+            let own_before = apiserver::scrape_own();
+            let created = creates_seen(run, &ns, next..next + n).await?;
+            if arm == Route::Ours {
+                own.push((own_before, apiserver::scrape_own()));
+            }
+            if arm != Route::Nowhere {
+                let opened =
+                    apiserver::connections_to(server.port)?.difference(&open_before).count();
+                *connections.entry(arm).or_default() += opened;
+            }
+            next += n;
+            if arm != Route::Nowhere {
+                served.entry(arm).or_default().extend(server.take_calls());
+            }
+            println!(
+                "{}",
+                created.samples.line(&format!("round {}: create, {}", round + 1, arm.name()))
+            );
+            seen.entry(arm).or_default().push(created);
+        }
+    }
+    webhook::route(run.plane, &ns, Route::Nowhere, &ours, &floor).await?;
+
+    let pooled = |arm: Route| {
+        let mut all = stats::Samples::default();
+        for created in seen.get(&arm).into_iter().flatten() {
+            all.absorb(&created.samples);
+        }
+        all
+    };
+    let (without, noop, with) = (pooled(Route::Nowhere), pooled(Route::Floor), pooled(Route::Ours));
+    println!("\nthe {rounds} rounds pooled:");
+    for (arm, samples) in [(Route::Nowhere, &without), (Route::Floor, &noop), (Route::Ours, &with)]
+    {
+        println!("{}", samples.line(&format!("create, {}", arm.name())));
+    }
+    let q = |s: &stats::Samples, p: f64| s.quantile(p);
     println!(
-        "with / without (mean of both arms): p50 {:.2}, p99 {:.2}",
-        ratio(w.quantile(0.5), mean(a.quantile(0.5), b.quantile(0.5))),
-        ratio(w.quantile(0.99), mean(a.quantile(0.99), b.quantile(0.99))),
+        "ours / no-op (target at most 1.15): p50 {:.2}, p99 {:.2}; no-op / without: p50 {:.2}, p99 {:.2}",
+        ratio(q(&with, 0.5), q(&noop, 0.5)),
+        ratio(q(&with, 0.99), q(&noop, 0.99)),
+        ratio(q(&noop, 0.5), q(&without, 0.5)),
+        ratio(q(&noop, 0.99), q(&without, 0.99)),
     );
 
     println!(
-        "\nkube-apiserver's view, calls and mean per call in each arm (its /metrics before and after):"
+        "\nkube-apiserver's view, calls and mean per call in each arm, rounds pooled (its /metrics before and after each):"
     );
-    println!("{:<44} {:>18} {:>18} {:>18}", "", "without", "with webhooks", "without, again");
+    println!("{:<44} {:>18} {:>18} {:>18}", "", arms[0].name(), "no-op webhooks", "our webhooks");
     let cell = |(calls, mean): (u64, Duration)| format!("n={calls:<4} {:>9}", ms(mean));
     for row in apiserver::create_rows(
         homelab_autoscaler::webhook::configuration::STAMP_CLAIMS,
         homelab_autoscaler::webhook::configuration::VALIDATE_CLAIMS,
     ) {
+        let of = |arm: Route| {
+            let (mut calls, mut total) = (0u64, Duration::ZERO);
+            for created in seen.get(&arm).into_iter().flatten() {
+                let (c, mean) = created.after.since(&created.before, &row);
+                calls += c;
+                total += mean * u32::try_from(c).unwrap_or(u32::MAX);
+            }
+            (
+                calls,
+                if calls == 0 {
+                    Duration::ZERO
+                } else {
+                    total / u32::try_from(calls).unwrap_or(u32::MAX)
+                },
+            )
+        };
         println!(
             "{:<44} {:>18} {:>18} {:>18}",
             row.title,
-            cell(without.after.since(&without.before, &row)),
-            cell(with.after.since(&with.before, &row)),
-            cell(without_again.after.since(&without_again.before, &row)),
+            cell(of(Route::Nowhere)),
+            cell(of(Route::Floor)),
+            cell(of(Route::Ours)),
         );
     }
-    println!("the webhook server's view of the arm with webhooks (router in to response out):");
-    let paths: std::collections::BTreeSet<&str> = served.iter().map(|s| s.path.as_str()).collect();
-    for path in paths {
-        let mut samples = stats::Samples::default();
-        let mut versions = std::collections::BTreeSet::new();
-        for call in served.iter().filter(|s| s.path == path) {
-            samples.push(call.took);
-            versions.insert(format!("{:?}", call.version));
+    for (arm, calls) in &served {
+        println!("the server of the arm with {} (router in to response out):", arm.name());
+        let paths: std::collections::BTreeSet<&str> =
+            calls.iter().map(|s| s.path.as_str()).collect();
+        for path in paths {
+            let mut samples = stats::Samples::default();
+            let mut versions = std::collections::BTreeSet::new();
+            for call in calls.iter().filter(|s| s.path == path) {
+                samples.push(call.took);
+                versions.insert(format!("{:?}", call.version));
+            }
+            let versions = versions.into_iter().collect::<Vec<_>>().join(", ");
+            println!("{}  mean={}  {versions}", samples.line(path), ms(samples.mean()));
         }
-        let versions = versions.into_iter().collect::<Vec<_>>().join(", ");
-        println!("{}  mean={}  {versions}", samples.line(path), ms(samples.mean()));
     }
     for row in apiserver::own_rows() {
-        let (calls, mean) = own_after.since(&own_before, &row);
+        let (mut calls, mut total) = (0u64, Duration::ZERO);
+        for (before, after) in &own {
+            let (c, mean) = after.since(before, &row);
+            calls += c;
+            total += mean * u32::try_from(c).unwrap_or(u32::MAX);
+        }
+        let mean = if calls == 0 {
+            Duration::ZERO
+        } else {
+            total / u32::try_from(calls).unwrap_or(u32::MAX)
+        };
         println!("{:<52} n={calls:<6} mean={}", row.title, ms(mean));
     }
     println!(
-        "TCP connections to the webhook server: {} listed before the arm (the dry-run probes'), {} new during it",
-        open_before.len(),
-        open_after.difference(&open_before).count(),
+        "TCP connections opened during the arms (the routing probe's, before each, reused): our server {}, the no-op server {}",
+        connections.get(&Route::Ours).copied().unwrap_or_default(),
+        connections.get(&Route::Floor).copied().unwrap_or_default(),
     );
-    drop(server);
+    drop((ours, floor));
     Ok(())
 }
 

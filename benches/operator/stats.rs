@@ -15,6 +15,12 @@ impl Samples {
         self.values.push(took);
     }
 
+    /// Adds every sample and error of `other` (rounds of one measurement, pooled).
+    pub fn absorb(&mut self, other: &Samples) {
+        self.values.extend_from_slice(&other.values);
+        self.errors += other.errors;
+    }
+
     pub fn len(&self) -> usize {
         self.values.len()
     }

@@ -5,10 +5,11 @@
 //!   rates (open loop: a request leaves every 1/rate s whether or not the last one came back),
 //!   for the claim, slot and group rules; beside it, the same reads the claim rule makes, sent
 //!   straight to the apiserver at the same rate, so the share of the reads is a ratio;
-//! - kube-apiserver's own create latency for a NodeClaim with our webhooks registered against
-//!   the same without them; the server records each request it answers (path, HTTP version,
-//!   time in the router), so the create's time can be split with the apiserver's own metrics
-//!   (`apiserver`).
+//! - kube-apiserver's own create latency for a NodeClaim in three arms: no webhooks, the same
+//!   configurations calling a server that allows every review unread (the floor any admission
+//!   webhook pays: [`Handler::AllowAll`]), and ours; each server records each request it answers
+//!   (path, HTTP version, time in the router), so the create's time can be split with the
+//!   apiserver's own metrics (`apiserver`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,6 +39,58 @@ use crate::stats::Samples;
 
 pub const GROUP: &str = "pool";
 
+/// What a bench server answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handler {
+    /// The product's router: parse the review, read the caches, run the rules.
+    Rules,
+    /// The floor any admission webhook pays: the same TLS listener and HTTP/2 settings, and a
+    /// handler that allows every review on any path, reading only the request's uid (the
+    /// apiserver refuses an answer that does not echo it).
+    AllowAll,
+}
+
+/// Which server the registered configurations call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Route {
+    /// No configurations registered.
+    Nowhere,
+    /// The [`Handler::AllowAll`] server.
+    Floor,
+    /// The [`Handler::Rules`] server.
+    Ours,
+}
+
+impl Route {
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Nowhere => "no webhooks",
+            Route::Floor => "no-op webhooks (the floor)",
+            Route::Ours => "our webhooks",
+        }
+    }
+}
+
+/// Allows the review, echoing its uid, without decoding anything else.
+async fn allow_all(body: Bytes) -> axum::response::Response {
+    #[derive(serde::Deserialize)]
+    struct Review {
+        request: Request,
+    }
+    #[derive(serde::Deserialize)]
+    struct Request {
+        uid: String,
+    }
+    let uid = serde_json::from_slice::<Review>(&body).map(|r| r.request.uid).unwrap_or_default();
+    let answer = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": { "uid": uid, "allowed": true },
+    });
+    let headers = [(http::header::CONTENT_TYPE, "application/json")];
+    axum::response::IntoResponse::into_response((headers, answer.to_string()))
+}
+
 /// The webhook server, running in this process until dropped.
 pub struct Server {
     pub port: u16,
@@ -62,7 +115,7 @@ impl Drop for Server {
 }
 
 impl Server {
-    pub async fn start(plane: &ControlPlane, ns: &str) -> Result<Self> {
+    pub async fn start(plane: &ControlPlane, ns: &str, handler: Handler) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let cert = plane.issue_serving_cert(&["127.0.0.1", "localhost"])?;
         std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem)?;
@@ -73,23 +126,29 @@ impl Server {
         )?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
-        let client = plane.client()?;
-        // Admission reads these caches; the pool is written before the server starts, so once
-        // they have listed they hold it.
-        let caches = homelab_autoscaler::cache::Stores::start(&client, ns);
-        ensure!(caches.wait_synced(Duration::from_secs(60)).await, "the webhook's caches synced");
-        let state = WebhookState {
-            caches,
-            client,
-            namespace: ns.to_string(),
-            operator_usernames: vec!["admin".into()],
-            clock: Box::new(SystemClock),
-            timeouts: Timeouts::default(),
+        let app = match handler {
+            Handler::Rules => {
+                let client = plane.client()?;
+                // Admission reads these caches; the pool is written before the server starts, so
+                // once they have listed they hold it.
+                let caches = homelab_autoscaler::cache::Stores::start(&client, ns);
+                let synced = caches.wait_synced(Duration::from_secs(60)).await;
+                ensure!(synced, "the webhook's caches synced");
+                router(Arc::new(WebhookState {
+                    caches,
+                    client,
+                    namespace: ns.to_string(),
+                    operator_usernames: vec!["admin".into()],
+                    clock: Box::new(SystemClock),
+                    timeouts: Timeouts::default(),
+                }))
+            }
+            Handler::AllowAll => axum::Router::new().fallback(allow_all),
         };
         let shutdown = CancellationToken::new();
         let calls = Arc::new(Mutex::new(Vec::new()));
         let record = calls.clone();
-        let app = router(Arc::new(state)).layer(axum::middleware::from_fn(
+        let app = app.layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
                 let record = record.clone();
                 async move {
@@ -349,29 +408,64 @@ pub async fn register(plane: &ControlPlane, ns: &str, port: u16) -> Result<()> {
         .await
 }
 
+/// Deletes the configurations for `ns`, if there are any.
 pub async fn unregister(client: &Client, ns: &str) -> Result<()> {
     let name = format!("bench-{ns}");
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await?;
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await?;
+    let gone = |result: kube::Result<()>| match result {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        other => other,
+    };
+    gone(
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .delete(&name, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )?;
+    gone(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(&name, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )?;
     Ok(())
 }
 
-/// Waits until a dry-run claim for a missing slot is refused (`active`) or allowed (not):
-/// the apiserver picks configurations up from an informer a moment after they change.
-pub async fn wait_webhooks(client: &Client, ns: &str, active: bool) -> Result<()> {
-    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), ns);
+/// Points the configurations for `ns` where `route` says (registers them at `ours` or `floor`,
+/// or deletes them), and waits until a dry-run claim for a missing slot shows it: refused
+/// after calls to `ours` only, allowed after calls to `floor` only, or allowed with no call to
+/// either. The apiserver picks configurations up from an informer a moment after they change,
+/// and the mutating and the validating one separately.
+pub async fn route(
+    plane: &ControlPlane,
+    ns: &str,
+    to: Route,
+    ours: &Server,
+    floor: &Server,
+) -> Result<()> {
+    let client = plane.client()?;
+    match to {
+        Route::Nowhere => unregister(&client, ns).await?,
+        Route::Floor => register(plane, ns, floor.port).await?,
+        Route::Ours => register(plane, ns, ours.port).await?,
+    }
+    let claims: Api<NodeClaim> = Api::namespaced(client, ns);
     let probe: NodeClaim = serde_json::from_value(claim_object(ns, "probe", "no-such-slot"))?;
     let dry = PostParams { dry_run: true, ..PostParams::default() };
     homelab_harness::eventually(
         "the webhook configurations to take effect",
         Duration::from_secs(60),
         || async {
+            ours.take_calls();
+            floor.take_calls();
             let refused = claims.create(&dry, &probe).await.is_err();
-            ensure!(refused == active, "not yet");
+            let called = (!ours.take_calls().is_empty(), !floor.take_calls().is_empty());
+            let now = match (refused, called) {
+                (true, (true, false)) => Route::Ours,
+                (false, (false, true)) => Route::Floor,
+                (false, (false, false)) => Route::Nowhere,
+                _ => anyhow::bail!("between two routes: refused {refused}, called {called:?}"),
+            };
+            ensure!(now == to, "still routed {now:?}");
             Ok(())
         },
     )

@@ -240,17 +240,24 @@ impl GroupSnapshot {
 
     /// The group as an autoscaler sees it.
     pub fn info(&self) -> NodeGroupInfo {
-        let spec = &self.group.spec;
+        NodeGroupInfo::of(&self.group, self.slots.len())
+    }
+}
+
+impl NodeGroupInfo {
+    /// What cluster-autoscaler is told about `group`, which has `slots` slots. It needs no
+    /// claim: the target size is TargetSize's to say, so NodeGroups reads only the groups and
+    /// a count of the slots.
+    pub fn of(group: &Group, slots: usize) -> Self {
+        let name = group.metadata.name.as_deref().unwrap_or_default();
+        let max_size = saturating_i32(slots);
         NodeGroupInfo {
-            id: self.name().to_owned(),
-            min_size: spec.min_size.max(0),
-            max_size: self.slot_count(),
+            id: name.to_owned(),
+            min_size: group.spec.min_size.max(0),
+            max_size,
             debug: format!(
-                "homelab group {}: {} slots, {} wanted, minSize {}",
-                self.name(),
-                self.slot_count(),
-                self.target_size(),
-                spec.min_size
+                "homelab group {name}: {max_size} slots, minSize {}",
+                group.spec.min_size
             ),
         }
     }

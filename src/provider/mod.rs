@@ -195,10 +195,30 @@ impl Provider {
     /// Refresh: the caches are kept current by their watches, so there is nothing to do.
     pub fn refresh(&self) {}
 
-    /// NodeGroups: every group the caller scales.
+    /// NodeGroups: every group the caller scales. CA calls it every loop, and it describes every
+    /// group: one pass that counts the slots by group, no claim read and no snapshot built (the
+    /// snapshots of 50 groups at 1000 slots made its p99 2 ms, see docs/performance.md).
     #[tracing::instrument(skip_all)]
     pub fn node_groups(&self, caller: &Caller) -> Result<Vec<NodeGroupInfo>, ProviderError> {
-        Ok(self.snapshots(caller.driver)?.iter().map(GroupSnapshot::info).collect())
+        self.ensure_synced()?;
+        let stores = &self.inner.stores;
+        let mut groups = stores.groups.state();
+        groups.retain(|g| g.spec.driver == caller.driver);
+        groups.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let slots = stores.slots.state();
+        let mut counts: rustc_hash::FxHashMap<&str, usize> = rustc_hash::FxHashMap::default();
+        for slot in &slots {
+            if let Some(group) = groups::group_of(slot) {
+                *counts.entry(group).or_default() += 1;
+            }
+        }
+        Ok(groups
+            .iter()
+            .map(|g| {
+                let name = g.metadata.name.as_deref().unwrap_or_default();
+                NodeGroupInfo::of(g, counts.get(name).copied().unwrap_or_default())
+            })
+            .collect())
     }
 
     /// One group the caller scales, as the caches hold it now.
