@@ -18,10 +18,10 @@ use homelab_autoscaler::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaim
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
-use homelab_harness::machine::{Lan, Machine, MachineSpec, PAUSE_IMAGE, PowerState};
+use homelab_harness::machine::{Machine, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, clear_taint, machine_settings, operator_image, pool_machine,
-    scenario, secret, start_operator, timeouts,
+    scenario, secret, start_operator, timeouts, wake_and_ssh_power,
 };
 use homelab_harness::slots::{condition, event_reasons, node_reporting};
 use homelab_harness::{ControlPlane, eventually, ready_status, stays};
@@ -58,7 +58,8 @@ spec:
 "#
     );
     for (machine, key) in machines {
-        let secret = secret(&format!("{}-ssh", machine.name()), "ssh-privatekey", key);
+        let key_secret = format!("{}-ssh", machine.name());
+        let secret = secret(&key_secret, "ssh-privatekey", key);
         manifest.push_str(&format!(
             r#"---
 {secret}
@@ -71,23 +72,10 @@ metadata:
 spec:
   kubernetesNodeName: {name}
   nodeLabels: {{ "{POOL_LABEL}": "{ns}" }}
-  power:
-    wakeOnLan:
-      mac: "{mac}"
-      broadcastAddress: "{broadcast}"
-    ssh:
-      host: "{address}"
-      user: root
-      privateKey: {{ name: {name}-ssh, key: ssh-privatekey }}
-      knownHostKey: "{host_key}"
-      command: poweroff
-    nodeSelector: {{ "{HUB_ROLE}": "{ns}" }}
+  power: {power}
 "#,
             name = machine.name(),
-            mac = machine.mac(),
-            broadcast = Lan::broadcast(),
-            address = machine.address(),
-            host_key = machine.ssh_host_key()?,
+            power = wake_and_ssh_power(machine, &key_secret, json!({ HUB_ROLE: ns }))?,
         ));
     }
     let output = plane.kubectl_apply(ns, &manifest).await?;

@@ -20,9 +20,9 @@ use homelab_harness::e2e::{
 };
 use homelab_harness::eventually;
 use homelab_harness::machine::{Machine, PowerCause, PowerState};
-use homelab_harness::real_lab::{Stranding, first_seen};
+use homelab_harness::real_lab::{Stranding, first_seen, hosts_running};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 /// A real boot (kubelet, containerd, the gate) and cluster-autoscaler's loop, with room.
 const ACT: Duration = Duration::from_secs(240);
@@ -53,7 +53,7 @@ async fn cluster_autoscaler_wakes_real_machines_and_shuts_them_down_over_ssh() {
 async fn up_down_up(world: &mut World, ca: &Autoscaler) -> Result<()> {
     world.apply_pool("pool-cluster-autoscaler.yaml").await?;
     let machines: Vec<Machine> =
-        world.real_pool().context("a real pool")?.machines().values().cloned().collect();
+        world.real_pool().context("a real pool")?.machines().cloned().collect();
     ensure!(machines.len() == 3, "a machine per slot of the example: {}", machines.len());
     let _machine_logs: Vec<_> = machines.iter().map(Machine::logs_on_failure).collect();
     let nodes: Api<CoreNode> = Api::all(world.client.clone());
@@ -157,19 +157,7 @@ async fn up_down_up(world: &mut World, ca: &Autoscaler) -> Result<()> {
 async fn running_on(world: &World, want: usize) -> Result<BTreeSet<String>> {
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), "default");
     eventually(&format!("{want} pods of web running on real machines"), ACT, || async {
-        let listed = pods.list(&ListParams::default().labels("app=web")).await?.items;
-        let mut hosts = BTreeSet::new();
-        for pod in listed.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            let status = pod.status.clone().unwrap_or_default();
-            let running = status
-                .container_statuses
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-            if status.phase.as_deref() == Some("Running") && running {
-                hosts.extend(pod.spec.as_ref().and_then(|s| s.node_name.clone()));
-            }
-        }
+        let hosts = hosts_running(&pods, "web").await?;
         ensure!(hosts.len() == want, "web running on {hosts:?}, want {want} machines");
         Ok(hosts)
     })

@@ -21,14 +21,14 @@ use homelab_harness::machine::{
     Bmc, Machine, MachineSpec, PAUSE_IMAGE, Plug, PowerCause, PowerState,
 };
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, first_seen, machine_settings, operator_image, pool_machine, scenario,
-    secret, start_operator, timeouts,
+    ACT, HUB_ROLE, Stranding, first_seen, hosts_running, machine_settings, operator_image,
+    pool_machine, scenario, secret, start_operator, timeouts,
 };
 use homelab_harness::slots::event_reasons;
 use homelab_harness::{ControlPlane, eventually};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// The taint the pool's kubelets register with (`--register-with-taints`); the slots do not
@@ -131,19 +131,7 @@ spec:
 
 /// The Deployment's pods Running with their container running, one on each of `machines`.
 async fn web_runs_on(pods: &Api<Pod>, machines: &[&Machine]) -> Result<()> {
-    let listed = pods.list(&ListParams::default().labels("app=web")).await?.items;
-    let mut hosts = BTreeSet::new();
-    for pod in &listed {
-        let status = pod.status.clone().unwrap_or_default();
-        let running = status
-            .container_statuses
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-        if status.phase.as_deref() == Some("Running") && running {
-            hosts.extend(pod.spec.as_ref().and_then(|s| s.node_name.clone()));
-        }
-    }
+    let hosts = hosts_running(pods, "web").await?;
     let want: BTreeSet<String> = machines.iter().map(|m| m.name().to_owned()).collect();
     ensure!(hosts == want, "web Running on {hosts:?}, want {want:?}");
     Ok(())

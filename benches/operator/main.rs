@@ -405,11 +405,9 @@ async fn admission(run: &Run) -> Result<()> {
                 let opened =
                     apiserver::connections_to(server.port)?.difference(&open_before).count();
                 *connections.entry(arm).or_default() += opened;
-            }
-            next += n;
-            if arm != Route::Nowhere {
                 served.entry(arm).or_default().extend(server.take_calls());
             }
+            next += n;
             println!(
                 "{}",
                 created.samples.line(&format!("round {}: create, {}", round + 1, arm.name()))
@@ -451,20 +449,8 @@ async fn admission(run: &Run) -> Result<()> {
         homelab_autoscaler::webhook::configuration::VALIDATE_CLAIMS,
     ) {
         let of = |arm: Route| {
-            let (mut calls, mut total) = (0u64, Duration::ZERO);
-            for created in seen.get(&arm).into_iter().flatten() {
-                let (c, mean) = created.after.since(&created.before, &row);
-                calls += c;
-                total += mean * u32::try_from(c).unwrap_or(u32::MAX);
-            }
-            (
-                calls,
-                if calls == 0 {
-                    Duration::ZERO
-                } else {
-                    total / u32::try_from(calls).unwrap_or(u32::MAX)
-                },
-            )
+            let arms = seen.get(&arm).into_iter().flatten();
+            stats::pooled_mean(arms.map(|created| created.after.since(&created.before, &row)))
         };
         println!(
             "{:<44} {:>18} {:>18} {:>18}",
@@ -490,17 +476,8 @@ async fn admission(run: &Run) -> Result<()> {
         }
     }
     for row in apiserver::own_rows() {
-        let (mut calls, mut total) = (0u64, Duration::ZERO);
-        for (before, after) in &own {
-            let (c, mean) = after.since(before, &row);
-            calls += c;
-            total += mean * u32::try_from(c).unwrap_or(u32::MAX);
-        }
-        let mean = if calls == 0 {
-            Duration::ZERO
-        } else {
-            total / u32::try_from(calls).unwrap_or(u32::MAX)
-        };
+        let (calls, mean) =
+            stats::pooled_mean(own.iter().map(|(before, after)| after.since(before, &row)));
         println!("{:<52} n={calls:<6} mean={}", row.title, ms(mean));
     }
     println!(

@@ -59,6 +59,19 @@ impl Samples {
     }
 }
 
+/// Calls and mean per call of several measurements of one thing, each given as its calls and
+/// its mean: the calls add up, the mean is weighted by them.
+pub fn pooled_mean(parts: impl IntoIterator<Item = (u64, Duration)>) -> (u64, Duration) {
+    let (mut calls, mut total) = (0u64, 0.0f64);
+    for (n, mean) in parts {
+        calls += n;
+        total += mean.as_secs_f64() * n as f64;
+    }
+    let mean =
+        if calls == 0 { Duration::ZERO } else { Duration::from_secs_f64(total / calls as f64) };
+    (calls, mean)
+}
+
 /// Milliseconds with three decimals.
 pub fn ms(d: Duration) -> String {
     format!("{:.3}ms", d.as_secs_f64() * 1000.0)

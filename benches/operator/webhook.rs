@@ -411,23 +411,19 @@ pub async fn register(plane: &ControlPlane, ns: &str, port: u16) -> Result<()> {
 /// Deletes the configurations for `ns`, if there are any.
 pub async fn unregister(client: &Client, ns: &str) -> Result<()> {
     let name = format!("bench-{ns}");
-    let gone = |result: kube::Result<()>| match result {
+    delete_if_present(Api::<MutatingWebhookConfiguration>::all(client.clone()), &name).await?;
+    delete_if_present(Api::<ValidatingWebhookConfiguration>::all(client.clone()), &name).await
+}
+
+async fn delete_if_present<K>(api: Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        other => other,
-    };
-    gone(
-        Api::<MutatingWebhookConfiguration>::all(client.clone())
-            .delete(&name, &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )?;
-    gone(
-        Api::<ValidatingWebhookConfiguration>::all(client.clone())
-            .delete(&name, &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )?;
-    Ok(())
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Points the configurations for `ns` where `route` says (registers them at `ours` or `floor`,

@@ -273,8 +273,7 @@ impl AdmissionLab {
         self.claims.create(&PostParams::default(), &claim(name, slot, group)).await
     }
 
-    /// Writes a claim's status through the status subresource, as the claim controller does.
-    /// Writes a claim's status as a controller would, and returns once the webhook server's
+    /// Writes a claim's status through the status subresource, as the claim controller does, and returns once the webhook server's
     /// caches hold it: admission judges the next request by what its caches have seen, and a
     /// test that writes a failure and then creates the next claim means the two in that order.
     pub async fn set_claim_status(&self, name: &str, status: Value) {

@@ -4,7 +4,7 @@
 //! test process with timeouts short enough that a failed attempt costs seconds; and a watcher
 //! records every moment a machine runs without its Node.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,8 +14,8 @@ use futures::StreamExt;
 use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::operator::DEFAULT_POWER_IMAGE;
-use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -107,11 +107,18 @@ pub async fn always_on(
 }
 
 /// Removes taint `key` from Node `name`, if it is there: what a network agent (Cilium's, say)
-/// does once it runs on the machine. Conditional on the Node's resourceVersion, so a write
-/// another writer made in between is never undone.
+/// does once it runs on the machine.
 pub async fn clear_taint(nodes: &Api<CoreNode>, name: &str, key: &str) -> Result<()> {
-    let Some(node) = nodes.get_opt(name).await? else { return Ok(()) };
-    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    if let Some(node) = nodes.get_opt(name).await? {
+        remove_taint(nodes, &node, key).await?;
+    }
+    Ok(())
+}
+
+/// Removes taint `key` from `node` as read, conditional on its resourceVersion, so a write
+/// another writer made since is never undone (a conflict instead).
+async fn remove_taint(nodes: &Api<CoreNode>, node: &CoreNode, key: &str) -> kube::Result<()> {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
     if taints.iter().all(|t| t.key != key) {
         return Ok(());
     }
@@ -120,12 +127,9 @@ pub async fn clear_taint(nodes: &Api<CoreNode>, name: &str, key: &str) -> Result
         "metadata": { "resourceVersion": node.metadata.resource_version },
         "spec": { "taints": kept },
     });
+    let name = node.metadata.name.as_deref().unwrap_or_default();
     nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     Ok(())
-}
-
-fn is_conflict(error: &anyhow::Error) -> bool {
-    matches!(error.downcast_ref::<kube::Error>(), Some(kube::Error::Api(status)) if status.code == 409)
 }
 
 /// A network agent's stand-in for a whole cluster: on every Node that is Ready and carries the
@@ -146,16 +150,17 @@ pub fn network_agent(nodes: Api<CoreNode>, key: &'static str, stop: Cancellation
                     None => return,
                 },
             };
-            let tainted = node.spec.as_ref().and_then(|s| s.taints.as_ref());
-            let tainted = tainted.is_some_and(|taints| taints.iter().any(|t| t.key == key));
-            if tainted && crate::is_ready(&node) {
-                let name = node.metadata.name.unwrap_or_default();
-                match clear_taint(&nodes, &name, key).await {
-                    // A conflict means a newer version is on its way: the watch brings it.
-                    Err(error) if is_conflict(&error) => {}
-                    Err(error) => eprintln!("network agent on {name}: {error:#}"),
-                    Ok(()) => {}
+            if !crate::is_ready(&node) {
+                continue;
+            }
+            match remove_taint(&nodes, &node, key).await {
+                // A conflict means a newer version is on its way: the watch brings it.
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(error) => {
+                    let name = node.metadata.name.as_deref().unwrap_or_default();
+                    eprintln!("network agent on {name}: {error:#}");
                 }
+                Ok(()) => {}
             }
         }
     });
@@ -169,6 +174,46 @@ pub async fn scenario(prefix: &str) -> (TestNamespace, Lan, Machine) {
     let lan = Lan::start(space.plane.api_address()).expect("lan");
     let hub = hub(space.plane, &lan, &space.ns).await.expect("hub");
     (space, lan, hub)
+}
+
+/// A slot's `spec.power` for `machine`: a Wake-on-LAN magic packet to its card on, an SSH
+/// `poweroff` to its sshd off (the key in Secret `key_secret`, its host key pinned), the power
+/// Jobs on the Nodes `node_selector` selects.
+pub fn wake_and_ssh_power(
+    machine: &Machine,
+    key_secret: &str,
+    node_selector: serde_json::Value,
+) -> Result<serde_json::Value> {
+    Ok(serde_json::json!({
+        "wakeOnLan": { "mac": machine.mac(), "broadcastAddress": Lan::broadcast() },
+        "ssh": {
+            "host": machine.address().to_string(),
+            "user": "root",
+            "privateKey": { "name": key_secret, "key": "ssh-privatekey" },
+            "knownHostKey": machine.ssh_host_key()?,
+            "command": "poweroff",
+        },
+        "nodeSelector": node_selector,
+    }))
+}
+
+/// The Nodes on which a pod of workload `app` (label `app=<app>`) runs: phase Running with a
+/// container running, and not being deleted.
+pub async fn hosts_running(pods: &Api<Pod>, app: &str) -> Result<BTreeSet<String>> {
+    let listed = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
+    let mut hosts = BTreeSet::new();
+    for pod in listed.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let status = pod.status.clone().unwrap_or_default();
+        let running = status
+            .container_statuses
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+        if status.phase.as_deref() == Some("Running") && running {
+            hosts.extend(pod.spec.as_ref().and_then(|s| s.node_name.clone()));
+        }
+    }
+    Ok(hosts)
 }
 
 /// A Secret `name` holding one `key`, as a manifest document for kubectl.

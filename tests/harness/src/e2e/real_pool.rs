@@ -19,7 +19,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::ControlPlane;
 use crate::machine::{Lan, Machine, MachineSpec};
-use crate::real_lab::{always_on, network_agent, pool_machine, secret};
+use crate::real_lab::{always_on, network_agent, pool_machine, secret, wake_and_ssh_power};
 
 /// The bootstrap taint every machine of the pool registers with: the examples' readiness gate.
 pub const AGENT_TAINT: &str = "node.cilium.io/agent-not-ready";
@@ -31,9 +31,8 @@ const API_VERSION: &str = "infra.homecluster.dev/v2alpha1";
 pub struct RealPool {
     // Field order is drop order: the agent stops, then the machines, the lab and the lan go.
     _agent: DropGuard,
-    machines: BTreeMap<String, Machine>,
-    /// The private key each machine's sshd lets in.
-    keys: BTreeMap<String, String>,
+    /// Each machine and the private key its sshd lets in, by name.
+    machines: BTreeMap<String, (Machine, String)>,
     _lab: Machine,
     lan: Lan,
 }
@@ -47,23 +46,12 @@ impl RealPool {
         let lab = always_on(plane, &lan, "lab", labels).await.context("the lab machine")?;
         let agent = CancellationToken::new();
         network_agent(Api::<CoreNode>::all(client.clone()), AGENT_TAINT, agent.clone());
-        Ok(Self {
-            _agent: agent.drop_guard(),
-            machines: BTreeMap::new(),
-            keys: BTreeMap::new(),
-            _lab: lab,
-            lan,
-        })
-    }
-
-    /// The machine of slot `name`, once the pool holding it was applied.
-    pub fn machine(&self, name: &str) -> Option<&Machine> {
-        self.machines.get(name)
+        Ok(Self { _agent: agent.drop_guard(), machines: BTreeMap::new(), _lab: lab, lan })
     }
 
     /// Every machine of the pool, by name.
-    pub fn machines(&self) -> &BTreeMap<String, Machine> {
-        &self.machines
+    pub fn machines(&self) -> impl Iterator<Item = &Machine> {
+        self.machines.values().map(|(machine, _)| machine)
     }
 
     /// `objects` (kubectl's JSON of a manifest: objects one after another, or a List) with each
@@ -106,35 +94,21 @@ impl RealPool {
         spec.remove("shutdownPodSpec");
         let (machine, key) = self.machine_for(plane, &name).await?;
         let secret_name = format!("{name}-ssh");
-        spec.insert(
-            "power".into(),
-            json!({
-                "wakeOnLan": { "mac": machine.mac(), "broadcastAddress": Lan::broadcast() },
-                "ssh": {
-                    "host": machine.address().to_string(),
-                    "user": "root",
-                    "privateKey": { "name": secret_name, "key": "ssh-privatekey" },
-                    "knownHostKey": machine.ssh_host_key()?,
-                    "command": "poweroff",
-                },
-                "nodeSelector": selector,
-            }),
-        );
+        spec.insert("power".into(), wake_and_ssh_power(&machine, &secret_name, selector)?);
         Ok(secret(&secret_name, "ssh-privatekey", &key))
     }
 
     /// The machine named `name` and the key its sshd lets in: created powered off, with a fresh
     /// key, the first time a pool names it.
     async fn machine_for(&mut self, plane: &ControlPlane, name: &str) -> Result<(Machine, String)> {
-        if let (Some(machine), Some(key)) = (self.machines.get(name), self.keys.get(name)) {
-            return Ok((machine.clone(), key.clone()));
+        if let Some(known) = self.machines.get(name) {
+            return Ok(known.clone());
         }
         let taint =
             Taint { key: AGENT_TAINT.into(), effect: "NoExecute".into(), ..Taint::default() };
         let spec = MachineSpec { taints: vec![taint], ..MachineSpec::named(name) };
         let (machine, key) = pool_machine(plane, &self.lan, spec).await?;
-        self.machines.insert(name.to_owned(), machine.clone());
-        self.keys.insert(name.to_owned(), key.clone());
+        self.machines.insert(name.to_owned(), (machine.clone(), key.clone()));
         Ok((machine, key))
     }
 }
