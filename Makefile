@@ -12,10 +12,12 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 ## real-machine tier (network namespaces running a real kubelet and containerd; needs root).
 ## The test executables of `cargo test --workspace --all-targets` run three at a time
 ## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
+## The programs the suites that run alone need are built first; the rest of the `machines`
+## profile builds beside the lanes, at low priority, in the time the suites spend waiting.
 test:
-	tests/harness/build-binaries.sh machines
+	tests/harness/build-binaries.sh autoscaler
 	tests/harness/install-power-peers.sh
-	tests/harness/run-tests.sh $(ONLY)
+	$(if $(ONLY),,HOMELAB_TEST_BUILD_BESIDE=machines) tests/harness/run-tests.sh $(ONLY)
 
 ## test-fast: the library's unit and table tests and every suite that needs no control plane;
 ## nothing in Go is built or started (HOMELAB_TEST_NO_CONTROL_PLANE makes a suite that asks for
@@ -49,10 +51,11 @@ bench:
 manifests:
 	cargo run --locked -q -- manifests write
 
-## lint: formatting and clippy, as CI runs them.
+## lint: formatting and clippy, as CI runs them. Clippy keeps its own target dir, so that it can
+## run beside `make test` (as .ci/run does) without waiting on the test build's lock.
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets --locked -- -D warnings
+	CARGO_TARGET_DIR=$(CACHE)/lint-target cargo clippy --workspace --all-targets --locked -- -D warnings
 
 ## reliability-long: the long runs of the crash-injection and fuzz suites (not in CI; the figures
 ## are in docs/reliability.md). RUNS and CASES override the sizes.

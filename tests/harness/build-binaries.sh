@@ -205,33 +205,41 @@ case "$want" in
   *) echo "usage: $0 [integration|cluster|autoscaler|e2e|machines|all]" >&2; exit 2 ;;
 esac
 
-# One run at a time per cache (two test binaries, or a developer and a test run): two builds of
-# the same wrapper would only fight over the cores and race on the same output names. A run
-# that waited finds the binaries cached and returns at once.
-exec 9>"$cache/.lock"
-if ! flock -n 9; then
-  log "waiting for another build-binaries.sh run on $cache to finish"
-  flock 9
-fi
+# Each program is built under a lock of its own, so two runs on one cache (the test runner's
+# build beside its lanes and a test binary that needs a program now, or a developer and a test
+# run) never build the same program at once, while different programs build side by side. A run
+# that waited finds the program cached and goes on.
+locked() {
+  local lock=$cache/locks/$1; shift
+  mkdir -p "$cache/locks"
+  (
+    exec 9>"$lock"
+    if ! flock -n 9; then
+      log "waiting for another run to finish building ${lock##*/}"
+      flock 9
+    fi
+    "$@"
+  )
+}
 
-build etcd "" "" etcd=go.etcd.io/etcd/server/v3
+locked etcd build etcd "" "" etcd=go.etcd.io/etcd/server/v3
 kube=(kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl)
 if [[ $want != integration ]]; then
   kube+=(kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
          kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler)
 fi
-build k8s "$kube_ld" "" "${kube[@]}"
+locked k8s build k8s "$kube_ld" "" "${kube[@]}"
 if [[ $want != integration ]]; then
-  build kwok "" "" kwok=sigs.k8s.io/kwok/cmd/kwok
+  locked kwok build kwok "" "" kwok=sigs.k8s.io/kwok/cmd/kwok
 fi
 # `autoscaler` is what `make demo` runs: the cluster and cluster-autoscaler, nothing else.
 if [[ $want != integration && $want != cluster ]]; then
-  build_cluster_autoscaler
+  locked cluster-autoscaler build_cluster_autoscaler
 fi
 if [[ $want == e2e || $want == machines || $want == all ]]; then
-  build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
-  build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
-  build_cert_manager
+  locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
+  locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
+  locked cert-manager build_cert_manager
 fi
 # Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the
 # exposition format. `remove_all_sd` leaves out the cloud service-discovery plugins (the tests
@@ -239,7 +247,7 @@ fi
 # `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
 # on the 2-core dev machine: docs/testing.md.
 if [[ $want == e2e || $want == machines || $want == all ]]; then
-  build prometheus "" "remove_all_sd" \
+  locked prometheus build prometheus "" "remove_all_sd" \
     prometheus=github.com/prometheus/prometheus/cmd/prometheus \
     promtool=github.com/prometheus/prometheus/cmd/promtool
 fi
@@ -266,19 +274,22 @@ ensure_libseccomp() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libseccomp-dev pkg-config >/dev/null
 }
+build_runc() {
+  ensure_libseccomp
+  CGO_ENABLED=1 build runc "-extldflags=-static" "seccomp netgo osusergo" runc=github.com/opencontainers/runc
+}
 if [[ $want == machines ]]; then
-  build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
-  build containerd "" "no_btrfs,no_devmapper,no_zfs" \
+  locked kubelet build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
+  locked containerd build containerd "" "no_btrfs,no_devmapper,no_zfs" \
     containerd=github.com/containerd/containerd/v2/cmd/containerd \
     containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
     ctr=github.com/containerd/containerd/v2/cmd/ctr
-  ensure_libseccomp
-  CGO_ENABLED=1 build runc "-extldflags=-static" "seccomp netgo osusergo" runc=github.com/opencontainers/runc
+  locked runc build_runc
   mkdir -p "$bin/cni"
-  build cni "" "" cni/bridge=github.com/containernetworking/plugins/plugins/main/bridge \
+  locked cni build cni "" "" cni/bridge=github.com/containernetworking/plugins/plugins/main/bridge \
     cni/host-local=github.com/containernetworking/plugins/plugins/ipam/host-local \
     cni/loopback=github.com/containernetworking/plugins/plugins/main/loopback
-  build pause "" "" pause=homelab-autoscaler.invalid/harness/pause
-  build_pause_image
+  locked pause build pause "" "" pause=homelab-autoscaler.invalid/harness/pause
+  locked pause-image build_pause_image
 fi
 echo "$bin"

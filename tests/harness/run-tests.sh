@@ -16,7 +16,11 @@
 # is printed if it fails. Every executable runs even after a failure; the exit status is 1 if
 # any failed.
 #
-# Environment: HOMELAB_TEST_LANES (default 3) executables at once.
+# Environment: HOMELAB_TEST_LANES (default 3) executables at once. HOMELAB_TEST_BUILD_BESIDE names
+# a build-binaries.sh profile to build while the lanes run, at low priority (`make test` passes
+# `machines`): the lanes wait on clocks more than on the CPU, so the Go programs that only some
+# suites need are built in that slack instead of before every suite. A suite that needs one
+# first waits on that program's lock (or builds it); the runner waits for the build at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -126,11 +130,31 @@ for name in "${first[@]}"; do
   launch "$name"
   reap
 done
+# After the alone suites, so that nothing runs beside them.
+beside_pid=""
+if [[ -n ${HOMELAB_TEST_BUILD_BESIDE:-} ]]; then
+  beside_start=$(date +%s)
+  printf 'run-tests: start  build-binaries.sh %s beside the lanes (nice 10)\n' "$HOMELAB_TEST_BUILD_BESIDE"
+  nice -n 10 "$root/tests/harness/build-binaries.sh" "$HOMELAB_TEST_BUILD_BESIDE" >"$logs/build-beside.log" 2>&1 &
+  beside_pid=$!
+fi
 for name in "${queue[@]}"; do
   while [[ ${#pid_name[@]} -ge $lanes ]]; do reap; done
   launch "$name"
 done
 while [[ ${#pid_name[@]} -gt 0 ]]; do reap; done
+if [[ -n $beside_pid ]]; then
+  status=0
+  wait "$beside_pid" || status=$?
+  took=$(($(date +%s) - beside_start))
+  if [[ $status -eq 0 ]]; then
+    printf 'run-tests: ok     %-32s %4ds\n' "build-binaries.sh $HOMELAB_TEST_BUILD_BESIDE" "$took"
+  else
+    printf 'run-tests: FAILED %-32s %4ds (exit %d; %s)\n' "build-binaries.sh $HOMELAB_TEST_BUILD_BESIDE" \
+      "$took" "$status" "$logs/build-beside.log"
+    failed+=(build-beside)
+  fi
+fi
 
 elapsed=$(($(date +%s) - started))
 count=$((${#first[@]} + ${#queue[@]}))
