@@ -13,7 +13,7 @@ export HOMELAB_TEST_CACHE ?= $(CACHE)
 ## The test executables of `cargo test --workspace --all-targets` run three at a time
 ## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
 ## The programs the suites that run alone need are built first; the rest of the `machines`
-## profile builds beside the lanes, at low priority, in the time the suites spend waiting.
+## profile builds beside the suites at nice 19, in the time they spend waiting on clocks.
 test:
 	tests/harness/build-binaries.sh autoscaler
 	tests/harness/install-power-peers.sh

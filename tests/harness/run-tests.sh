@@ -17,10 +17,11 @@
 # any failed.
 #
 # Environment: HOMELAB_TEST_LANES (default 3) executables at once. HOMELAB_TEST_BUILD_BESIDE names
-# a build-binaries.sh profile to build while the lanes run, at low priority (`make test` passes
-# `machines`): the lanes wait on clocks more than on the CPU, so the Go programs that only some
-# suites need are built in that slack instead of before every suite. A suite that needs one
-# first waits on that program's lock (or builds it); the runner waits for the build at the end.
+# a build-binaries.sh profile to build beside the suites, at nice 19 (`make test` passes
+# `machines`): the suites that run alone and many in the lanes wait on clocks, not on the CPU,
+# so the Go programs that only some suites need are built in that idle time instead of before
+# every suite. A suite that needs one first waits on that program's lock (or builds it); the
+# runner waits for the build at the end and reports it like a suite.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -126,18 +127,19 @@ reap() {
   finish "$pid" "$status"
 }
 
+# At nice 19 a build takes only the CPU the suites leave idle, so it may run beside even the
+# suites that run alone: those assert on clocks of seconds, and a suite's wake-up preempts it.
+beside_pid=""
+if [[ -n ${HOMELAB_TEST_BUILD_BESIDE:-} ]]; then
+  beside_start=$(date +%s)
+  printf 'run-tests: start  build-binaries.sh %s beside the suites (nice 19)\n' "$HOMELAB_TEST_BUILD_BESIDE"
+  nice -n 19 "$root/tests/harness/build-binaries.sh" "$HOMELAB_TEST_BUILD_BESIDE" >"$logs/build-beside.log" 2>&1 &
+  beside_pid=$!
+fi
 for name in "${first[@]}"; do
   launch "$name"
   reap
 done
-# After the alone suites, so that nothing runs beside them.
-beside_pid=""
-if [[ -n ${HOMELAB_TEST_BUILD_BESIDE:-} ]]; then
-  beside_start=$(date +%s)
-  printf 'run-tests: start  build-binaries.sh %s beside the lanes (nice 10)\n' "$HOMELAB_TEST_BUILD_BESIDE"
-  nice -n 10 "$root/tests/harness/build-binaries.sh" "$HOMELAB_TEST_BUILD_BESIDE" >"$logs/build-beside.log" 2>&1 &
-  beside_pid=$!
-fi
 for name in "${queue[@]}"; do
   while [[ ${#pid_name[@]} -ge $lanes ]]; do reap; done
   launch "$name"

@@ -43,6 +43,7 @@ pub mod real_lab;
 mod resources;
 pub mod slots;
 mod test_namespace;
+pub mod timeline;
 mod wait;
 pub mod yaml_readers;
 

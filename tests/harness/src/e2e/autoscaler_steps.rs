@@ -5,12 +5,13 @@
 //! requests on the claims it caused, not only from our side.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use homelab_autoscaler::api::{ClaimCall, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{ClaimCall, Node as Slot, NodeClaim, NodeClaimPhase};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -18,6 +19,7 @@ use super::{Autoscaler, NAMESPACE, World};
 use crate::claims::phase;
 use crate::eventually;
 use crate::machine::PAUSE_IMAGE;
+use crate::timeline::{Seen, between};
 
 /// The annotation that keeps cluster-autoscaler from scaling a node down.
 const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
@@ -213,67 +215,78 @@ impl World {
         Ok(())
     }
 
-    /// Splits the time from the first pod's creation to the last pod Running into
-    /// cluster-autoscaler's decision (until its first claim), the simulated machine (startup Job
-    /// done → node registered, plus the simulator's gate delay, on the slowest claim) and the
-    /// rest, which is this operator and Kubernetes. Object times have 1 s resolution.
+    /// Where the time from "pod pending" to "pod Running" went in the last scale-up of
+    /// `group` for the pods of `app`, machine by machine, from the World's timeline
+    /// (millisecond resolution): the claims made since the first pod appeared, each through
+    /// its startup Job, its Node and the readiness gate.
     pub async fn scale_up_breakdown(&self, app: &str, group: &str) -> Result<ScaleUpBreakdown> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
-        let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
-        let created =
-            list.iter().filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0)).min();
-        let running = list
+        let selector = format!("app={app}");
+        let names: Vec<String> = pods
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
             .iter()
-            .filter_map(|p| {
-                let conditions = p.status.as_ref()?.conditions.as_ref()?;
-                conditions
-                    .iter()
-                    .find(|c| c.type_ == "Ready")?
-                    .last_transition_time
-                    .as_ref()
-                    .map(|t| t.0)
-            })
-            .max();
-        let claims = self.claims_seen(group);
-        let requested =
-            claims.iter().filter_map(|c| c.spec.requested_at.as_ref().map(|t| t.0)).min();
-        let (Some(created), Some(running), Some(requested)) = (created, running, requested) else {
+            .map(|p| p.name_any())
+            .collect();
+        let t = &self.timeline;
+        let created = names.iter().filter_map(|n| t.at(Seen::PodCreated, n)).min();
+        let running = names.iter().filter_map(|n| t.at(Seen::PodRunning, n)).max();
+        let (Some(created), Some(running)) = (created, running) else {
             anyhow::bail!(
-                "for {app} in {group}: first pod created {created:?}, last Ready {running:?}, first claim requested {requested:?}"
+                "the timeline has no pod of {app} created ({created:?}) or Running ({running:?})"
             );
         };
-        let jobs: Api<k8s_openapi::api::batch::v1::Job> =
-            Api::namespaced(self.client.clone(), NAMESPACE);
-        let nodes: Api<CoreNode> = Api::all(self.client.clone());
-        let mut boot = Duration::ZERO;
-        for claim in &claims {
-            let Some(job) = claim.status.as_ref().and_then(|s| s.startup_job.clone()) else {
+        let slots: Api<Slot> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let mut machines = Vec::new();
+        for claim in self.claims_seen(group) {
+            let name = claim.name_any();
+            let Some(claimed) = t.at(Seen::ClaimCreated, &name).filter(|at| *at >= created) else {
                 continue;
             };
-            let done =
-                jobs.get_opt(&job).await?.and_then(|j| j.status?.completion_time).map(|t| t.0);
-            let registered = nodes
-                .get_opt(&claim.spec.slot_ref.name)
-                .await?
-                .and_then(|n| n.metadata.creation_timestamp)
-                .map(|t| t.0);
-            if let (Some(done), Some(registered)) = (done, registered) {
-                // A simulated machine's gate is a fixed delay; a real one's is in the rest.
-                let gate = if self.real_pool().is_some() {
-                    Duration::ZERO
-                } else {
-                    super::SIMULATED_GATE_DELAY
-                };
-                boot = boot.max(span(done, registered) + gate);
-            }
+            let node = slots.get(&claim.spec.slot_ref.name).await?.spec.kubernetes_node_name;
+            let at = |seen: Seen| t.at(seen, &name);
+            let (Some(job), Some(job_done), Some(ready)) = (
+                at(Seen::StartupJobCreated),
+                at(Seen::StartupJobComplete),
+                at(Seen::ClaimPhase(NodeClaimPhase::Ready)),
+            ) else {
+                continue;
+            };
+            let (Some(registered), Some(usable)) = (
+                t.at_since(Seen::NodeRegistered, &node, claimed),
+                t.at_since(Seen::NodeUsable, &node, claimed),
+            ) else {
+                continue;
+            };
+            // The IncreaseSize that made this claim: the last one logged before it was seen.
+            let called = t
+                .all(Seen::IncreaseSizeCalled, |g| g == group)
+                .into_iter()
+                .map(|(at, _)| at)
+                .filter(|at| *at >= created && *at <= claimed)
+                .max();
+            machines.push(MachineSteps {
+                slot: claim.spec.slot_ref.name.clone(),
+                decided: between(created, called.unwrap_or(claimed)),
+                provider: called.map(|at| between(at, claimed)),
+                claim_to_job: between(claimed, job),
+                job: between(job, job_done),
+                boot: between(job_done, registered),
+                registered_to_usable: between(registered, usable),
+                gate: between(usable, ready),
+                ready,
+            });
         }
-        let total = span(created, running);
-        let decision = span(created, requested);
+        ensure!(
+            !machines.is_empty(),
+            "no claim of {group} was seen from creation to ready after the first pod of {app}"
+        );
+        let last_ready = machines.iter().map(|m| m.ready).max().unwrap_or(running);
         Ok(ScaleUpBreakdown {
-            total,
-            decision,
-            boot,
-            overhead: total.saturating_sub(decision + boot),
+            total: between(created, running),
+            ready_to_running: between(last_ready, running),
+            machines,
         })
     }
 
@@ -345,15 +358,86 @@ pub fn released_by_autoscaler(claim: &NodeClaim) -> bool {
         .is_some_and(|by| by.starts_with("cluster-autoscaler"))
 }
 
-/// Where the time from "pod pending" to "pod Running" went.
-#[derive(Clone, Copy, Debug)]
-pub struct ScaleUpBreakdown {
-    pub total: Duration,
-    pub decision: Duration,
+/// Reads one step of a machine (none: the step did not happen, as IncreaseSize under the
+/// built-in scaler).
+type StepOf = fn(&MachineSteps) -> Option<Duration>;
+
+/// One machine's steps from "pod pending" to its claim ready.
+#[derive(Clone, Debug)]
+pub struct MachineSteps {
+    pub slot: String,
+    /// The first pod created → the IncreaseSize that made the claim (cluster-autoscaler's
+    /// decision) or, with no IncreaseSize, → the claim created (the built-in scaler's).
+    pub decided: Duration,
+    /// IncreaseSize logged → the claim seen: the operator's provider.
+    pub provider: Option<Duration>,
+    /// The claim seen → its startup Job seen: the operator's claim controller.
+    pub claim_to_job: Duration,
+    /// The startup Job seen → complete: the power Job's pod, scheduled and run.
+    pub job: Duration,
+    /// The Job complete → the machine's Node registered: the machine's boot.
     pub boot: Duration,
-    pub overhead: Duration,
+    /// Registered → Ready and free of the pool's readiness taints: the kubelet and the network.
+    pub registered_to_usable: Duration,
+    /// Usable → the claim ready: the operator's readiness gate (its checks, the uncordon, the
+    /// status write).
+    pub gate: Duration,
+    ready: Instant,
 }
 
-fn span(from: jiff::Timestamp, to: jiff::Timestamp) -> Duration {
-    Duration::try_from(to.duration_since(from)).unwrap_or_default()
+impl MachineSteps {
+    /// The operator's own share: the provider, the claim controller and the gate.
+    pub fn operator(&self) -> Duration {
+        self.provider.unwrap_or_default() + self.claim_to_job + self.gate
+    }
+}
+
+/// Where the time from "pod pending" to "pod Running" went, machine by machine.
+#[derive(Clone, Debug)]
+pub struct ScaleUpBreakdown {
+    /// The first pod created → the last pod Running.
+    pub total: Duration,
+    pub machines: Vec<MachineSteps>,
+    /// The last claim ready → the last pod Running: the scheduler and the kubelet.
+    pub ready_to_running: Duration,
+}
+
+impl ScaleUpBreakdown {
+    /// The largest operator share of any machine.
+    pub fn operator_max(&self) -> Duration {
+        self.machines.iter().map(MachineSteps::operator).max().unwrap_or_default()
+    }
+
+    /// A table: one row per step, one column per machine, in milliseconds.
+    pub fn table(&self) -> String {
+        let ms = |d: Duration| format!("{:>9}", d.as_millis());
+        let mut out = format!("{:<56}", "step (ms), per machine");
+        for m in &self.machines {
+            out.push_str(&format!("{:>9}", m.slot));
+        }
+        let rows: [(&str, StepOf); 8] = [
+            ("pods created → IncreaseSize / claim (the scaler)", |m| Some(m.decided)),
+            ("IncreaseSize → claim seen (operator: provider)", |m| m.provider),
+            ("claim → startup Job seen (operator: claim controller)", |m| Some(m.claim_to_job)),
+            ("startup Job → complete (its pod scheduled and run)", |m| Some(m.job)),
+            ("Job complete → Node registered (the machine's boot)", |m| Some(m.boot)),
+            ("registered → Ready, untainted (kubelet, network)", |m| {
+                Some(m.registered_to_usable)
+            }),
+            ("usable → claim ready (operator: readiness gate)", |m| Some(m.gate)),
+            ("operator's own share", |m| Some(m.operator())),
+        ];
+        for (name, value) in rows {
+            out.push_str(&format!("\n{name:<56}"));
+            for m in &self.machines {
+                out.push_str(&value(m).map_or_else(|| format!("{:>9}", "-"), ms));
+            }
+        }
+        out.push_str(&format!(
+            "\n{:<56}{}",
+            "last claim ready → last pod Running (scheduler, kubelet)",
+            ms(self.ready_to_running)
+        ));
+        out
+    }
 }

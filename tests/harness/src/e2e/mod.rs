@@ -27,6 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
+use crate::timeline::{self, Seen, Timeline};
 use crate::{Components, ControlPlane, Plane, eventually};
 
 pub mod autoscaler;
@@ -65,8 +66,12 @@ pub struct World {
     /// The lan, lab and machines of a real pool.
     real: Option<RealPool>,
     watch: tokio::task::JoinHandle<()>,
-    /// Narrates cluster-autoscaler's calls as they reach the provider.
+    /// Follows cluster-autoscaler's calls as they reach the provider (into the timeline, and
+    /// narrated when narrating).
     calls: Option<tokio::task::JoinHandle<()>>,
+    /// When each claim, Job, Node and pod change was first seen, at millisecond resolution.
+    pub timeline: Timeline,
+    _timeline_watches: timeline::Watches,
     /// Every claim seen so far, including those already released and deleted.
     pub ledger: ClaimLedger,
     /// Mutual-TLS files for the externalgrpc provider, when cluster-autoscaler is to dial it.
@@ -77,6 +82,8 @@ pub struct World {
     pub plane: Plane,
     started: Instant,
     steps: Vec<Step>,
+    /// Tables for the summary, after the steps (a scale-up's split).
+    tables: Vec<String>,
     narrate: bool,
     bin: PathBuf,
     logs: PathBuf,
@@ -247,6 +254,14 @@ impl World {
         self.record(what, since.elapsed());
     }
 
+    /// A table for the summary, printed now too when narrating.
+    pub fn table(&mut self, table: String) {
+        if self.narrate {
+            println!("{table}");
+        }
+        self.tables.push(table);
+    }
+
     /// A step whose duration was measured elsewhere.
     pub fn record(&mut self, what: impl Into<String>, took: Duration) {
         let step = Step { what: what.into(), took };
@@ -412,6 +427,8 @@ impl World {
         };
         let ledger = ClaimLedger::default();
         let watch = tokio::spawn(record_claims(client.clone(), ledger.clone(), narrate, started));
+        let timeline = Timeline::default();
+        let timeline_watches = timeline.watch(&client, NAMESPACE, &[AGENT_TAINT], "default");
         let grpc_cert_dir = if grpc_mtls {
             // One CA signs both sides, as cluster-autoscaler's cloud-config expects; the server
             // name is the host part of the cloud-config's address.
@@ -430,8 +447,12 @@ impl World {
             _simulator: simulator,
             real,
             watch,
-            calls: (grpc_mtls && narrate)
-                .then(|| tokio::spawn(print_calls(logs.join("operator-0.log"), started))),
+            calls: grpc_mtls.then(|| {
+                let log = logs.join("operator-0.log");
+                tokio::spawn(follow_calls(log, started, timeline.clone(), narrate))
+            }),
+            timeline,
+            _timeline_watches: timeline_watches,
             ledger,
             grpc_cert_dir,
             kept_autoscaler: None,
@@ -439,6 +460,7 @@ impl World {
             plane,
             started,
             steps: Vec::new(),
+            tables: Vec::new(),
             narrate,
             bin: bin.to_path_buf(),
             logs: logs.clone(),
@@ -693,13 +715,20 @@ impl World {
             out.push_str(&format!("  {:>7.1}s  {}\n", step.took.as_secs_f64(), step.what));
         }
         out.push_str(&format!("  {:>7.1}s  total\n", self.started.elapsed().as_secs_f64()));
+        for table in &self.tables {
+            out.push('\n');
+            for line in table.lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
         out
     }
 }
 
-/// Prints each call cluster-autoscaler makes that changes a pool, as the operator logs it
-/// (`cluster-autoscaler called IncreaseSize(workers, +3)`), by following the operator's log.
-async fn print_calls(log: PathBuf, started: Instant) {
+/// Follows each call cluster-autoscaler makes that changes a pool, as the operator logs it
+/// (`cluster-autoscaler called IncreaseSize(workers, +3)`): an IncreaseSize goes into the
+/// timeline at the log line's own timestamp, and when narrating every call is printed.
+async fn follow_calls(log: PathBuf, started: Instant, timeline: Timeline, narrate: bool) {
     const MARK: &str = "cluster-autoscaler called ";
     let mut offset = 0;
     let mut ticks = tokio::time::interval(Duration::from_millis(200));
@@ -711,7 +740,12 @@ async fn print_calls(log: PathBuf, started: Instant) {
         let Some(end) = fresh.rfind('\n') else { continue };
         offset += end + 1;
         for line in fresh[..end].lines() {
-            if let Some((_, call)) = line.split_once(MARK) {
+            let Some((_, call)) = line.split_once(MARK) else { continue };
+            if let (Some(group), Some((stamp, at))) = (increase_size_group(call), logged_at(line)) {
+                // Each call is its own sighting: the log line's timestamp tells them apart.
+                timeline.note_at(Seen::IncreaseSizeCalled, group, stamp, at);
+            }
+            if narrate {
                 println!(
                     "[{:>6.1}s]   cluster-autoscaler → {}",
                     started.elapsed().as_secs_f64(),
@@ -720,6 +754,20 @@ async fn print_calls(log: PathBuf, started: Instant) {
             }
         }
     }
+}
+
+/// The group of a logged `IncreaseSize(workers, +3)`.
+fn increase_size_group(call: &str) -> Option<&str> {
+    call.strip_prefix("IncreaseSize(")?.split_once(',').map(|(group, _)| group)
+}
+
+/// When a line of the operator's text log was written: its leading RFC 3339 timestamp, as
+/// written and on this process's monotonic clock (taken back from now).
+fn logged_at(line: &str) -> Option<(&str, Instant)> {
+    let text = line.split_whitespace().next()?;
+    let stamp: jiff::Timestamp = text.parse().ok()?;
+    let ago = Duration::try_from(jiff::Timestamp::now().duration_since(stamp)).unwrap_or_default();
+    Some((text, Instant::now().checked_sub(ago)?))
 }
 
 /// Records every claim into the ledger and, when narrating, prints each claim's phase as it
