@@ -206,9 +206,12 @@ case "$want" in
 esac
 
 # Each program is built under a lock of its own, so two runs on one cache (the test runner's
-# build beside its lanes and a test binary that needs a program now, or a developer and a test
+# build beside the suites and a test binary that needs a program now, or a developer and a test
 # run) never build the same program at once, while different programs build side by side. A run
-# that waited finds the program cached and goes on.
+# that waited finds the program cached and goes on. The holder writes its pid beside the lock; a
+# waiter raises the holder's build to its own priority (as a mutex with priority inheritance
+# does), so a suite never waits on a nice-19 build starved by the other suites. Raising a
+# priority needs root; without it the waiter just waits.
 locked() {
   local lock=$cache/locks/$1; shift
   mkdir -p "$cache/locks"
@@ -216,10 +219,30 @@ locked() {
     exec 9>"$lock"
     if ! flock -n 9; then
       log "waiting for another run to finish building ${lock##*/}"
+      inherit_priority "$(cat "$lock.pid" 2>/dev/null || true)"
       flock 9
     fi
+    echo "$BASHPID" >"$lock.pid"
     "$@"
   )
+}
+
+# inherit_priority PID: renices PID and every process below it to this process's niceness, if
+# theirs is lower; processes they start later inherit it.
+inherit_priority() {
+  local holder=$1 mine pids=() queue=("$1") pid
+  [[ $holder =~ ^[0-9]+$ ]] && kill -0 "$holder" 2>/dev/null || return 0
+  mine=$(nice)
+  while ((${#queue[@]})); do
+    pid=${queue[0]}; queue=("${queue[@]:1}")
+    pids+=("$pid")
+    while read -r child; do [[ -n $child ]] && queue+=("$child"); done < <(pgrep -P "$pid" || true)
+  done
+  local theirs; theirs=$(ps -o ni= -p "$holder" 2>/dev/null | tr -d ' ' || true)
+  [[ $theirs =~ ^-?[0-9]+$ ]] && ((theirs > mine)) || return 0
+  if renice -n "$mine" -p "${pids[@]}" >/dev/null 2>&1; then
+    log "raised the build holding the lock (pid $holder, nice $theirs) to nice $mine"
+  fi
 }
 
 locked etcd build etcd "" "" etcd=go.etcd.io/etcd/server/v3
