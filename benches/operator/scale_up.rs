@@ -23,9 +23,6 @@ use serde_json::json;
 use crate::grpc;
 use crate::stats::Samples;
 
-/// The pool's readiness taint (the Group's default), which the simulator registers the node
-/// with and lifts after its gate delay (zero here).
-const READINESS_TAINT: &str = "node.cilium.io/agent-not-ready";
 const GROUP: &str = "workers";
 /// The target for each of the operator's own steps, at p99.
 const OPERATOR_STEP_TARGET: Duration = Duration::from_millis(100);
@@ -74,7 +71,11 @@ pub async fn run(
 ) -> Result<Overheads> {
     const STEP: Duration = Duration::from_secs(60);
     let timeline = Timeline::default();
-    let _watches = timeline.watch(client, ns, &[READINESS_TAINT], ns);
+    // The pool's gate is the Group's default readiness taint, which the simulator registers
+    // the node with and lifts after its gate delay (zero here).
+    let gate = homelab_autoscaler::api::default_readiness_taints();
+    let _watches =
+        timeline.watch_claims(client, ns).and(timeline.watch_jobs_and_nodes(client, ns, gate));
     let mut out = Overheads::default();
     for _ in 0..rounds {
         let asked = Instant::now();

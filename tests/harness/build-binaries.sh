@@ -230,16 +230,16 @@ locked() {
 # inherit_priority PID: renices PID and every process below it to this process's niceness, if
 # theirs is lower; processes they start later inherit it.
 inherit_priority() {
-  local holder=$1 mine pids=() queue=("$1") pid
-  [[ $holder =~ ^[0-9]+$ ]] && kill -0 "$holder" 2>/dev/null || return 0
+  local holder=$1 mine theirs pids=() queue=("$1") pid
+  [[ $holder =~ ^[0-9]+$ ]] || return 0
   mine=$(nice)
+  theirs=$(ps -o ni= -p "$holder" 2>/dev/null | tr -d ' ' || true)
+  [[ $theirs =~ ^-?[0-9]+$ ]] && ((theirs > mine)) || return 0
   while ((${#queue[@]})); do
     pid=${queue[0]}; queue=("${queue[@]:1}")
     pids+=("$pid")
     while read -r child; do [[ -n $child ]] && queue+=("$child"); done < <(pgrep -P "$pid" || true)
   done
-  local theirs; theirs=$(ps -o ni= -p "$holder" 2>/dev/null | tr -d ' ' || true)
-  [[ $theirs =~ ^-?[0-9]+$ ]] && ((theirs > mine)) || return 0
   if renice -n "$mine" -p "${pids[@]}" >/dev/null 2>&1; then
     log "raised the build holding the lock (pid $holder, nice $theirs) to nice $mine"
   fi

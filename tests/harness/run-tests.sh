@@ -101,8 +101,14 @@ started=$(date +%s)
 declare -A pid_name=() start_of=()
 
 finish() {
-  local pid=$1 status=$2 name=${pid_name[$1]}
+  local pid=$1
+  report "${pid_name[$pid]}" "$2"
   unset "pid_name[$pid]"
+}
+
+# report NAME STATUS: one line for a finished job (its log is $logs/NAME.log).
+report() {
+  local name=$1 status=$2
   local took=$(($(date +%s) - ${start_of[$name]}))
   if [[ $status -eq 0 ]]; then
     printf 'run-tests: ok     %-32s %4ds\n' "$name" "$took"
@@ -131,7 +137,7 @@ reap() {
 # suites that run alone: those assert on clocks of seconds, and a suite's wake-up preempts it.
 beside_pid=""
 if [[ -n ${HOMELAB_TEST_BUILD_BESIDE:-} ]]; then
-  beside_start=$(date +%s)
+  start_of[build-beside]=$(date +%s)
   printf 'run-tests: start  build-binaries.sh %s beside the suites (nice 19)\n' "$HOMELAB_TEST_BUILD_BESIDE"
   nice -n 19 "$root/tests/harness/build-binaries.sh" "$HOMELAB_TEST_BUILD_BESIDE" >"$logs/build-beside.log" 2>&1 &
   beside_pid=$!
@@ -148,14 +154,7 @@ while [[ ${#pid_name[@]} -gt 0 ]]; do reap; done
 if [[ -n $beside_pid ]]; then
   status=0
   wait "$beside_pid" || status=$?
-  took=$(($(date +%s) - beside_start))
-  if [[ $status -eq 0 ]]; then
-    printf 'run-tests: ok     %-32s %4ds\n' "build-binaries.sh $HOMELAB_TEST_BUILD_BESIDE" "$took"
-  else
-    printf 'run-tests: FAILED %-32s %4ds (exit %d; %s)\n' "build-binaries.sh $HOMELAB_TEST_BUILD_BESIDE" \
-      "$took" "$status" "$logs/build-beside.log"
-    failed+=(build-beside)
-  fi
+  report build-beside "$status"
 fi
 
 elapsed=$(($(date +%s) - started))

@@ -12,7 +12,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use futures::StreamExt as _;
-use homelab_autoscaler::api::{LABEL_LIFECYCLE, LABEL_NODECLAIM, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{
+    LABEL_LIFECYCLE, LABEL_NODECLAIM, NodeClaim, NodeClaimPhase, TaintSelector,
+};
+use homelab_autoscaler::controller::jobs::Lifecycle;
+use homelab_autoscaler::job_outcome::{JobOutcome, outcome};
+use homelab_autoscaler::machine::gate_open;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use kube::api::Api;
@@ -93,14 +98,21 @@ impl Timeline {
         sightings.iter().find(|s| s.seen == seen && s.at >= since).map(|s| (s.at, s.name.clone()))
     }
 
-    /// Every `seen` of objects whose name `select` accepts, in the order seen.
-    pub fn all(&self, seen: Seen, select: impl Fn(&str) -> bool) -> Vec<(Instant, String)> {
-        let Ok(sightings) = self.sightings.lock() else { return Vec::new() };
+    /// The last `seen` of `name` within `from..=to` (the call that made a claim: the last one
+    /// before the claim was seen).
+    pub fn last_between(
+        &self,
+        seen: Seen,
+        name: &str,
+        from: Instant,
+        to: Instant,
+    ) -> Option<Instant> {
+        let sightings = self.sightings.lock().ok()?;
         sightings
             .iter()
-            .filter(|s| s.seen == seen && select(&s.name))
-            .map(|s| (s.at, s.name.clone()))
-            .collect()
+            .filter(|s| s.seen == seen && s.name == name && (from..=to).contains(&s.at))
+            .map(|s| s.at)
+            .max()
     }
 
     /// Waits for the first `seen` of any object at or after `since`.
@@ -143,114 +155,115 @@ impl Timeline {
         }
     }
 
-    /// Starts the watches that fill the timeline: claims and Jobs in `namespace` (the
-    /// operator's), every Node (usable once Ready and free of `readiness_taints`), and the pods
-    /// of `pod_namespace`. They stop when the returned handles are aborted or dropped with
-    /// [`Watches`].
-    pub fn watch(
+    /// Notes a claim as a watch delivered it: created, and its phase.
+    pub fn note_claim(&self, claim: &NodeClaim) {
+        let name = claim.name_any();
+        self.note(Seen::ClaimCreated, &name);
+        self.note(Seen::ClaimPhase(crate::claims::phase(claim)), &name);
+    }
+
+    /// Watches the claims of `namespace` into the timeline (a World notes them from the watch
+    /// that keeps its ledger instead).
+    pub fn watch_claims(&self, client: &Client, namespace: &str) -> Watches {
+        let timeline = self.clone();
+        follow(Api::namespaced(client.clone(), namespace), move |claim: NodeClaim| {
+            timeline.note_claim(&claim)
+        })
+    }
+
+    /// Watches the lifecycle Jobs of `namespace` (the operator's) and every Node: usable once
+    /// its gate is open (Ready, free of the `gate`'s readiness taints), as the operator judges
+    /// it.
+    pub fn watch_jobs_and_nodes(
         &self,
         client: &Client,
         namespace: &str,
-        readiness_taints: &[&str],
-        pod_namespace: &str,
+        gate: Vec<TaintSelector>,
     ) -> Watches {
-        let claims: Api<NodeClaim> = Api::namespaced(client.clone(), namespace);
-        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+        let timeline = self.clone();
+        let jobs = follow(Api::namespaced(client.clone(), namespace), move |job: Job| {
+            let labels = job.labels();
+            let (Some(lifecycle), Some(claim)) =
+                (labels.get(LABEL_LIFECYCLE), labels.get(LABEL_NODECLAIM))
+            else {
+                return;
+            };
+            if lifecycle == Lifecycle::Startup.as_str() {
+                timeline.note(Seen::StartupJobCreated, claim);
+                if matches!(outcome(&job), JobOutcome::Succeeded { .. }) {
+                    timeline.note(Seen::StartupJobComplete, claim);
+                }
+            } else if lifecycle == Lifecycle::Shutdown.as_str() {
+                timeline.note(Seen::ShutdownJobCreated, claim);
+            }
+        });
+        let timeline = self.clone();
         let nodes: Api<CoreNode> = Api::all(client.clone());
-        let pods: Api<Pod> = Api::namespaced(client.clone(), pod_namespace);
-        let taints: Vec<String> = readiness_taints.iter().map(|t| t.to_string()).collect();
-        let (t1, t2, t3, t4) = (self.clone(), self.clone(), self.clone(), self.clone());
-        Watches(vec![
-            tokio::spawn(async move {
-                let mut stream = watcher(claims, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects()
-                    .boxed();
-                while let Some(next) = stream.next().await {
-                    let Ok(claim) = next else { continue };
-                    let name = claim.name_any();
-                    t1.note(Seen::ClaimCreated, &name);
-                    if let Some(phase) = claim.status.as_ref().and_then(|s| s.phase) {
-                        t1.note(Seen::ClaimPhase(phase), &name);
+        let nodes = tokio::spawn(async move {
+            let mut stream = watcher(nodes, watcher::Config::default()).default_backoff().boxed();
+            while let Some(next) = stream.next().await {
+                let (node, gone) = match next {
+                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                        (node, false)
                     }
+                    Ok(watcher::Event::Delete(node)) => (node, true),
+                    _ => continue,
+                };
+                // Keyed by uid: a Node registered again is a new sighting.
+                let (name, now) = (node.name_any(), Instant::now());
+                let uid = node.uid().unwrap_or_else(|| name.clone());
+                if gone {
+                    timeline.note_at(Seen::NodeGone, &name, &uid, now);
+                    continue;
                 }
-            }),
-            tokio::spawn(async move {
-                let mut stream = watcher(jobs, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects()
-                    .boxed();
-                while let Some(next) = stream.next().await {
-                    let Ok(job) = next else { continue };
-                    let labels = job.labels();
-                    let (Some(lifecycle), Some(claim)) =
-                        (labels.get(LABEL_LIFECYCLE), labels.get(LABEL_NODECLAIM))
-                    else {
-                        continue;
-                    };
-                    let complete =
-                        job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
-                            c.iter().any(|c| c.type_ == "Complete" && c.status == "True")
-                        });
-                    match lifecycle.as_str() {
-                        "startup" => {
-                            t2.note(Seen::StartupJobCreated, claim);
-                            if complete {
-                                t2.note(Seen::StartupJobComplete, claim);
-                            }
-                        }
-                        "shutdown" => t2.note(Seen::ShutdownJobCreated, claim),
-                        _ => {}
-                    }
+                timeline.note_at(Seen::NodeRegistered, &name, &uid, now);
+                if gate_open(&node, &gate) {
+                    timeline.note_at(Seen::NodeUsable, &name, &uid, now);
                 }
-            }),
-            tokio::spawn(async move {
-                let mut stream =
-                    watcher(nodes, watcher::Config::default()).default_backoff().boxed();
-                while let Some(next) = stream.next().await {
-                    match next {
-                        Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
-                            let (name, uid, now) = (node.name_any(), node.uid(), Instant::now());
-                            let uid = uid.unwrap_or_else(|| name.clone());
-                            t3.note_at(Seen::NodeRegistered, &name, &uid, now);
-                            if crate::is_ready(&node) && !has_any_taint(&node, &taints) {
-                                t3.note_at(Seen::NodeUsable, &name, &uid, now);
-                            }
-                        }
-                        Ok(watcher::Event::Delete(node)) => {
-                            let (name, uid) = (node.name_any(), node.uid());
-                            let uid = uid.unwrap_or_else(|| name.clone());
-                            t3.note_at(Seen::NodeGone, &name, &uid, Instant::now());
-                        }
-                        _ => {}
-                    }
-                }
-            }),
-            tokio::spawn(async move {
-                let mut stream = watcher(pods, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects()
-                    .boxed();
-                while let Some(next) = stream.next().await {
-                    let Ok(pod) = next else { continue };
-                    let name = pod.name_any();
-                    t4.note(Seen::PodCreated, &name);
-                    if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
-                        t4.note(Seen::PodRunning, &name);
-                    }
-                }
-            }),
-        ])
+            }
+        });
+        jobs.and(Watches(vec![nodes]))
+    }
+
+    /// Watches the pods of `namespace`: created, Running.
+    pub fn watch_pods(&self, client: &Client, namespace: &str) -> Watches {
+        let timeline = self.clone();
+        follow(Api::namespaced(client.clone(), namespace), move |pod: Pod| {
+            let name = pod.name_any();
+            timeline.note(Seen::PodCreated, &name);
+            if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                timeline.note(Seen::PodRunning, &name);
+            }
+        })
     }
 }
 
-fn has_any_taint(node: &CoreNode, keys: &[String]) -> bool {
-    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
-    taints.is_some_and(|t| t.iter().any(|t| keys.contains(&t.key)))
+/// Runs `on` for every object the watch of `api` delivers (errors retried with backoff).
+fn follow<K>(api: Api<K>, on: impl Fn(K) + Send + 'static) -> Watches
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    Watches(vec![tokio::spawn(async move {
+        let mut stream =
+            watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+        while let Some(next) = stream.next().await {
+            if let Ok(object) = next {
+                on(object);
+            }
+        }
+    })])
 }
 
 /// The watches of a timeline; dropping them stops them.
 pub struct Watches(Vec<tokio::task::JoinHandle<()>>);
+
+impl Watches {
+    /// Both sets, stopped together.
+    pub fn and(mut self, mut other: Watches) -> Watches {
+        self.0.append(&mut other.0);
+        self
+    }
+}
 
 impl Drop for Watches {
     fn drop(&mut self) {

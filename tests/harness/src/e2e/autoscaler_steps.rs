@@ -259,13 +259,7 @@ impl World {
             ) else {
                 continue;
             };
-            // The IncreaseSize that made this claim: the last one logged before it was seen.
-            let called = t
-                .all(Seen::IncreaseSizeCalled, |g| g == group)
-                .into_iter()
-                .map(|(at, _)| at)
-                .filter(|at| *at >= created && *at <= claimed)
-                .max();
+            let called = t.last_between(Seen::IncreaseSizeCalled, group, created, claimed);
             machines.push(MachineSteps {
                 slot: claim.spec.slot_ref.name.clone(),
                 decided: between(created, called.unwrap_or(claimed)),

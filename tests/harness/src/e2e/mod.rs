@@ -426,9 +426,19 @@ impl World {
             Machines::Real => (None, Some(RealPool::start(&plane, &client).await?)),
         };
         let ledger = ClaimLedger::default();
-        let watch = tokio::spawn(record_claims(client.clone(), ledger.clone(), narrate, started));
         let timeline = Timeline::default();
-        let timeline_watches = timeline.watch(&client, NAMESPACE, &[AGENT_TAINT], "default");
+        let watch = tokio::spawn(record_claims(
+            client.clone(),
+            ledger.clone(),
+            timeline.clone(),
+            narrate,
+            started,
+        ));
+        // The examples' pools gate on the Group's default readiness taint.
+        let gate = homelab_autoscaler::api::default_readiness_taints();
+        let timeline_watches = timeline
+            .watch_jobs_and_nodes(&client, NAMESPACE, gate)
+            .and(timeline.watch_pods(&client, "default"));
         let grpc_cert_dir = if grpc_mtls {
             // One CA signs both sides, as cluster-autoscaler's cloud-config expects; the server
             // name is the host part of the cloud-config's address.
@@ -770,9 +780,15 @@ fn logged_at(line: &str) -> Option<(&str, Instant)> {
     Some((text, Instant::now().checked_sub(ago)?))
 }
 
-/// Records every claim into the ledger and, when narrating, prints each claim's phase as it
-/// changes.
-async fn record_claims(client: Client, ledger: ClaimLedger, narrate: bool, started: Instant) {
+/// Records every claim into the ledger and the timeline and, when narrating, prints each
+/// claim's phase as it changes.
+async fn record_claims(
+    client: Client,
+    ledger: ClaimLedger,
+    timeline: Timeline,
+    narrate: bool,
+    started: Instant,
+) {
     let claims: Api<NodeClaim> = Api::namespaced(client, NAMESPACE);
     let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     let mut stream =
@@ -782,6 +798,7 @@ async fn record_claims(client: Client, ledger: ClaimLedger, narrate: bool, start
     while let Some(next) = stream.next().await {
         let Ok(claim) = next else { continue };
         let name = claim.metadata.name.clone().unwrap_or_default();
+        timeline.note_claim(&claim);
         if let Ok(mut ledger) = ledger.lock() {
             ledger.insert(name.clone(), claim.clone());
         }
