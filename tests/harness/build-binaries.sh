@@ -3,7 +3,7 @@
 # modules beside this script, into a cache outside the repository. Idempotent: a binary is
 # rebuilt only when its wrapper's go.mod/go.sum change. Prints the binary directory last.
 #
-#   build-binaries.sh [integration|cluster|autoscaler|e2e|machines|all]   (default: cluster)
+#   build-binaries.sh [integration|cluster|autoscaler|storage|e2e|machines|all]   (default: cluster)
 #
 # `machines` is `e2e` plus the programs of the harness's real machines (kubelet, containerd,
 # runc, CNI plugins, our pause); no other profile builds those.
@@ -201,8 +201,8 @@ build_pause_image() {
 
 want=${1:-cluster}
 case "$want" in
-  integration|cluster|autoscaler|e2e|machines|all) ;;
-  *) echo "usage: $0 [integration|cluster|autoscaler|e2e|machines|all]" >&2; exit 2 ;;
+  integration|cluster|autoscaler|storage|e2e|machines|all) ;;
+  *) echo "usage: $0 [integration|cluster|autoscaler|storage|e2e|machines|all]" >&2; exit 2 ;;
 esac
 
 # Each program is built under a lock of its own, so two runs on one cache (the test runner's
@@ -258,6 +258,12 @@ fi
 # `autoscaler` is what `make demo` runs: the cluster and cluster-autoscaler, nothing else.
 if [[ $want != integration && $want != cluster ]]; then
   locked cluster-autoscaler build_cluster_autoscaler
+fi
+# `storage` adds rancher's local-path-provisioner, for the suites of pods whose volume lives on
+# one machine; every larger profile holds it too, so the build beside the suites makes it first.
+if [[ $want == storage || $want == e2e || $want == machines || $want == all ]]; then
+  locked local-path-provisioner build local-path-provisioner "" "" \
+    local-path-provisioner=github.com/rancher/local-path-provisioner
 fi
 if [[ $want == e2e || $want == machines || $want == all ]]; then
   locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm

@@ -22,7 +22,9 @@ pub enum Profile {
     Cluster,
     /// Cluster plus cluster-autoscaler (built from its source): what `make demo` runs.
     Autoscaler,
-    /// Autoscaler plus helm, crane, prometheus, promtool and cert-manager's controller and
+    /// Autoscaler plus rancher's local-path-provisioner ([`crate::local_path`]).
+    Storage,
+    /// Storage plus helm, crane, prometheus, promtool and cert-manager's controller and
     /// cainjector (built from their source).
     E2e,
     /// E2e plus what the real machines of [`crate::machine`] run: kubelet, containerd,
@@ -37,6 +39,7 @@ impl Profile {
             Profile::Integration => "integration",
             Profile::Cluster => "cluster",
             Profile::Autoscaler => "autoscaler",
+            Profile::Storage => "storage",
             Profile::E2e => "e2e",
             Profile::Machines => "machines",
         }
@@ -50,6 +53,9 @@ impl Profile {
         }
         if self >= Profile::Autoscaler {
             programs.push("cluster-autoscaler");
+        }
+        if self >= Profile::Storage {
+            programs.push("local-path-provisioner");
         }
         if self >= Profile::E2e {
             programs.extend([
@@ -95,6 +101,7 @@ impl Binaries {
 static INTEGRATION: OnceCell<Binaries> = OnceCell::const_new();
 static CLUSTER: OnceCell<Binaries> = OnceCell::const_new();
 static AUTOSCALER: OnceCell<Binaries> = OnceCell::const_new();
+static STORAGE: OnceCell<Binaries> = OnceCell::const_new();
 static E2E: OnceCell<Binaries> = OnceCell::const_new();
 static MACHINES: OnceCell<Binaries> = OnceCell::const_new();
 
@@ -121,14 +128,21 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
 }
 
 /// Every profile, smallest first.
-const PROFILES: [Profile; 5] =
-    [Profile::Integration, Profile::Cluster, Profile::Autoscaler, Profile::E2e, Profile::Machines];
+const PROFILES: [Profile; 6] = [
+    Profile::Integration,
+    Profile::Cluster,
+    Profile::Autoscaler,
+    Profile::Storage,
+    Profile::E2e,
+    Profile::Machines,
+];
 
 fn cell_of(profile: Profile) -> &'static OnceCell<Binaries> {
     match profile {
         Profile::Integration => &INTEGRATION,
         Profile::Cluster => &CLUSTER,
         Profile::Autoscaler => &AUTOSCALER,
+        Profile::Storage => &STORAGE,
         Profile::E2e => &E2E,
         Profile::Machines => &MACHINES,
     }

@@ -33,6 +33,7 @@ pub mod install;
 pub mod invariants;
 mod kwok;
 pub mod lab;
+pub mod local_path;
 pub mod machine;
 mod pki;
 mod plane;
