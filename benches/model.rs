@@ -170,7 +170,7 @@ fn cluster(pods: usize) -> ClusterView {
 fn scaler(c: &mut Criterion) {
     let snapshot = snapshot(100, 40);
     let view = cluster(1000);
-    let observation = observe_group(&view, &snapshot);
+    let observation = observe_group(&view, &snapshot, &Default::default());
     assert_eq!(observation.machines.len(), 40, "the fixture's machines");
     assert_eq!(observation.pending_pods, 500, "the fixture's pending pods");
     let settings = Settings::of(&snapshot.group.spec, 100);
@@ -186,7 +186,7 @@ fn scaler(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("scaler at 1000 pods");
     group.bench_function("classify: 1000 pods into one pool's observation", |b| {
-        b.iter(|| observe_group(black_box(&view), black_box(&snapshot)))
+        b.iter(|| observe_group(black_box(&view), black_box(&snapshot), &Default::default()))
     });
     group.bench_function("demand + target", |b| {
         b.iter(|| target(demand(black_box(&observation)), &settings.limits))
@@ -196,7 +196,8 @@ fn scaler(c: &mut Criterion) {
     });
     group.bench_function("classify + decide (one pass of one pool)", |b| {
         b.iter(|| {
-            let o: PoolView = observe_group(black_box(&view), black_box(&snapshot));
+            let o: PoolView =
+                observe_group(black_box(&view), black_box(&snapshot), &Default::default());
             decide(&o, &settings, &state, now)
         })
     });

@@ -197,6 +197,26 @@ pub struct NodeStatus {
     /// read failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draw: Option<MeasuredDraw>,
+    /// Running pods whose PersistentVolumes no other machine can serve (a `local-path` or
+    /// `local` volume on this machine's disk): the machine holds their data. The built-in
+    /// scaler never releases a machine that runs a pod, and when such a pod is pending with its
+    /// machine off, the operator wakes this slot for it. Written by the scaler's pass for the
+    /// slots of every pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_volumes: Vec<LocalVolume>,
+}
+
+/// A running pod's volume that only one machine can serve.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalVolume {
+    /// The pod, as `namespace/name`.
+    pub pod: String,
+    /// Its PersistentVolumeClaim (in the pod's namespace).
+    pub claim: String,
+    /// The PersistentVolume the claim is bound to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 /// A slot's draw as its plug's meter reads it.

@@ -40,6 +40,17 @@ pub fn plan_increase(
     delta: i32,
     now: Timestamp,
 ) -> Result<Vec<PlannedClaim>, ProviderError> {
+    plan_increase_among(snapshot, delta, now, None)
+}
+
+/// [`plan_increase`], choosing only among the slots named in `among` when given (a pod only
+/// those machines can run, see `scaler::bound_pods`).
+pub fn plan_increase_among(
+    snapshot: &GroupSnapshot,
+    delta: i32,
+    now: Timestamp,
+    among: Option<&[String]>,
+) -> Result<Vec<PlannedClaim>, ProviderError> {
     if delta <= 0 {
         return Err(ProviderError::InvalidDelta {
             call: "IncreaseSize",
@@ -60,6 +71,7 @@ pub fn plan_increase(
         .slots
         .iter()
         .filter(|s| s.is_free())
+        .filter(|s| among.is_none_or(|names| names.iter().any(|n| n == s.name())))
         .map(|s| candidate(s, &snapshot.group.spec, now))
         .collect();
     let wanted = usize::try_from(delta).unwrap_or(usize::MAX);
@@ -102,6 +114,34 @@ impl Provider {
         group: &str,
         delta: i32,
     ) -> Result<Vec<CreatedClaim>, ProviderError> {
+        self.increase(caller, group, delta, None).await
+    }
+
+    /// Claims one of the free slots named in `among`, picked as IncreaseSize picks: for a pod
+    /// only those machines can run. The claim is an IncreaseSize of +1 like any other.
+    #[tracing::instrument(skip(self, caller), fields(caller = %caller.requested_by))]
+    pub async fn claim_one_of(
+        &self,
+        caller: &Caller,
+        group: &str,
+        among: &[String],
+    ) -> Result<CreatedClaim, ProviderError> {
+        let created = self.increase(caller, group, 1, Some(among)).await?;
+        created.into_iter().next().ok_or_else(|| ProviderError::NotEnoughFreeSlots {
+            group: group.to_owned(),
+            wanted: 1,
+            bootable: 0,
+            exhausted: Vec::new(),
+        })
+    }
+
+    async fn increase(
+        &self,
+        caller: &Caller,
+        group: &str,
+        delta: i32,
+        among: Option<&[String]>,
+    ) -> Result<Vec<CreatedClaim>, ProviderError> {
         if delta <= 0 {
             return Err(ProviderError::InvalidDelta {
                 call: "IncreaseSize",
@@ -122,8 +162,11 @@ impl Provider {
         let remaining = delta.saturating_sub(super::groups::saturating_i32(adopt.len()));
         // Decided in full before anything is written: a request the pool cannot meet changes
         // nothing.
-        let plan =
-            if remaining > 0 { plan_increase(&snapshot, remaining, now)? } else { Vec::new() };
+        let plan = if remaining > 0 {
+            plan_increase_among(&snapshot, remaining, now, among)?
+        } else {
+            Vec::new()
+        };
 
         let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
         if let Some(session) = &caller.session {
@@ -267,5 +310,18 @@ mod tests {
         ));
         let plan = plan_increase(&snap, 1, now()).unwrap();
         assert_eq!(plan[0].slot.name, "b", "the busy slot is not free");
+    }
+
+    #[test]
+    fn among_limits_the_choice_and_keeps_its_order() {
+        let slots = vec![priced("server", 0.9), priced("nuc", 0.05), priced("pi", 0.01)];
+        let snap = GroupSnapshot::build(group("pool", 0), &slots, &[], &HashSet::new());
+        let among = ["server".to_owned(), "nuc".to_owned()];
+        let plan = plan_increase_among(&snap, 1, now(), Some(&among)).unwrap();
+        assert_eq!(plan[0].slot.name, "nuc", "the cheaper of the two named");
+        assert!(matches!(
+            plan_increase_among(&snap, 1, now(), Some(&[])),
+            Err(ProviderError::NotEnoughFreeSlots { bootable: 0, .. })
+        ));
     }
 }

@@ -126,6 +126,17 @@ impl Caller {
             session: None,
         }
     }
+
+    /// The scaler's pass waking the one machine a pending pod can run on, in a pool of either
+    /// driver: the claim names the pod in `requestedBy` and says why in its reason.
+    pub fn for_bound_pod(driver: ScalingDriver, pod: &str, reason: impl Into<String>) -> Self {
+        Self {
+            driver,
+            requested_by: format!("{} for pod {pod}", crate::claim::REQUESTED_BY_SCALER),
+            reason: Some(reason.into()),
+            session: None,
+        }
+    }
 }
 
 /// The provider. Cheap to clone; the caches stop when the last clone is dropped.

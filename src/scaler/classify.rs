@@ -10,7 +10,9 @@
 //!   not being placed elsewhere by preemption, and either the scheduler has found no node for it
 //!   (`PodScheduled=False`, reason `Unschedulable`) or no usable node outside the pool would
 //!   admit it. A pod the scheduler has not judged yet but that fits elsewhere creates no demand:
-//!   it is about to be placed there.
+//!   it is about to be placed there. "Admit" counts the node affinity of the pod's bound
+//!   volumes, and a pod only some machines can run, which [`super::bound_pods`] wakes a machine
+//!   for, is not counted at all.
 //!
 //! Workloads (Deployments, StatefulSets, bare ReplicaSets) whose template needs the pool add
 //! the replicas that have no pod yet; their pods are resolved through owner references
@@ -19,11 +21,15 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{
+    Node as CoreNode, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::placement::{NodeShape, Template, admits, shape_of, takes_pods};
+use super::bound_pods::PodKey;
+use super::placement::{NodeShape, Template, admits, fits, shape_of, takes_pods};
 use super::pool_view::{Machine, PoolView, Workload};
+use super::volumes::VolumeIndex;
 use crate::api::{LABEL_LIFECYCLE, LABEL_MANAGED_BY, NodeClaimPhase};
 use crate::phase;
 use crate::provider::{GroupSnapshot, SlotState, provider_id_of};
@@ -39,13 +45,26 @@ pub struct ClusterView {
     pub deployments: Vec<Deployment>,
     pub stateful_sets: Vec<StatefulSet>,
     pub replica_sets: Vec<ReplicaSet>,
+    pub claims: Vec<PersistentVolumeClaim>,
+    pub volumes: Vec<PersistentVolume>,
+}
+
+impl ClusterView {
+    /// The pass's claims and volumes, indexed.
+    pub fn volume_index(&self) -> VolumeIndex<'_> {
+        VolumeIndex::new(&self.claims, &self.volumes)
+    }
 }
 
 /// A workload, by kind, namespace and name.
 type WorkloadKey = (&'static str, String, String);
 
-/// One pool's observation.
-pub fn observe_group(view: &ClusterView, snapshot: &GroupSnapshot) -> PoolView {
+/// One pool's observation. The pods in `bound` are another planner's ([`super::bound_pods`]).
+pub fn observe_group(
+    view: &ClusterView,
+    snapshot: &GroupSnapshot,
+    bound: &HashSet<PodKey>,
+) -> PoolView {
     let group = snapshot.name();
     let templates: Vec<Template> =
         snapshot.slots.iter().map(|s| Template::of_slot(&s.slot, group)).collect();
@@ -61,6 +80,7 @@ pub fn observe_group(view: &ClusterView, snapshot: &GroupSnapshot) -> PoolView {
         .collect();
     let needs_pool = |spec: &PodSpec| templates.iter().any(|t| admits(spec, t.shape()));
     let fits_elsewhere = |spec: &PodSpec| elsewhere.iter().any(|n| admits(spec, *n));
+    let volume_index = view.volume_index();
 
     let owners = deployment_of_replica_set(&view.replica_sets);
     let mut observed: HashMap<WorkloadKey, i32> = HashMap::new();
@@ -81,9 +101,17 @@ pub fn observe_group(view: &ClusterView, snapshot: &GroupSnapshot) -> PoolView {
                 let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
                 let preempting_elsewhere =
                     nominated.is_some_and(|n| !n.is_empty() && !pool_nodes.contains(n));
-                if needs_pool(spec)
+                let key = (
+                    pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                );
+                let volumes = volume_index.bound_volumes(pod);
+                let fits_pool = templates.iter().any(|t| fits(spec, &volumes, t.shape()));
+                let fits_outside = elsewhere.iter().any(|n| fits(spec, &volumes, *n));
+                if fits_pool
+                    && !bound.contains(&key)
                     && !preempting_elsewhere
-                    && (judged_unschedulable(pod) || !fits_elsewhere(spec))
+                    && (judged_unschedulable(pod) || !fits_outside)
                 {
                     pending += 1;
                 }
@@ -326,9 +354,57 @@ mod tests {
         node("lab", json!({ "kubernetes.io/hostname": "lab" }), true, false)
     }
 
+    #[test]
+    fn a_bound_volume_narrows_where_a_pending_pod_is_demand() {
+        let claims: Vec<PersistentVolumeClaim> = ["on-d", "on-lab"]
+            .iter()
+            .map(|name| {
+                serde_json::from_value(json!({
+                    "metadata": { "name": name, "namespace": "apps" },
+                    "spec": { "volumeName": format!("pv-{name}") },
+                }))
+                .unwrap()
+            })
+            .collect();
+        let volumes: Vec<PersistentVolume> = [("pv-on-d", "d"), ("pv-on-lab", "lab")]
+            .iter()
+            .map(|(name, host)| {
+                serde_json::from_value(json!({
+                    "metadata": { "name": name },
+                    "spec": { "nodeAffinity": { "required": { "nodeSelectorTerms": [{
+                        "matchExpressions": [{ "key": "kubernetes.io/hostname",
+                                               "operator": "In", "values": [host] }] }] } } },
+                }))
+                .unwrap()
+            })
+            .collect();
+        let using = |name: &str, claim: &str| {
+            pod(
+                name,
+                json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }] }),
+                unschedulable(),
+            )
+        };
+        let view = ClusterView {
+            pods: vec![using("db", "on-d"), using("cache", "on-lab")],
+            claims,
+            volumes,
+            ..ClusterView::default()
+        };
+        let pending =
+            |bound: &HashSet<PodKey>| observe_group(&view, &snapshot(), bound).pending_pods;
+        assert_eq!(
+            pending(&HashSet::new()),
+            1,
+            "the pod whose volume is on slot d is the pool's; the one on lab is not"
+        );
+        let bound = HashSet::from([("apps".to_owned(), "db".to_owned())]);
+        assert_eq!(pending(&bound), 0, "a bound pod is the bound-pod planner's, not the count's");
+    }
+
     fn pending_of(pods: Vec<Pod>, nodes: Vec<CoreNode>) -> i32 {
         let view = ClusterView { pods, nodes, ..ClusterView::default() };
-        observe_group(&view, &snapshot()).pending_pods
+        observe_group(&view, &snapshot(), &HashSet::new()).pending_pods
     }
 
     #[test]
@@ -438,7 +514,7 @@ mod tests {
             unschedulable(),
         );
         let view = ClusterView { pods: vec![plain, tolerant], ..ClusterView::default() };
-        assert_eq!(observe_group(&view, &snap).pending_pods, 1);
+        assert_eq!(observe_group(&view, &snap, &HashSet::new()).pending_pods, 1);
     }
 
     #[test]
@@ -457,7 +533,7 @@ mod tests {
             on("elsewhere", "lab"),
         ];
         let view = ClusterView { pods, nodes: vec![lab()], ..ClusterView::default() };
-        let o = observe_group(&view, &snapshot());
+        let o = observe_group(&view, &snapshot(), &HashSet::new());
         let summary: Vec<(&str, bool, i32, bool)> =
             o.machines.iter().map(|m| (m.slot.as_str(), m.ready, m.held, m.pinned)).collect();
         assert_eq!(
@@ -507,7 +583,7 @@ mod tests {
             replica_sets: vec![replica_set("web-x", Some("web"))],
             ..ClusterView::default()
         };
-        let o = observe_group(&view, &snapshot());
+        let o = observe_group(&view, &snapshot(), &HashSet::new());
         assert_eq!(o.pending_pods, 2);
         assert_eq!(
             o.workloads,
@@ -533,7 +609,7 @@ mod tests {
             replica_sets: vec![replica_set("web-x", Some("web")), replica_set("bare", None)],
             ..ClusterView::default()
         };
-        let o = observe_group(&view, &snapshot());
+        let o = observe_group(&view, &snapshot(), &HashSet::new());
         let names: Vec<&str> = o.workloads.iter().map(|w| w.name.as_str()).collect();
         assert_eq!(
             names,

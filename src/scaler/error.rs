@@ -14,8 +14,8 @@ pub enum ScalerError {
         source: kube::Error,
     },
 
-    /// The provider could not tell which pools are builtin (its caches are not synced).
-    #[error("reading the builtin groups from the provider: {source}")]
+    /// The provider could not tell which pools there are (its caches are not synced).
+    #[error("reading the groups from the provider: {source}")]
     Groups {
         #[source]
         source: ProviderError,

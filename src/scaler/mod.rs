@@ -6,11 +6,13 @@
 //! The pure model, no I/O and no client: [`observation`] (what a pass saw of a pool, as counts),
 //! [`demand`] (the pod-work count and intent), [`target`] (machines for a demand, within
 //! podsPerNode and maxNodes), [`decide`] (what to do, with the hold and per-node scale-in).
-//! [`placement`] and [`classify`] turn Kubernetes objects into an observation (pure, but typed on
-//! the Kubernetes API). The rest does I/O: `observe` (the pass's lists), `act` (through the
+//! [`placement`], [`volumes`] and [`classify`] turn Kubernetes objects into an observation (pure,
+//! but typed on the Kubernetes API); [`bound_pods`] plans for the pods only some machines can
+//! run, in every pool whatever its driver. The rest does I/O: `observe` (the pass's lists), `act` (through the
 //! provider), `status` (`Group.status.lastDecision`) and [`run`] (the loop).
 
 mod act;
+pub mod bound_pods;
 pub mod classify;
 pub mod decide;
 pub mod demand;
@@ -21,6 +23,8 @@ pub mod pool_view;
 mod run;
 mod status;
 pub mod target;
+pub mod volumes;
+mod wake;
 
 pub use act::{Acted, node_ref};
 pub use decide::{Action, Decision, Outcome, Settings, State, decide};

@@ -4,14 +4,17 @@
 //! the scheduler: it marks a pod that fits nowhere `Unschedulable`, and the scaler believes it.
 //!
 //! A pool's machines are judged by their template: the labels and taints the slot says its node
-//! carries, plus the labels the operator mirrors onto it.
+//! carries, plus the labels the operator mirrors onto it. [`fits`] adds the node affinity of the
+//! pod's bound volumes ([`super::volumes`]), as the scheduler's VolumeBinding filter does.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node as CoreNode, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
+    Node as CoreNode, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint,
+    Toleration,
 };
 
+use super::volumes::BoundVolume;
 use crate::api::{LABEL_GROUP, LABEL_SLOT, Node as Slot};
 use crate::machine;
 
@@ -52,6 +55,19 @@ impl Template {
         Self { name, labels, taints: slot.spec.node_taints.clone() }
     }
 
+    /// The node cluster-autoscaler simulates for the group when `slot` is the next to boot:
+    /// the slot's declared labels and taints without any that name one machine (its hostname,
+    /// the slot label), as the provider's NodeGroupTemplateNodeInfo describes it, under the
+    /// name that template carries. A pod only one machine can run never fits it.
+    pub fn for_autoscaler(slot: &Slot, group: &str) -> Self {
+        let name = format!("template-node-for-{group}");
+        let mut template = Self::of_slot(slot, group);
+        template.labels.remove(LABEL_SLOT);
+        template.labels.insert(HOSTNAME_LABEL.to_owned(), name.clone());
+        template.name = name;
+        template
+    }
+
     pub fn shape(&self) -> NodeShape<'_> {
         NodeShape { name: &self.name, labels: &self.labels, taints: &self.taints }
     }
@@ -61,6 +77,16 @@ impl Template {
 /// tolerates every taint that keeps pods off (NoSchedule, NoExecute).
 pub fn admits(pod: &PodSpec, node: NodeShape<'_>) -> bool {
     selects(pod, node) && tolerates(pod.tolerations.as_deref().unwrap_or_default(), node.taints)
+}
+
+/// [`admits`], and every volume in `volumes` can be used on `node`.
+pub fn fits(pod: &PodSpec, volumes: &[BoundVolume], node: NodeShape<'_>) -> bool {
+    admits(pod, node) && volumes.iter().all(|v| selector_matches(&v.nodes, node))
+}
+
+/// A node selector's terms are ORed, as in a PersistentVolume's node affinity.
+pub fn selector_matches(selector: &NodeSelector, node: NodeShape<'_>) -> bool {
+    selector.node_selector_terms.iter().any(|t| term_matches(t, node))
 }
 
 /// A real node that takes new pods: Ready, not cordoned, not being deleted.

@@ -1,10 +1,11 @@
 //! The scaler's loop: one pass every `interval`, and sooner when an unbound pod appears or
 //! changes (a metadata watch of unbound pods only, so it costs little), never two passes closer
-//! than [`MIN_GAP`]. A pass lists the cluster once, then for each builtin pool observes,
-//! decides, acts through the provider, keeps the new state only if the act succeeded, and
-//! reports the decision on the Group.
+//! than [`MIN_GAP`]. A pass lists the cluster once, wakes the machines that pods only some
+//! machines can run need (in every pool, whatever its driver), then for each builtin pool
+//! observes, decides, acts through the provider, keeps the new state only if the act
+//! succeeded, and reports the decision on the Group.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use tracing::Instrument;
 
 use super::decide::{Action, Settings, State, decide};
 use super::error::ScalerError;
-use super::{act, classify, list_cluster, status};
+use super::{act, bound_pods, classify, list_cluster, status, wake};
 use crate::api::ScalingDriver;
 use crate::claim::Timeouts;
 use crate::provider::{GroupSnapshot, Provider, ProviderConfig};
@@ -135,21 +136,28 @@ struct Scaler {
 }
 
 impl Scaler {
-    /// One pass over every builtin pool. A failed list fails the whole pass before any
-    /// decision; a pool whose act or report fails is logged and does not stop the others.
+    /// One pass: the pods only some machines can run, in every pool ([`bound_pods`]), then a
+    /// decision for each builtin pool. A failed list fails the whole pass before any decision;
+    /// a pool whose act or report fails is logged and does not stop the others.
     async fn pass(&mut self) -> Result<(), ScalerError> {
-        let snapshots = self
-            .provider
-            .snapshots(ScalingDriver::Builtin)
-            .map_err(|source| ScalerError::Groups { source })?;
-        self.states.retain(|name, _| snapshots.iter().any(|s| s.name() == name));
-        if snapshots.is_empty() {
+        let unsynced = |source| ScalerError::Groups { source };
+        let builtin = self.provider.snapshots(ScalingDriver::Builtin).map_err(unsynced)?;
+        let autoscaled =
+            self.provider.snapshots(ScalingDriver::ClusterAutoscaler).map_err(unsynced)?;
+        self.states.retain(|name, _| builtin.iter().any(|s| s.name() == name));
+        if builtin.is_empty() && autoscaled.is_empty() {
             return Ok(());
         }
         let view = list_cluster::list_cluster(&self.client).await?;
-        for snapshot in &snapshots {
+        let pools: Vec<&GroupSnapshot> = builtin.iter().chain(&autoscaled).collect();
+        let plan = bound_pods::plan(&view.pods, &view.nodes, &view.volume_index(), &pools);
+        wake::wake(&self.provider, &plan).await;
+        wake::report_holding(&self.client, &self.namespace, &pools, &plan).await;
+        for snapshot in &builtin {
             let span = tracing::info_span!("group", group = snapshot.name());
-            if let Err(error) = self.decide_for(&view, snapshot).instrument(span).await {
+            if let Err(error) =
+                self.decide_for(&view, snapshot, &plan.handled).instrument(span).await
+            {
                 tracing::warn!(%error, group = snapshot.name(), "scaler decision failed");
             }
         }
@@ -160,9 +168,10 @@ impl Scaler {
         &mut self,
         view: &classify::ClusterView,
         snapshot: &GroupSnapshot,
+        bound: &HashSet<bound_pods::PodKey>,
     ) -> Result<(), ScalerError> {
         let name = snapshot.name().to_owned();
-        let observation = classify::observe_group(view, snapshot);
+        let observation = classify::observe_group(view, snapshot, bound);
         let settings = Settings::of(&snapshot.group.spec, snapshot.slot_count());
         let state = self.states.get(&name).cloned().unwrap_or_default();
         // Whole seconds: the API stores times so, and the reasons read better for it.

@@ -310,6 +310,8 @@ pub async fn write_status(
         } else {
             None
         },
+        // The scaler's field (its own apply): neither compared, sent nor cleared here.
+        local_volumes: Vec::new(),
     };
     let was_mismatched =
         previous.conditions.iter().any(|c| c.type_ == "ProviderIDMatches" && c.status == "False");
@@ -320,14 +322,15 @@ pub async fn write_status(
     if let Some(message) = held.filter(|m| was_held != Some(m)) {
         ctx.publish(slot, EventType::Warning, "DrainBlocked", message).await;
     }
-    if slot.status.as_ref() == Some(&status) {
+    let mine = slot.status.clone().map(|s| NodeStatus { local_volumes: Vec::new(), ..s });
+    if mine.as_ref() == Some(&status) {
         return Ok(());
     }
     let serialize = |status: Option<&NodeStatus>| {
         serde_json::to_value(status)
             .map_err(|source| crate::controller::Error::Serialize { what: "a slot status", source })
     };
-    let (previous, status) = (serialize(slot.status.as_ref())?, serialize(Some(&status))?);
+    let (previous, status) = (serialize(mine.as_ref())?, serialize(Some(&status))?);
     let slots = Api::<Node>::namespaced(ctx.client.clone(), &ctx.namespace);
     apply_status_of(&slots, &slot_name, FieldManager::SlotController, Some(&previous), status)
         .await

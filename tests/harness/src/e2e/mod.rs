@@ -27,6 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
+use crate::local_path::{LocalPathProvisioner, start_local_path_provisioner};
 use crate::timeline::{self, Seen, Timeline};
 use crate::{Components, ControlPlane, Plane, eventually};
 
@@ -78,6 +79,8 @@ pub struct World {
     grpc_cert_dir: Option<PathBuf>,
     /// A cluster-autoscaler that lives (and stops) with the World.
     kept_autoscaler: Option<Autoscaler>,
+    /// rancher's local-path-provisioner, once started ([`World::start_local_path_provisioner`]).
+    local_path: Option<LocalPathProvisioner>,
     pub client: Client,
     pub plane: Plane,
     started: Instant,
@@ -173,8 +176,13 @@ fn free_port() -> Result<u16> {
     crate::ports::free_port()
 }
 
-/// The operator binary next to the running test or example (cargo builds it first).
+/// The operator binary next to the running test or example (cargo builds it first), or the one
+/// `HOMELAB_OPERATOR_BINARY` names: a scenario run against another build (a release binary, or
+/// an older commit's, to see what it did before a change).
 pub fn operator_binary(hint: Option<&str>) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("HOMELAB_OPERATOR_BINARY") {
+        return Ok(PathBuf::from(path));
+    }
     if let Some(path) = hint {
         return Ok(PathBuf::from(path));
     }
@@ -466,6 +474,7 @@ impl World {
             ledger,
             grpc_cert_dir,
             kept_autoscaler: None,
+            local_path: None,
             client,
             plane,
             started,
@@ -623,8 +632,20 @@ impl World {
         self.kept_autoscaler = Some(ca);
     }
 
+    /// Starts rancher's local-path-provisioner on the World's control plane, once: claims of
+    /// StorageClass `local-path` then get a real PersistentVolume on the machine their first pod
+    /// is scheduled to ([`crate::local_path`]). It lives (and stops) with the World; its log is
+    /// `local-path-provisioner.log` in [`World::logs_dir`].
+    pub async fn start_local_path_provisioner(&mut self) -> Result<&LocalPathProvisioner> {
+        if self.local_path.is_none() {
+            let provisioner = start_local_path_provisioner(&self.plane, &self.logs).await?;
+            self.local_path = Some(provisioner);
+        }
+        self.local_path.as_ref().context("the local-path-provisioner just started")
+    }
+
     /// The directory of this World's logs: `operator-<n>.log`, `simulator.log`, and
-    /// cluster-autoscaler's when it ran.
+    /// cluster-autoscaler's and local-path-provisioner's when they ran.
     pub fn logs_dir(&self) -> &Path {
         &self.logs
     }

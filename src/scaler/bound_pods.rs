@@ -1,0 +1,522 @@
+//! Pods only some machines can run (docs/decisions.md, D33): a pod whose PersistentVolume lives
+//! on one machine's disk, or whose own selectors name one machine. Pure: the pass's lists and
+//! the provider's snapshots in, a plan out.
+//!
+//! Neither scaler's count sees such a pod right. cluster-autoscaler simulates it on a group's
+//! template node, which stands for no particular machine, so the volume's node affinity (or
+//! the hostname selector) fails there and it scales nothing up. The built-in scaler's count
+//! would boot the cheapest free slot, which the pod cannot use. So one planner, run by the
+//! scaler's pass for every pool whatever its driver, handles these pods:
+//!
+//! - a pending pod (the scheduler found no node) that fits only some slots' templates — its
+//!   selectors, affinity, tolerations and the node affinity of its bound volumes — is *bound*
+//!   when no pool would serve it anyway: in a builtin pool, when not every slot fits it; in a
+//!   cluster-autoscaler pool, when the group's template node does not fit it;
+//! - a bound pod whose slots all have no live claim wakes one of them: one claim, on a slot
+//!   of the first group (by name) that may boot one more machine, chosen among those slots by
+//!   the provider's usual order; pods that share a slot share the claim;
+//! - a bound pod one of whose slots is claimed but not ready yet (booting, or being released)
+//!   waits for it, and a bound pod with a ready slot is left to the scheduler and the pool's
+//!   own scaler, as any pod is;
+//! - the built-in scaler does not count a bound pod that waits or wakes a slot, so it boots
+//!   the one machine that can run the pod or none.
+//!
+//! The planner also reports, per slot, the running pods whose volumes no other machine can
+//! serve: the machine holds their data. The built-in scaler never releases a machine that
+//! holds a pod; the report says why that pod cannot move.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+
+use super::classify::{is_work, judged_unschedulable};
+use super::placement::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
+use super::target::Limits;
+use super::volumes::{BoundVolume, VolumeIndex};
+use crate::api::{NodeClaimPhase, ScalingDriver};
+use crate::phase;
+use crate::provider::GroupSnapshot;
+use crate::provider::template::representative;
+
+/// A pod, as `namespace/name`.
+pub type PodKey = (String, String);
+
+/// A slot to wake for a bound pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wake {
+    pub group: String,
+    pub driver: ScalingDriver,
+    /// The group's free slots the pod fits, any of which serves it; the provider picks one.
+    pub slots: Vec<String>,
+    /// `namespace/name` of the first pending pod that needs it.
+    pub pod: String,
+    /// Why, in a sentence: the pod, and the volume or selector that binds it.
+    pub reason: String,
+}
+
+/// A running pod whose volume no other machine can serve.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HeldVolume {
+    /// `namespace/name`.
+    pub pod: String,
+    pub claim: String,
+    pub volume: Option<String>,
+}
+
+/// What the planner found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub wakes: Vec<Wake>,
+    /// Bound pods whose machine is woken now or already on its way (or that no pool may boot
+    /// for): no builtin pool counts them as demand.
+    pub handled: HashSet<PodKey>,
+    /// Bound pods no slot may boot for now, with why (for the pass's log).
+    pub blocked: Vec<(String, String)>,
+    /// By slot: the running pods whose volumes only that slot's machine can serve.
+    pub holding: BTreeMap<String, Vec<HeldVolume>>,
+}
+
+/// A slot as the planner sees it.
+struct SlotShape<'a> {
+    group: usize,
+    name: &'a str,
+    node: &'a str,
+    template: Template,
+    /// The phase of its live claim, if any (`Some(None)` reads as pending).
+    live: Option<NodeClaimPhase>,
+}
+
+/// Plans for every pool in `pools`.
+pub fn plan(
+    pods: &[Pod],
+    nodes: &[CoreNode],
+    volumes: &VolumeIndex<'_>,
+    pools: &[&GroupSnapshot],
+) -> Plan {
+    let slots: Vec<SlotShape<'_>> = pools
+        .iter()
+        .enumerate()
+        .flat_map(|(group, pool)| {
+            pool.slots.iter().map(move |s| SlotShape {
+                group,
+                name: s.name(),
+                node: s.slot.spec.kubernetes_node_name.as_str(),
+                template: Template::of_slot(&s.slot, pool.name()),
+                live: s.live_claim().map(|c| phase::of(c)),
+            })
+        })
+        .collect();
+    let autoscaler_templates: Vec<Option<Template>> = pools
+        .iter()
+        .map(|pool| {
+            (pool.group.spec.driver == ScalingDriver::ClusterAutoscaler)
+                .then(|| representative(pool))
+                .flatten()
+                .map(|s| Template::for_autoscaler(&s.slot, pool.name()))
+        })
+        .collect();
+    let no_labels = BTreeMap::new();
+    let real_nodes: Vec<NodeShape<'_>> = nodes.iter().map(|n| shape_of(n, &no_labels)).collect();
+    let usable_elsewhere: Vec<NodeShape<'_>> = nodes
+        .iter()
+        .filter(|n| takes_pods(n))
+        .filter(|n| !slots.iter().any(|s| Some(s.node) == n.metadata.name.as_deref()))
+        .map(|n| shape_of(n, &no_labels))
+        .collect();
+
+    let mut plan = Plan::default();
+    let mut waking: BTreeSet<(usize, &str)> = BTreeSet::new();
+    for pod in pods.iter().filter(|p| is_work(p)) {
+        let Some(spec) = pod.spec.as_ref() else { continue };
+        let bound_volumes = volumes.bound_volumes(pod);
+        match spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+            Some(node) => {
+                hold(&mut plan, pod, node, &bound_volumes, &slots, &real_nodes);
+                continue;
+            }
+            None if !judged_unschedulable(pod) || nominated(pod) => continue,
+            None => {}
+        }
+        let fitting: Vec<&SlotShape<'_>> =
+            slots.iter().filter(|s| fits(spec, &bound_volumes, s.template.shape())).collect();
+        if fitting.is_empty() || usable_elsewhere.iter().any(|n| fits(spec, &bound_volumes, *n)) {
+            continue;
+        }
+        let groups: BTreeSet<usize> = fitting.iter().map(|s| s.group).collect();
+        let served_by_a_pool = groups.iter().any(|&g| {
+            let in_group = fitting.iter().filter(|s| s.group == g).count();
+            match &autoscaler_templates[g] {
+                Some(template) => fits(spec, &bound_volumes, template.shape()),
+                None if pools[g].group.spec.driver == ScalingDriver::ClusterAutoscaler => false,
+                None => in_group == pools[g].slots.len(),
+            }
+        });
+        if served_by_a_pool {
+            continue;
+        }
+        let key = pod_key(pod);
+        if fitting.iter().any(|s| s.live == Some(NodeClaimPhase::Ready)) {
+            // Its machine serves: the scheduler places it, or the pool's scaler sees a pod
+            // that does not fit there, as it sees any other.
+            continue;
+        }
+        plan.handled.insert(key.clone());
+        if fitting.iter().any(|s| s.live.is_some() || waking.contains(&(s.group, s.name))) {
+            continue;
+        }
+        let who = format!("{}/{}", key.0, key.1);
+        let mut refusals = Vec::new();
+        let chosen = groups.iter().find_map(|&g| {
+            let pool = pools[g];
+            if let Some(full) = at_max_nodes(pool) {
+                refusals.push(full);
+                return None;
+            }
+            let free: Vec<&str> = fitting
+                .iter()
+                .filter(|s| s.group == g && s.live.is_none())
+                .map(|s| s.name)
+                .collect();
+            (!free.is_empty()).then_some((g, free))
+        });
+        let Some((g, free)) = chosen else {
+            plan.blocked.push((who, refusals.join("; ")));
+            continue;
+        };
+        waking.extend(free.iter().map(|name| (g, *name)));
+        let names: Vec<&str> = fitting.iter().map(|s| s.name).collect();
+        plan.wakes.push(Wake {
+            group: pools[g].name().to_owned(),
+            driver: pools[g].group.spec.driver,
+            slots: free.iter().map(|s| (*s).to_owned()).collect(),
+            reason: reason(&who, &names, &bound_volumes),
+            pod: who,
+        });
+    }
+    for held in plan.holding.values_mut() {
+        held.sort();
+        held.dedup();
+    }
+    plan
+}
+
+/// Records the volumes of a running pod on a pool's machine that no other machine can serve.
+fn hold(
+    plan: &mut Plan,
+    pod: &Pod,
+    node: &str,
+    bound_volumes: &[BoundVolume],
+    slots: &[SlotShape<'_>],
+    real_nodes: &[NodeShape<'_>],
+) {
+    let Some(slot) = slots.iter().find(|s| s.node == node) else { return };
+    let (namespace, name) = pod_key(pod);
+    for volume in bound_volumes {
+        let elsewhere = slots
+            .iter()
+            .filter(|s| s.node != node)
+            .map(|s| s.template.shape())
+            .chain(real_nodes.iter().copied().filter(|n| n.name != node))
+            .any(|n| selector_matches(&volume.nodes, n));
+        if !elsewhere {
+            plan.holding.entry(slot.name.to_owned()).or_default().push(HeldVolume {
+                pod: format!("{namespace}/{name}"),
+                claim: volume.claim.clone(),
+                volume: volume.volume.clone(),
+            });
+        }
+    }
+}
+
+/// Why a builtin pool may boot no more machines now, if so.
+fn at_max_nodes(pool: &GroupSnapshot) -> Option<String> {
+    if pool.group.spec.driver != ScalingDriver::Builtin {
+        return None;
+    }
+    let limits = Limits::of(&pool.group.spec.builtin, pool.slot_count());
+    let wanted = pool.wanted_count();
+    (wanted >= limits.max_nodes).then(|| {
+        format!("group {} is at maxNodes ({wanted} of {} machines)", pool.name(), limits.max_nodes)
+    })
+}
+
+/// The scheduler is preempting for it on some node: it is being placed.
+fn nominated(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.nominated_node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
+}
+
+fn pod_key(pod: &Pod) -> PodKey {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn reason(pod: &str, slots: &[&str], volumes: &[BoundVolume]) -> String {
+    let only = match slots {
+        [one] => format!("only slot {one} can run it"),
+        many => format!("only slots {} can run it", many.join(", ")),
+    };
+    let because = if volumes.is_empty() {
+        "its node selector and affinity admit no other machine".to_owned()
+    } else {
+        let described: Vec<String> = volumes.iter().map(BoundVolume::describe).collect();
+        format!("its volume {} is on that machine's disk", described.join(" and "))
+    };
+    format!("pod {pod} is pending and {only}: {because}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::api::{Group, Node as Slot, NodeClaim};
+    use crate::provider::GroupSnapshot;
+
+    fn slot(name: &str, group: &str) -> Arc<Slot> {
+        Arc::new(crate::fixtures::slot(name, group))
+    }
+
+    fn group(name: &str, driver: &str, max_nodes: Option<i32>) -> Arc<Group> {
+        let mut group = crate::fixtures::group(name);
+        group.spec.driver = serde_json::from_value(json!(driver)).unwrap();
+        group.spec.builtin.max_nodes = max_nodes;
+        Arc::new(group)
+    }
+
+    fn claim(slot: &str, group: &str, phase: &str) -> Arc<NodeClaim> {
+        let phase = serde_json::from_value(json!(phase)).unwrap();
+        let mut claim = crate::fixtures::claim_in(
+            &format!("{slot}-1"),
+            slot,
+            Some(phase),
+            "2026-03-04T10:00:00Z",
+        );
+        claim.spec.request.group = group.to_owned();
+        Arc::new(claim)
+    }
+
+    fn pool(name: &str, driver: &str, slots: &[&str], claims: &[(&str, &str)]) -> GroupSnapshot {
+        let slots: Vec<Arc<Slot>> = slots.iter().map(|s| slot(s, name)).collect();
+        let claims: Vec<Arc<NodeClaim>> =
+            claims.iter().map(|(s, phase)| claim(s, name, phase)).collect();
+        GroupSnapshot::build(group(name, driver, None), &slots, &claims, &HashSet::new())
+    }
+
+    /// A pod, pending and judged unschedulable unless `node` binds it.
+    fn pod(name: &str, node: Option<&str>, spec: Value) -> Pod {
+        let mut spec = spec;
+        spec["containers"] = json!([{ "name": "app", "image": "app" }]);
+        spec["nodeName"] = json!(node);
+        let conditions = if node.is_none() {
+            json!([{ "type": "PodScheduled", "status": "False", "reason": "Unschedulable" }])
+        } else {
+            json!([])
+        };
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": "apps" },
+            "spec": spec,
+            "status": { "phase": if node.is_some() { "Running" } else { "Pending" },
+                        "conditions": conditions },
+        }))
+        .unwrap()
+    }
+
+    fn with_claim(claim: &str) -> Value {
+        json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }] })
+    }
+
+    fn on_host(host: &str) -> Value {
+        json!({ "nodeSelector": { "kubernetes.io/hostname": host } })
+    }
+
+    fn storage() -> (Vec<PersistentVolumeClaim>, Vec<PersistentVolume>) {
+        let claim = |name: &str, volume: &str| {
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": "apps" },
+                "spec": { "volumeName": volume },
+            }))
+            .unwrap()
+        };
+        let local = |name: &str, host: &str| {
+            serde_json::from_value(json!({
+                "metadata": { "name": name },
+                "spec": { "nodeAffinity": { "required": { "nodeSelectorTerms": [{
+                    "matchExpressions": [{ "key": "kubernetes.io/hostname", "operator": "In",
+                                           "values": [host] }] }] } } },
+            }))
+            .unwrap()
+        };
+        (
+            vec![claim("data-db-0", "pvc-1"), claim("data-db-1", "pvc-2")],
+            vec![local("pvc-1", "mini-3"), local("pvc-2", "mini-3")],
+        )
+    }
+
+    fn run(pods: &[Pod], pools: &[&GroupSnapshot]) -> Plan {
+        let (claims, volumes) = storage();
+        let index = VolumeIndex::new(&claims, &volumes);
+        plan(pods, &[], &index, pools)
+    }
+
+    fn woken(plan: &Plan) -> Vec<(String, Vec<String>)> {
+        plan.wakes.iter().map(|w| (w.group.clone(), w.slots.clone())).collect()
+    }
+
+    const FOUR: [&str; 4] = ["mini-1", "mini-2", "mini-3", "mini-4"];
+
+    #[test]
+    fn a_pending_pod_whose_volume_is_on_an_off_machine_wakes_that_slot_in_either_pool() {
+        for driver in ["builtin", "cluster-autoscaler"] {
+            let p = pool("workers", driver, &FOUR, &[("mini-1", "ready")]);
+            let plan = run(&[pod("db-0", None, with_claim("data-db-0"))], &[&p]);
+            assert_eq!(woken(&plan), [("workers".into(), vec!["mini-3".into()])], "{driver}");
+            assert!(plan.handled.contains(&("apps".into(), "db-0".into())), "{driver}");
+            let reason = &plan.wakes[0].reason;
+            assert!(
+                reason.contains("pod apps/db-0") && reason.contains("PersistentVolume pvc-1"),
+                "{reason}"
+            );
+        }
+    }
+
+    #[test]
+    fn many_pending_pods_on_one_machine_wake_it_once() {
+        let p = pool("workers", "builtin", &FOUR, &[]);
+        let pods = [
+            pod("db-0", None, with_claim("data-db-0")),
+            pod("db-1", None, with_claim("data-db-1")),
+            pod("pinned", None, on_host("mini-3")),
+        ];
+        let plan = run(&pods, &[&p]);
+        assert_eq!(woken(&plan), [("workers".into(), vec!["mini-3".into()])]);
+        assert_eq!(plan.handled.len(), 3, "none of them is counted by the pool's own scaler");
+    }
+
+    #[test]
+    fn what_a_bound_pod_waits_for_and_what_is_left_to_the_pools() {
+        /// The case, the pool's claims (slot, phase), the pod, whether it wakes a slot, and
+        /// whether the pool's own count leaves it out.
+        type Case = (&'static str, Vec<(&'static str, &'static str)>, Pod, bool, bool);
+        let table: Vec<Case> = vec![
+            (
+                "its slot boots",
+                vec![("mini-3", "booting")],
+                pod("db-0", None, with_claim("data-db-0")),
+                false,
+                true,
+            ),
+            (
+                "its slot is pending",
+                vec![("mini-3", "pending")],
+                pod("db-0", None, with_claim("data-db-0")),
+                false,
+                true,
+            ),
+            (
+                "its slot serves",
+                vec![("mini-3", "ready")],
+                pod("db-0", None, with_claim("data-db-0")),
+                false,
+                false,
+            ),
+            (
+                "a pod every slot fits is the pool's",
+                vec![],
+                pod("web", None, json!({})),
+                false,
+                false,
+            ),
+            ("no slot fits", vec![], pod("x", None, on_host("elsewhere")), false, false),
+            ("a hostname selector", vec![], pod("x", None, on_host("mini-2")), true, true),
+            (
+                "a pod not judged yet",
+                vec![],
+                {
+                    let mut p = pod("db-0", None, with_claim("data-db-0"));
+                    p.status = None;
+                    p
+                },
+                false,
+                false,
+            ),
+        ];
+        for (case, claims, pod, wakes, handled) in table {
+            let p = pool("workers", "builtin", &FOUR, &claims);
+            let plan = run(std::slice::from_ref(&pod), &[&p]);
+            assert_eq!(!plan.wakes.is_empty(), wakes, "{case}: {plan:?}");
+            assert_eq!(!plan.handled.is_empty(), handled, "{case}: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn a_selector_the_autoscaler_template_satisfies_is_left_to_cluster_autoscaler() {
+        // Every slot of the pool runs Linux: cluster-autoscaler's template fits the pod and it
+        // scales up on its own; the builtin pool counts it as ordinary demand.
+        for driver in ["builtin", "cluster-autoscaler"] {
+            let p = pool("workers", driver, &FOUR, &[]);
+            let linux =
+                pod("web", None, json!({ "nodeSelector": { "kubernetes.io/os": "linux" } }));
+            let plan = run(&[linux], &[&p]);
+            assert!(plan.wakes.is_empty() && plan.handled.is_empty(), "{driver}: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn max_nodes_keeps_a_builtin_pool_from_waking_and_the_pod_is_not_counted_either() {
+        let slots: Vec<Arc<Slot>> = FOUR.iter().map(|s| slot(s, "workers")).collect();
+        let claims = vec![claim("mini-1", "workers", "ready")];
+        let p = GroupSnapshot::build(
+            group("workers", "builtin", Some(1)),
+            &slots,
+            &claims,
+            &HashSet::new(),
+        );
+        let plan = run(&[pod("db-0", None, with_claim("data-db-0"))], &[&p]);
+        assert!(plan.wakes.is_empty());
+        assert!(plan.handled.contains(&("apps".into(), "db-0".into())));
+        assert!(plan.blocked[0].1.contains("maxNodes"), "{:?}", plan.blocked);
+    }
+
+    #[test]
+    fn a_running_pod_holds_the_machine_its_volume_is_on() {
+        let p = pool("workers", "builtin", &FOUR, &[("mini-3", "ready")]);
+        let pods = [
+            pod("db-0", Some("mini-3"), with_claim("data-db-0")),
+            pod("web", Some("mini-3"), json!({})),
+        ];
+        let plan = run(&pods, &[&p]);
+        assert_eq!(
+            plan.holding.get("mini-3").cloned().unwrap_or_default(),
+            [HeldVolume {
+                pod: "apps/db-0".into(),
+                claim: "data-db-0".into(),
+                volume: Some("pvc-1".into())
+            }]
+        );
+        assert_eq!(plan.holding.len(), 1, "only the machine with the data: {:?}", plan.holding);
+    }
+
+    #[test]
+    fn the_autoscaler_template_matches_the_providers() {
+        let p = pool("workers", "cluster-autoscaler", &FOUR, &[]);
+        let state = representative(&p).unwrap();
+        let template = Template::for_autoscaler(&state.slot, "workers");
+        let node =
+            crate::provider::template::template_node("workers", state, jiff::Timestamp::now());
+        let meta = node.metadata.unwrap();
+        let mut provider_labels = meta.labels.clone();
+        // cluster-autoscaler names the template node and sets its hostname label itself.
+        provider_labels.insert("kubernetes.io/hostname".into(), meta.name.clone().unwrap());
+        assert_eq!(template.labels, provider_labels);
+        assert_eq!(Some(template.name), meta.name);
+    }
+}
