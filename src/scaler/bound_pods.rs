@@ -86,6 +86,14 @@ struct SlotShape<'a> {
     live: Option<NodeClaimPhase>,
 }
 
+/// A pending pod no pool serves on its own, with the slots it fits.
+struct BoundPod<'p, 's> {
+    pod: &'p Pod,
+    volumes: Vec<BoundVolume>,
+    fitting: Vec<&'s SlotShape<'s>>,
+    groups: BTreeSet<usize>,
+}
+
 /// Plans for every pool in `pools`.
 pub fn plan(
     pods: &[Pod],
@@ -125,43 +133,54 @@ pub fn plan(
         .collect();
 
     let mut plan = Plan::default();
-    let mut waking: BTreeSet<(usize, &str)> = BTreeSet::new();
+    let mut bound: Vec<BoundPod<'_, '_>> = Vec::new();
     for pod in pods.iter().filter(|p| is_work(p)) {
         let Some(spec) = pod.spec.as_ref() else { continue };
-        let bound_volumes = volumes.bound_volumes(pod);
+        let volumes = volumes.bound_volumes(pod);
         match spec.node_name.as_deref().filter(|n| !n.is_empty()) {
             Some(node) => {
-                hold(&mut plan, pod, node, &bound_volumes, &slots, &real_nodes);
+                hold(&mut plan, pod, node, &volumes, &slots, &real_nodes);
                 continue;
             }
             None if !judged_unschedulable(pod) || nominated(pod) => continue,
             None => {}
         }
         let fitting: Vec<&SlotShape<'_>> =
-            slots.iter().filter(|s| fits(spec, &bound_volumes, s.template.shape())).collect();
-        if fitting.is_empty() || usable_elsewhere.iter().any(|n| fits(spec, &bound_volumes, *n)) {
+            slots.iter().filter(|s| fits(spec, &volumes, s.template.shape())).collect();
+        if fitting.is_empty() || usable_elsewhere.iter().any(|n| fits(spec, &volumes, *n)) {
             continue;
         }
         let groups: BTreeSet<usize> = fitting.iter().map(|s| s.group).collect();
         let served_by_a_pool = groups.iter().any(|&g| {
             let in_group = fitting.iter().filter(|s| s.group == g).count();
             match &autoscaler_templates[g] {
-                Some(template) => fits(spec, &bound_volumes, template.shape()),
+                Some(template) => fits(spec, &volumes, template.shape()),
                 None if pools[g].group.spec.driver == ScalingDriver::ClusterAutoscaler => false,
                 None => in_group == pools[g].slots.len(),
             }
         });
-        if served_by_a_pool {
-            continue;
+        if !served_by_a_pool {
+            bound.push(BoundPod { pod, volumes, fitting, groups });
         }
-        let key = pod_key(pod);
+    }
+
+    // The pods with the fewest slots first, so a slot that serves several is the one woken.
+    bound.sort_by_key(|b| b.fitting.len());
+    // Each wake's candidate slots: the provider claims one of them, so a later pod is served by
+    // a wake only when it fits every candidate.
+    let mut waking: Vec<(usize, Vec<&str>)> = Vec::new();
+    for BoundPod { pod, volumes, fitting, groups } in bound {
         if fitting.iter().any(|s| s.live == Some(NodeClaimPhase::Ready)) {
             // Its machine serves: the scheduler places it, or the pool's scaler sees a pod
             // that does not fit there, as it sees any other.
             continue;
         }
+        let key = pod_key(pod);
         plan.handled.insert(key.clone());
-        if fitting.iter().any(|s| s.live.is_some() || waking.contains(&(s.group, s.name))) {
+        let served_by_a_wake = waking.iter().any(|(g, candidates)| {
+            candidates.iter().all(|c| fitting.iter().any(|s| s.group == *g && s.name == *c))
+        });
+        if served_by_a_wake || fitting.iter().any(|s| s.live.is_some()) {
             continue;
         }
         let who = format!("{}/{}", key.0, key.1);
@@ -183,15 +202,15 @@ pub fn plan(
             plan.blocked.push((who, refusals.join("; ")));
             continue;
         };
-        waking.extend(free.iter().map(|name| (g, *name)));
         let names: Vec<&str> = fitting.iter().map(|s| s.name).collect();
         plan.wakes.push(Wake {
             group: pools[g].name().to_owned(),
             driver: pools[g].group.spec.driver,
             slots: free.iter().map(|s| (*s).to_owned()).collect(),
-            reason: reason(&who, &names, &bound_volumes),
+            reason: reason(&who, &names, &volumes),
             pod: who,
         });
+        waking.push((g, free));
     }
     for held in plan.holding.values_mut() {
         held.sort();
@@ -399,6 +418,28 @@ mod tests {
         let plan = run(&pods, &[&p]);
         assert_eq!(woken(&plan), [("workers".into(), vec!["mini-3".into()])]);
         assert_eq!(plan.handled.len(), 3, "none of them is counted by the pool's own scaler");
+    }
+
+    #[test]
+    fn the_most_constrained_pod_picks_the_slot_and_the_others_share_it() {
+        let p = pool("workers", "builtin", &FOUR, &[]);
+        let either = json!({ "affinity": { "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [{
+                "matchExpressions": [{ "key": "kubernetes.io/hostname", "operator": "In",
+                                       "values": ["mini-3", "mini-4"] }] }] } } } });
+        let pods = [pod("either", None, either), pod("only-4", None, on_host("mini-4"))];
+        for order in [[0, 1], [1, 0]] {
+            let plan = run(&[pods[order[0]].clone(), pods[order[1]].clone()], &[&p]);
+            assert_eq!(
+                woken(&plan),
+                [("workers".into(), vec!["mini-4".into()])],
+                "mini-4 serves both, whichever pod comes first"
+            );
+        }
+        // A pod only mini-3 can run picks mini-3, and the pod that fits either shares it.
+        let third = pod("only-3", None, on_host("mini-3"));
+        let plan = run(&[pods[0].clone(), third], &[&p]);
+        assert_eq!(woken(&plan), [("workers".into(), vec!["mini-3".into()])]);
     }
 
     #[test]
