@@ -41,7 +41,12 @@ chmod 1777 "$work/rootfs/tmp"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/rootfs" -cf "$work/layer.tar" homelab-autoscaler tmp
 
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-"$root/scripts/oci-archive.sh" "$crane" "$work/layer.tar" "$out" "$image:$tag" \
+# Written beside OUT and renamed onto it: a reader (ctr import in another test binary that asked
+# for the same image) sees the old tarball or the new one, never one half written.
+mkdir -p "$(dirname "$out")"
+partial=$(mktemp "$(dirname "$out")/.$(basename "$out").XXXXXX")
+trap 'rm -rf "$work" "$partial"' EXIT
+"$root/scripts/oci-archive.sh" "$crane" "$work/layer.tar" "$partial" "$image:$tag" \
   --entrypoint /homelab-autoscaler --cmd run \
   --user 65532:65532 --workdir / \
   -l org.opencontainers.image.title=homelab-autoscaler \
@@ -50,4 +55,6 @@ revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
   -l org.opencontainers.image.source=https://github.com/homecluster-dev/homelab-autoscaler \
   -l org.opencontainers.image.licenses=Apache-2.0 \
   -l "org.opencontainers.image.ref.name=$image:$tag"
+chmod 0644 "$partial"
+mv -f "$partial" "$out"
 log "wrote $out ($image:$tag, $(du -h "$out" | cut -f1))"
