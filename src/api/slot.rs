@@ -207,7 +207,9 @@ pub struct NodeStatus {
 }
 
 /// A running pod's volume that only one machine can serve.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalVolume {
     /// The pod, as `namespace/name`.

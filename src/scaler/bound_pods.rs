@@ -33,7 +33,7 @@ use super::classify::{is_work, judged_unschedulable};
 use super::placement::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
 use super::target::Limits;
 use super::volumes::{BoundVolume, VolumeIndex};
-use crate::api::{NodeClaimPhase, ScalingDriver};
+use crate::api::{LocalVolume, NodeClaimPhase, ScalingDriver};
 use crate::phase;
 use crate::provider::GroupSnapshot;
 use crate::provider::template::representative;
@@ -54,15 +54,6 @@ pub struct Wake {
     pub reason: String,
 }
 
-/// A running pod whose volume no other machine can serve.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct HeldVolume {
-    /// `namespace/name`.
-    pub pod: String,
-    pub claim: String,
-    pub volume: Option<String>,
-}
-
 /// What the planner found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -72,8 +63,9 @@ pub struct Plan {
     pub handled: HashSet<PodKey>,
     /// Bound pods no slot may boot for now, with why (for the pass's log).
     pub blocked: Vec<(String, String)>,
-    /// By slot: the running pods whose volumes only that slot's machine can serve.
-    pub holding: BTreeMap<String, Vec<HeldVolume>>,
+    /// By slot: the running pods whose volumes only that slot's machine can serve, as the
+    /// slot's `status.localVolumes` lists them.
+    pub holding: BTreeMap<String, Vec<LocalVolume>>,
 }
 
 /// A slot as the planner sees it.
@@ -82,7 +74,7 @@ struct SlotShape<'a> {
     name: &'a str,
     node: &'a str,
     template: Template,
-    /// The phase of its live claim, if any (`Some(None)` reads as pending).
+    /// The phase of its live claim, if it has one.
     live: Option<NodeClaimPhase>,
 }
 
@@ -238,7 +230,7 @@ fn hold(
             .chain(real_nodes.iter().copied().filter(|n| n.name != node))
             .any(|n| selector_matches(&volume.nodes, n));
         if !elsewhere {
-            plan.holding.entry(slot.name.to_owned()).or_default().push(HeldVolume {
+            plan.holding.entry(slot.name.to_owned()).or_default().push(LocalVolume {
                 pod: format!("{namespace}/{name}"),
                 claim: volume.claim.clone(),
                 volume: volume.volume.clone(),
@@ -267,7 +259,7 @@ fn nominated(pod: &Pod) -> bool {
         .is_some_and(|n| !n.is_empty())
 }
 
-fn pod_key(pod: &Pod) -> PodKey {
+pub(super) fn pod_key(pod: &Pod) -> PodKey {
     (
         pod.metadata.namespace.clone().unwrap_or_default(),
         pod.metadata.name.clone().unwrap_or_default(),
@@ -537,7 +529,7 @@ mod tests {
         let plan = run(&pods, &[&p]);
         assert_eq!(
             plan.holding.get("mini-3").cloned().unwrap_or_default(),
-            [HeldVolume {
+            [LocalVolume {
                 pod: "apps/db-0".into(),
                 claim: "data-db-0".into(),
                 volume: Some("pvc-1".into())

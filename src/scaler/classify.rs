@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::bound_pods::PodKey;
+use super::bound_pods::{PodKey, pod_key};
 use super::placement::{NodeShape, Template, admits, fits, shape_of, takes_pods};
 use super::pool_view::{Machine, PoolView, Workload};
 use super::volumes::VolumeIndex;
@@ -101,10 +101,7 @@ pub fn observe_group(
                 let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
                 let preempting_elsewhere =
                     nominated.is_some_and(|n| !n.is_empty() && !pool_nodes.contains(n));
-                let key = (
-                    pod.metadata.namespace.clone().unwrap_or_default(),
-                    pod.metadata.name.clone().unwrap_or_default(),
-                );
+                let key = pod_key(pod);
                 let volumes = volume_index.bound_volumes(pod);
                 let fits_pool = templates.iter().any(|t| fits(spec, &volumes, t.shape()));
                 let fits_outside = elsewhere.iter().any(|n| fits(spec, &volumes, *n));

@@ -7,8 +7,8 @@ use kube::Client;
 use kube::api::Api;
 use serde_json::json;
 
-use super::bound_pods::{HeldVolume, Plan};
-use crate::api::{LocalVolume, Node as Slot};
+use super::bound_pods::Plan;
+use crate::api::Node as Slot;
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::provider::{Caller, GroupSnapshot, Provider};
 
@@ -54,11 +54,7 @@ pub async fn report_holding(
     let api: Api<Slot> = Api::namespaced(client.clone(), namespace);
     for state in pools.iter().flat_map(|p| p.slots.iter()) {
         let name = state.name();
-        let wanted: Vec<LocalVolume> = plan
-            .holding
-            .get(name)
-            .map(|held| held.iter().map(local_volume).collect())
-            .unwrap_or_default();
+        let wanted = plan.holding.get(name).cloned().unwrap_or_default();
         let current =
             state.slot.status.as_ref().map(|s| s.local_volumes.clone()).unwrap_or_default();
         if wanted == current {
@@ -79,8 +75,4 @@ pub async fn report_holding(
             }
         }
     }
-}
-
-fn local_volume(held: &HeldVolume) -> LocalVolume {
-    LocalVolume { pod: held.pod.clone(), claim: held.claim.clone(), volume: held.volume.clone() }
 }
