@@ -8,8 +8,9 @@
 //! would boot the cheapest free slot, which the pod cannot use. So one planner, run by the
 //! scaler's pass for every pool whatever its driver, handles these pods:
 //!
-//! - a pending pod (the scheduler found no node) that fits only some slots' templates — its
-//!   selectors, affinity, tolerations and the node affinity of its bound volumes — is *bound*
+//! - an unscheduled pod that no usable node outside the pools admits (judged by the scheduler
+//!   or not yet: the pool's own count takes both) and that fits only some slots' templates —
+//!   its selectors, affinity, tolerations and the node affinity of its bound volumes — is *bound*
 //!   when no pool would serve it anyway: in a builtin pool, when not every slot fits it; in a
 //!   cluster-autoscaler pool, when the group's template node does not fit it;
 //! - a bound pod whose slots all have no live claim wakes one of them: one claim, on a slot
@@ -29,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 
-use super::classify::{is_work, judged_unschedulable};
+use super::classify::is_work;
 use super::placement::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
 use super::target::Limits;
 use super::volumes::{BoundVolume, VolumeIndex};
@@ -134,11 +135,15 @@ pub fn plan(
                 hold(&mut plan, pod, node, &volumes, &slots, &real_nodes);
                 continue;
             }
-            None if !judged_unschedulable(pod) || nominated(pod) => continue,
+            None if nominated(pod) => continue,
             None => {}
         }
         let fitting: Vec<&SlotShape<'_>> =
             slots.iter().filter(|s| fits(spec, &volumes, s.template.shape())).collect();
+        // Whether or not the scheduler has judged it yet: a pod no usable node outside the
+        // pools admits waits for a slot either way. The pool's own count takes the same
+        // unjudged pods (`classify`), so leaving them out here would let it boot a machine
+        // the pod cannot use.
         if fitting.is_empty() || usable_elsewhere.iter().any(|n| fits(spec, &volumes, *n)) {
             continue;
         }
@@ -471,15 +476,15 @@ mod tests {
             ("no slot fits", vec![], pod("x", None, on_host("elsewhere")), false, false),
             ("a hostname selector", vec![], pod("x", None, on_host("mini-2")), true, true),
             (
-                "a pod not judged yet",
+                "a pod the scheduler has not judged yet",
                 vec![],
                 {
                     let mut p = pod("db-0", None, with_claim("data-db-0"));
                     p.status = None;
                     p
                 },
-                false,
-                false,
+                true,
+                true,
             ),
         ];
         for (case, claims, pod, wakes, handled) in table {

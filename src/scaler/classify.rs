@@ -399,6 +399,53 @@ mod tests {
         assert_eq!(pending(&bound), 0, "a bound pod is the bound-pod planner's, not the count's");
     }
 
+    #[test]
+    fn the_bound_pod_planner_and_the_count_take_each_pending_pod_once_judged_or_not() {
+        // A pod whose volume is on free slot d, just created (the scheduler has not looked at
+        // it) or judged unschedulable: the planner wakes d for it and the count leaves it out,
+        // so the pool does not boot its cheapest free slot for a pod that cannot run there.
+        for status in [unjudged(), unschedulable()] {
+            let claims: Vec<PersistentVolumeClaim> = vec![
+                serde_json::from_value(json!({
+                    "metadata": { "name": "on-d", "namespace": "apps" },
+                    "spec": { "volumeName": "pv-on-d" },
+                }))
+                .unwrap(),
+            ];
+            let volumes: Vec<PersistentVolume> = vec![
+                serde_json::from_value(json!({
+                    "metadata": { "name": "pv-on-d" },
+                    "spec": { "nodeAffinity": { "required": { "nodeSelectorTerms": [{
+                        "matchExpressions": [{ "key": "kubernetes.io/hostname",
+                                               "operator": "In", "values": ["d"] }] }] } } },
+                }))
+                .unwrap(),
+            ];
+            let db = pod(
+                "db",
+                json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "on-d" } }] }),
+                status.clone(),
+            );
+            let view = ClusterView {
+                pods: vec![db],
+                nodes: vec![lab()],
+                claims,
+                volumes,
+                ..ClusterView::default()
+            };
+            let pool = snapshot();
+            let plan = super::super::bound_pods::plan(
+                &view.pods,
+                &view.nodes,
+                &view.volume_index(),
+                &[&pool],
+            );
+            let woken: Vec<&[String]> = plan.wakes.iter().map(|w| w.slots.as_slice()).collect();
+            assert_eq!(woken, [["d".to_owned()].as_slice()], "{status}");
+            assert_eq!(observe_group(&view, &pool, &plan.handled).pending_pods, 0, "{status}");
+        }
+    }
+
     fn pending_of(pods: Vec<Pod>, nodes: Vec<CoreNode>) -> i32 {
         let view = ClusterView { pods, nodes, ..ClusterView::default() };
         observe_group(&view, &snapshot(), &HashSet::new()).pending_pods
