@@ -12,6 +12,7 @@ use kube::{Client, Resource};
 
 use super::error::{KubeContext, Result, is_already_exists};
 use super::jobs::Lifecycle;
+use super::read_floor::ReadFloor;
 use crate::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim};
 use crate::cache::{Changes, NotSynced, Stores};
 use crate::claim::Timeouts;
@@ -46,6 +47,8 @@ pub struct Context {
     /// One lock per slot around "may this claim boot?" and the booting write, so two claims
     /// of one slot never both pass the check (reconciles of different claims run at once).
     boot_locks: SlotLocks,
+    /// The newest claim this term wrote: the boot check's list reads no older than it.
+    pub claim_read_floor: ReadFloor,
     /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
     /// once per `meter_interval`. A new term starts empty: one read each at its start.
     meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
@@ -186,6 +189,7 @@ impl Context {
             clock,
             stores,
             boot_locks: SlotLocks::default(),
+            claim_read_floor: ReadFloor::default(),
             meter_reads: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))

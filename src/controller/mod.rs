@@ -9,6 +9,7 @@ mod context;
 mod error;
 pub mod group;
 pub mod jobs;
+mod read_floor;
 pub mod schedule;
 pub mod slot;
 

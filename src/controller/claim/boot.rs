@@ -1,11 +1,11 @@
 //! pending → booting: the boot is committed. Before it, the newest of two live claims on one slot
-//! steps aside (read fresh from the API, not the cache); then the finalizer lands on a metadata
+//! steps aside (read from the API, no older than what this process has seen or written); then the finalizer lands on a metadata
 //! write, the startup Job is created, and the status write records the attempt.
 
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -89,10 +89,12 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
         finalizers.push(FINALIZER.into());
         let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": claim.metadata.resource_version } });
-        claims
+        let written = claims
             .patch(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
             .await
-            .during(|| format!("adding the finalizer to claim {name}"))?
+            .during(|| format!("adding the finalizer to claim {name}"))?;
+        ctx.claim_read_floor.wrote(written.metadata.resource_version.as_deref());
+        written
     };
 
     let job_name = jobs::startup_job_name(&name);
@@ -129,10 +131,20 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
 /// The name of a live claim on the same slot that `claim` must give way to, read from the API:
 /// one that has committed its boot (booting or ready), or a pending one that is older. The
 /// first rule holds even when creation times tie at one-second resolution.
+///
+/// The list is served from the apiserver's watch cache, no older than this claim, the slot's
+/// claims as this process's cache holds them, and every claim write of this term (a consistent
+/// read waits for etcd's progress notification, most of a boot's start; see `read_floor`).
+/// A claim admitted while an older one was live sees that one live whether or not it has ended
+/// since, and gives way: the two were live together, and the rule keeps the older.
 async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<String>> {
     let slot = &claim.spec.slot_ref.name;
+    let cached = ctx.claims_of_slot(slot);
+    let seen = std::iter::once(claim.metadata.resource_version.as_deref())
+        .chain(cached.iter().map(|c| c.metadata.resource_version.as_deref()));
+    let params = ctx.claim_read_floor.list_params(seen);
     let list = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .list(&ListParams::default().fields(&format!("spec.slotRef.name={slot}")))
+        .list(&params.fields(&format!("spec.slotRef.name={slot}")))
         .await
         .during(|| format!("listing the claims of slot {slot}"))?;
     let key = |c: &NodeClaim| {

@@ -137,10 +137,11 @@ pub async fn move_phase(ctx: &Context, claim: &NodeClaim, change: PhaseMove) -> 
         "metadata": { "resourceVersion": claim.metadata.resource_version },
         "status": status,
     });
-    Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
+    let written = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
         .patch_status(&name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("moving claim {name} {from:?} -> {:?}", change.to))?;
+    ctx.claim_read_floor.wrote(written.metadata.resource_version.as_deref());
 
     let attempt = status
         .get("attempt")
@@ -203,10 +204,11 @@ pub async fn patch_status(
 ) -> Result<()> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let patch = json!({ "metadata": { "resourceVersion": claim.metadata.resource_version }, "status": fields });
-    Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
+    let written = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
         .patch_status(&name, &writer.patch(), &Patch::Merge(&patch))
         .await
         .during(|| format!("updating the status of claim {name}"))?;
+    ctx.claim_read_floor.wrote(written.metadata.resource_version.as_deref());
     Ok(())
 }
 
