@@ -80,6 +80,11 @@ where
     }
 }
 
+/// For [`Feed::same_for_readers`]: every new version is news.
+pub fn always_news<K>(_: &K, _: &K) -> bool {
+    false
+}
+
 /// What one kind's watch keeps current.
 pub struct Feed<K: Resource + Clone + 'static>
 where
@@ -92,6 +97,9 @@ where
     pub writer: Writer<K>,
     pub indexes: Vec<(Arc<Index>, KeyOf<K>)>,
     pub subscribers: Arc<Subscribers<K>>,
+    /// Whether a new version of a stored object differs from it only in what no controller
+    /// acts on (a node's heartbeat): the store takes it, and no subscriber hears of it.
+    pub same_for_readers: fn(&K, &K) -> bool,
     /// Counts the events every feed has taken, so a waiter on the caches wakes on a change.
     pub changed: Arc<watch::Sender<u64>>,
 }
@@ -110,7 +118,17 @@ where
     /// store takes the change, the indexes drop the old keys, and then the subscribers hear of
     /// it, so a reconcile a change wakes reads the change in the store and in every index.
     pub fn spawn(self) -> JoinHandle<()> {
-        let Feed { kind, api, config, slim, mut writer, indexes, subscribers, changed } = self;
+        let Feed {
+            kind,
+            api,
+            config,
+            slim,
+            mut writer,
+            indexes,
+            subscribers,
+            same_for_readers,
+            changed,
+        } = self;
         let store = writer.as_reader();
         tokio::spawn(async move {
             let mut events = watcher(api, config).default_backoff().modify(slim).boxed();
@@ -122,6 +140,12 @@ where
                         continue;
                     }
                 };
+                let unchanged = match &event {
+                    watcher::Event::Apply(new) => store
+                        .get(&ObjectRef::from_obj(new))
+                        .is_some_and(|old| same_for_readers(&old, new)),
+                    _ => false,
+                };
                 for (index, key) in &indexes {
                     index.before(&event, *key);
                 }
@@ -129,7 +153,9 @@ where
                 for (index, key) in &indexes {
                     index.after(&event, *key, &store);
                 }
-                subscribers.publish(&event);
+                if !unchanged {
+                    subscribers.publish(&event);
+                }
                 changed.send_modify(|count| *count = count.wrapping_add(1));
             }
         })

@@ -19,7 +19,7 @@ pub mod slim;
 
 pub use feed::Changes;
 pub use index::{Index, KeyOf};
-pub use slim::{LAST_APPLIED, slim, slim_node};
+pub use slim::{LAST_APPLIED, heartbeat_only, slim, slim_node};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{Group, LABEL_MANAGED_BY, LABEL_SLOT, Node, NodeClaim};
-use feed::{Feed, Subscribers};
+use feed::{Feed, Subscribers, always_news};
 
 /// The caches of one namespace, and every Kubernetes node. Cheap to clone; the watches stop when
 /// the last clone is dropped.
@@ -143,6 +143,7 @@ impl Stores {
                     (claims_by_group.clone(), claim_group),
                 ],
                 subscribers: claim_subscribers.clone(),
+                same_for_readers: always_news,
                 changed: changed.clone(),
             }
             .spawn(),
@@ -157,6 +158,7 @@ impl Stores {
                     (slots_by_node.clone(), slot_node),
                 ],
                 subscribers: slot_subscribers.clone(),
+                same_for_readers: always_news,
                 changed: changed.clone(),
             }
             .spawn(),
@@ -168,6 +170,7 @@ impl Stores {
                 writer: groups_writer,
                 indexes: Vec::new(),
                 subscribers: group_subscribers.clone(),
+                same_for_readers: always_news,
                 changed: changed.clone(),
             }
             .spawn(),
@@ -179,6 +182,7 @@ impl Stores {
                 writer: nodes_writer,
                 indexes: Vec::new(),
                 subscribers: node_subscribers.clone(),
+                same_for_readers: heartbeat_only,
                 changed: changed.clone(),
             }
             .spawn(),
@@ -190,6 +194,7 @@ impl Stores {
                 writer: jobs_writer,
                 indexes: vec![(jobs_by_slot.clone(), job_slot as KeyOf<Job>)],
                 subscribers: job_subscribers.clone(),
+                same_for_readers: always_news,
                 changed: changed.clone(),
             }
             .spawn(),

@@ -29,6 +29,23 @@ pub fn slim_node(node: &mut CoreNode) {
     }
 }
 
+/// Whether `new` is `old` with only its heartbeat moved: the conditions' `lastHeartbeatTime`
+/// (a kubelet's periodic status report, kwok's heartbeat) and the resourceVersion. No
+/// controller acts on a heartbeat, only on what a condition says, so the cache takes such a
+/// version without waking a reconcile for every node every few seconds.
+pub fn heartbeat_only(old: &CoreNode, new: &CoreNode) -> bool {
+    let without_heartbeat = |node: &CoreNode| {
+        let mut node = node.clone();
+        node.metadata.resource_version = None;
+        let conditions = node.status.as_mut().and_then(|s| s.conditions.as_mut());
+        for condition in conditions.into_iter().flatten() {
+            condition.last_heartbeat_time = None;
+        }
+        node
+    };
+    without_heartbeat(old) == without_heartbeat(new)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +70,28 @@ mod tests {
             node.metadata.annotations.iter().flatten().map(|(k, _)| k.as_str()).collect();
         assert_eq!(kept, ["keep"]);
         assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
+    }
+
+    #[test]
+    fn a_heartbeat_is_no_news_and_anything_else_is() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let node = |version: &str, at: &str, status: &str, unschedulable: bool| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "mini-1", "resourceVersion": version },
+                "spec": { "unschedulable": unschedulable },
+                "status": { "conditions": [{ "type": "Ready", "status": status,
+                    "lastHeartbeatTime": at, "lastTransitionTime": "2026-03-04T10:00:00Z" }] },
+            }))
+            .unwrap()
+        };
+        let old = node("7", "2026-03-04T10:00:04Z", "True", false);
+        assert!(heartbeat_only(&old, &node("8", "2026-03-04T10:00:08Z", "True", false)));
+        assert!(!heartbeat_only(&old, &node("8", "2026-03-04T10:00:08Z", "Unknown", false)));
+        assert!(!heartbeat_only(&old, &node("8", "2026-03-04T10:00:04Z", "True", true)));
+        let mut moved = old.clone();
+        moved.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time =
+            Some(Time("2026-03-04T10:00:05Z".parse().unwrap()));
+        assert!(!heartbeat_only(&old, &moved), "a transition is news");
     }
 
     #[test]
