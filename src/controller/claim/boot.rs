@@ -1,6 +1,7 @@
 //! pending → booting: the boot is committed. Before it, the newest of two live claims on one slot
-//! steps aside (read from the API, no older than what this process has seen or written); then the finalizer lands on a metadata
-//! write, the startup Job is created, and the status write records the attempt.
+//! steps aside (read from the API, no older than what this process has seen or written); then
+//! the finalizer lands on a metadata write, the startup Job is created, and the status write
+//! records the attempt.
 
 use std::sync::Arc;
 
@@ -135,8 +136,8 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
 /// The list is served from the apiserver's watch cache, no older than this claim, the slot's
 /// claims as this process's cache holds them, and every claim write of this term (a consistent
 /// read waits for etcd's progress notification, most of a boot's start; see `read_floor`).
-/// A claim admitted while an older one was live sees that one live whether or not it has ended
-/// since, and gives way: the two were live together, and the rule keeps the older.
+/// A claim admitted while an older one was live may still see that one live after it has
+/// ended, and gives way: the two were live together, and the rule keeps the older.
 async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<String>> {
     let slot = &claim.spec.slot_ref.name;
     let cached = ctx.claims_of_slot(slot);
