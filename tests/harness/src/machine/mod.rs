@@ -20,7 +20,8 @@
 //! it sets the kernel-wide sysctls vm.overcommit_memory=1, kernel.panic=10 and
 //! kernel.panic_on_oops=1 at start (as on any kubelet's host; they are not per namespace; the
 //! host's own values are put back whenever a machine goes, see host_sysctls.rs), and
-//! its device-plugin socket is /var/lib/kubelet/device-plugins/kubelet.sock. containerd's CNI
+//! its device-plugin socket is /var/lib/kubelet/device-plugins/kubelet.sock (so kubelets start
+//! one at a time, kubelet_start.rs). containerd's CNI
 //! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too.
 //!
 //! Programs: `build-binaries.sh machines` (Profile::Machines), built on first use. Cold build
@@ -33,6 +34,7 @@ mod cgroups;
 mod disk;
 mod firmware;
 mod host_sysctls;
+mod kubelet_start;
 pub mod netns;
 mod network;
 mod os;
@@ -378,7 +380,9 @@ impl Machine {
     pub async fn restart_kubelet(&self) -> Result<()> {
         let firmware = self.inner.firmware.lock().await;
         let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
-        os.kubelet().restart()
+        let kubelet = os.kubelet();
+        kubelet_start::one_at_a_time(|| kubelet.restart(), |()| kubelet.ensure_running().is_ok())
+            .await
     }
 
     /// Runs `ctr ARGS…` against the machine's containerd, in its `k8s.io` namespace (the

@@ -60,7 +60,11 @@ impl Os {
             }
             None => None,
         };
-        let kubelet = spawn(board, &logs, "kubelet", board.kubelet_args())?;
+        let kubelet = super::kubelet_start::one_at_a_time(
+            || spawn(board, &logs, "kubelet", board.kubelet_args()),
+            |kubelet| kubelet.ensure_running().is_ok(),
+        )
+        .await?;
         progress(&format!(
             "machine {} booted (containerd and kubelet up) in {:.1?}",
             board.name,

@@ -1,0 +1,62 @@
+//! Kubelet starts one at a time on the host. Every kubelet binds its device-plugin socket at
+//! /var/lib/kubelet/device-plugins/kubelet.sock whatever its root dir, and at start it first
+//! removes the sockets there and then binds its own: two kubelets starting at once can each
+//! clean, and the second to bind finds the first's fresh socket and exits ("bind: address
+//! already in use"). A kubelet that already runs is not disturbed by a later one's cleanup (it
+//! keeps its unlinked socket), so only the starts are taken in turn: host-wide, across test
+//! processes, under an advisory lock held until the new kubelet's socket is there (or it
+//! exited, or `SOCKET_WAIT` passed).
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::fcntl::{Flock, FlockArg};
+
+const SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
+/// A kubelet binds the socket within about a second of its start; past this it is left alone.
+const SOCKET_WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(20);
+
+fn lock_path() -> PathBuf {
+    std::env::temp_dir().join("homelab-harness-kubelet-start.lock")
+}
+
+/// The socket file's identity: a new bind makes a new file (a new ctime, most likely a new
+/// inode).
+fn socket_identity(path: &Path) -> Option<(u64, i64, i64)> {
+    std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+/// Runs `start` (which spawns or restarts a kubelet) with no other kubelet starting on the
+/// host, and waits until that kubelet has bound its socket or `running` says it exited.
+pub async fn one_at_a_time<T>(
+    start: impl FnOnce() -> Result<T>,
+    running: impl Fn(&T) -> bool,
+) -> Result<T> {
+    let path = lock_path();
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let lock = tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))
+        .await
+        .context("waiting for the kubelet start lock")?
+        .map_err(|(_, errno)| anyhow::anyhow!("locking {}: {errno}", path.display()))?;
+    let before = socket_identity(Path::new(SOCKET));
+    let kubelet = start()?;
+    let deadline = Instant::now() + SOCKET_WAIT;
+    loop {
+        let now = socket_identity(Path::new(SOCKET));
+        if (now.is_some() && now != before) || !running(&kubelet) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    drop(lock);
+    Ok(kubelet)
+}
