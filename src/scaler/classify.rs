@@ -351,30 +351,29 @@ mod tests {
         node("lab", json!({ "kubernetes.io/hostname": "lab" }), true, false)
     }
 
+    /// A claim `claim` of namespace `apps` bound to a local PersistentVolume on `host`.
+    fn local_volume_on(claim: &str, host: &str) -> (PersistentVolumeClaim, PersistentVolume) {
+        let volume = format!("pv-{claim}");
+        (
+            serde_json::from_value(json!({
+                "metadata": { "name": claim, "namespace": "apps" },
+                "spec": { "volumeName": volume },
+            }))
+            .unwrap(),
+            serde_json::from_value(json!({
+                "metadata": { "name": volume },
+                "spec": { "nodeAffinity": { "required": { "nodeSelectorTerms": [{
+                    "matchExpressions": [{ "key": "kubernetes.io/hostname",
+                                           "operator": "In", "values": [host] }] }] } } },
+            }))
+            .unwrap(),
+        )
+    }
+
     #[test]
     fn a_bound_volume_narrows_where_a_pending_pod_is_demand() {
-        let claims: Vec<PersistentVolumeClaim> = ["on-d", "on-lab"]
-            .iter()
-            .map(|name| {
-                serde_json::from_value(json!({
-                    "metadata": { "name": name, "namespace": "apps" },
-                    "spec": { "volumeName": format!("pv-{name}") },
-                }))
-                .unwrap()
-            })
-            .collect();
-        let volumes: Vec<PersistentVolume> = [("pv-on-d", "d"), ("pv-on-lab", "lab")]
-            .iter()
-            .map(|(name, host)| {
-                serde_json::from_value(json!({
-                    "metadata": { "name": name },
-                    "spec": { "nodeAffinity": { "required": { "nodeSelectorTerms": [{
-                        "matchExpressions": [{ "key": "kubernetes.io/hostname",
-                                               "operator": "In", "values": [host] }] }] } } },
-                }))
-                .unwrap()
-            })
-            .collect();
+        let (claims, volumes): (Vec<_>, Vec<_>) =
+            [("on-d", "d"), ("on-lab", "lab")].iter().map(|(c, h)| local_volume_on(c, h)).unzip();
         let using = |name: &str, claim: &str| {
             pod(
                 name,
@@ -405,22 +404,7 @@ mod tests {
         // it) or judged unschedulable: the planner wakes d for it and the count leaves it out,
         // so the pool does not boot its cheapest free slot for a pod that cannot run there.
         for status in [unjudged(), unschedulable()] {
-            let claims: Vec<PersistentVolumeClaim> = vec![
-                serde_json::from_value(json!({
-                    "metadata": { "name": "on-d", "namespace": "apps" },
-                    "spec": { "volumeName": "pv-on-d" },
-                }))
-                .unwrap(),
-            ];
-            let volumes: Vec<PersistentVolume> = vec![
-                serde_json::from_value(json!({
-                    "metadata": { "name": "pv-on-d" },
-                    "spec": { "nodeAffinity": { "required": { "nodeSelectorTerms": [{
-                        "matchExpressions": [{ "key": "kubernetes.io/hostname",
-                                               "operator": "In", "values": ["d"] }] }] } } },
-                }))
-                .unwrap(),
-            ];
+            let (claim, volume) = local_volume_on("on-d", "d");
             let db = pod(
                 "db",
                 json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "on-d" } }] }),
@@ -429,12 +413,12 @@ mod tests {
             let view = ClusterView {
                 pods: vec![db],
                 nodes: vec![lab()],
-                claims,
-                volumes,
+                claims: vec![claim],
+                volumes: vec![volume],
                 ..ClusterView::default()
             };
             let pool = snapshot();
-            let plan = super::super::bound_pods::plan(
+            let plan = crate::scaler::bound_pods::plan(
                 &view.pods,
                 &view.nodes,
                 &view.volume_index(),

@@ -10,7 +10,7 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use nix::fcntl::{Flock, FlockArg};
@@ -18,7 +18,6 @@ use nix::fcntl::{Flock, FlockArg};
 const SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
 /// A kubelet binds the socket within about a second of its start; past this it is left alone.
 const SOCKET_WAIT: Duration = Duration::from_secs(20);
-const POLL: Duration = Duration::from_millis(20);
 
 fn lock_path() -> PathBuf {
     std::env::temp_dir().join("homelab-harness-kubelet-start.lock")
@@ -49,14 +48,21 @@ pub async fn one_at_a_time<T>(
         .map_err(|(_, errno)| anyhow::anyhow!("locking {}: {errno}", path.display()))?;
     let before = socket_identity(Path::new(SOCKET));
     let kubelet = start()?;
-    let deadline = Instant::now() + SOCKET_WAIT;
-    loop {
-        let now = socket_identity(Path::new(SOCKET));
-        if (now.is_some() && now != before) || !running(&kubelet) || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    // A kubelet that exits or never binds only ends the wait: its caller sees it down.
+    let _bound = crate::wait::until(
+        "the new kubelet's device-plugin socket",
+        SOCKET_WAIT,
+        || {
+            anyhow::ensure!(running(&kubelet), "the kubelet exited");
+            Ok(())
+        },
+        || async {
+            let now = socket_identity(Path::new(SOCKET));
+            anyhow::ensure!(now.is_some() && now != before, "not bound yet");
+            Ok(())
+        },
+    )
+    .await;
     drop(lock);
     Ok(kubelet)
 }
