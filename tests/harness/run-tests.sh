@@ -21,10 +21,15 @@
 # `machines`): the suites that run alone and many in the lanes wait on clocks, not on the CPU,
 # so the Go programs that only some suites need are built in that idle time instead of before
 # every suite. A suite that needs one first waits on that program's lock (or builds it); the
-# runner waits for the build at the end and reports it like a suite.
+# runner waits for the build at the end and reports it like a suite. HOMELAB_TEST_LOAD=N runs
+# the whole of it (the test build, the suites, the build beside) with N busy processes beside it
+# (with-load.sh), to try a change under the load CI puts on it.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+if [[ -n ${HOMELAB_TEST_LOAD:-} && -z ${HOMELAB_TEST_LOAD_STARTED:-} ]]; then
+  HOMELAB_TEST_LOAD_STARTED=1 exec "$root/tests/harness/with-load.sh" "$HOMELAB_TEST_LOAD" "$0" "$@"
+fi
 lanes=${HOMELAB_TEST_LANES:-3}
 logs=${CARGO_TARGET_DIR:-$root/target}/test-logs
 
