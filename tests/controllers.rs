@@ -15,18 +15,18 @@ use homelab_autoscaler::claim::FINALIZER;
 use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
 use homelab_harness::claims::{phase, provider_claim_for, reason};
 use homelab_harness::http::ShellyMeter;
-use homelab_harness::lab::{Lab, With};
+use homelab_harness::lab::{self, Lab, With};
 use homelab_harness::slots::{self, node_reporting};
 use homelab_harness::{Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, stays};
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 
 /// How long a test waits for the controllers to act: long enough for three shutdown attempts,
-/// each settling for the registration timeout plus kube-controller-manager's grace before the
-/// next (the lab's 8 s + 30 s).
+/// two of them after a settle of the registration timeout plus kube-controller-manager's grace
+/// (the lab's 8 s + 30 s each), with room for the Jobs and writes of a loaded machine.
 const ACT: Duration = Duration::from_secs(120);
 /// How long a machine takes to be off and its Node deleted: the drain and shutdown Job, then
 /// kube-controller-manager's grace period before the stopped kubelet's Node is Unknown.
@@ -283,30 +283,54 @@ async fn an_overdue_boot_fails_and_its_machine_is_forced_off() {
     assert!(lab.event_reasons("c1").await.iter().any(|r| r == "ClaimFailed"));
 }
 
-/// Every value of `spec.unschedulable` node `name` takes, in order, from a watch started now
-/// (a node that does not exist yet is picked up when it registers).
-fn record_cordons(lab: &Lab, name: &str) -> Arc<Mutex<Vec<bool>>> {
+/// Every value `read` takes of node `name`, in order, from a watch that has listed when this
+/// returns (a node that does not exist yet is picked up when it registers). A state that lasts a
+/// moment is recorded however slowly the test polls.
+async fn record_node<T: PartialEq + Send + 'static>(
+    lab: &Lab,
+    name: &str,
+    read: fn(&CoreNode) -> T,
+) -> Arc<Mutex<Vec<T>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher(lab.nodes(), config).applied_objects().boxed();
+    let mut events = watcher(lab.nodes(), config).boxed();
+    let (listed, listed_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        while let Some(Ok(node)) = events.next().await {
-            let cordoned = node.spec.and_then(|s| s.unschedulable).unwrap_or(false);
-            let mut seen = record.lock().expect("the cordon record");
-            if seen.last() != Some(&cordoned) {
-                seen.push(cordoned);
+        let mut listed = Some(listed);
+        while let Some(Ok(event)) = events.next().await {
+            let node = match event {
+                watcher::Event::Apply(node) | watcher::Event::InitApply(node) => node,
+                watcher::Event::InitDone => {
+                    if let Some(listed) = listed.take() {
+                        let _ = listed.send(());
+                    }
+                    continue;
+                }
+                watcher::Event::Init | watcher::Event::Delete(_) => continue,
+            };
+            let value = read(&node);
+            let mut seen = record.lock().expect("the node record");
+            if seen.last() != Some(&value) {
+                seen.push(value);
             }
         }
     });
+    listed_rx.await.expect("the node watch listed");
     seen
+}
+
+/// Every value of `spec.unschedulable` node `name` takes, in order (see [`record_node`]).
+async fn record_cordons(lab: &Lab, name: &str) -> Arc<Mutex<Vec<bool>>> {
+    record_node(lab, name, |node| node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
     let lab = Lab::start("ctl-gate", With::Controllers).await;
     let slot = lab.pool(&[("m1", Some("never-clears-gate"))]).await.remove(0);
-    let cordons = record_cordons(&lab, &slot);
+    let cordons = record_cordons(&lab, &slot).await;
     lab.claim("c1", &slot, None).await;
     // The machine is cordoned while its gate is pending (by hand, or by a kubelet registered
     // unschedulable); the gate is the writer that lifts the cordon, also when it gives up.
@@ -328,8 +352,9 @@ async fn a_gate_that_never_clears_fails_the_claim_and_uncordons() {
             .and_then(|s| s.message)
             .is_some_and(|m| m.contains("bootstrap.test/not-ready"))
     );
-    // The cordon is lifted before the claim fails; the watch may trail the claim by a moment.
-    eventually("the node to be uncordoned after the cordon", Duration::from_secs(10), || async {
+    // The cordon is lifted before the claim fails; the watch may trail the claim (the record
+    // keeps the order, so a longer wait cannot pass a wrong one).
+    eventually("the node to be uncordoned after the cordon", ACT, || async {
         let seen = cordons.lock().expect("the cordon record").clone();
         let cordoned_at = seen.iter().position(|c| *c).context("the cordon was never seen")?;
         ensure!(seen[cordoned_at..].contains(&false), "still cordoned: {seen:?}");
@@ -431,8 +456,21 @@ async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
         })
         .await;
     assert_eq!(kept.status.and_then(|s| s.power_state), Some(ObservedPower::Off));
-    // Past the grace and past the first Job's deadline: the node must still be there.
-    let hold = lab.timeouts.job_timeout + Duration::from_secs(5);
+    // Past the grace and past the first Job's end (its deadline, however late a loaded machine
+    // reports it), and for as long as the controllers take to act on that: the node must stay.
+    eventually("the first shutdown Job to fail", ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        let failed = jobs.iter().any(|job| {
+            job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|conditions| {
+                conditions.iter().any(|c| c.type_ == "Failed" && c.status == "True")
+            })
+        });
+        ensure!(failed, "{} shutdown Jobs, none failed yet", jobs.len());
+        Ok(())
+    })
+    .await
+    .expect("the unreachable shutdown fails");
+    let hold = lab::LOADED_MARGIN;
     stays("the silent machine's node kept while no shutdown reached it", hold, || async {
         let node = lab.nodes().get_opt(&slot).await?;
         ensure!(node.is_some_and(|n| n.metadata.uid == silent.metadata.uid), "node removed");
@@ -710,8 +748,10 @@ async fn a_plug_meter_is_read_into_the_slot_and_counted_by_the_energy_report() {
     let series = format!("homelab_autoscaler_slot_draw_watts{{group=\"pool\",slot=\"{slot}\"}} 88");
     assert!(metrics.lines().any(|l| l.starts_with(&series)), "no {series} in:\n{metrics}");
 
-    // Events wake the slot often; the meter is still read at most once per interval (2 s).
-    let allowed = started.elapsed().as_secs_f64() / 2.0 + 2.0;
+    // Events wake the slot often; the meter is still read at most once per interval (the first
+    // read, one per interval since, and one in flight). A loaded machine reads less, never more.
+    let interval = lab::METER_INTERVAL.as_secs_f64();
+    let allowed = started.elapsed().as_secs_f64() / interval + 2.0;
     assert!(
         (meter.reads() as f64) <= allowed,
         "{} reads in {:?}",
@@ -781,10 +821,11 @@ async fn a_drain_timeout_powers_off_past_a_refusing_budget_when_set() {
     .await
     .expect("shutdown");
     let fired = jobs[0].metadata.creation_timestamp.as_ref().expect("created").0;
-    // The budget held the drain back until the opt-in `--drain-timeout` (the Lab sets 5 s;
-    // timestamps are whole seconds), and the pod was never evicted: the machine went down under
+    // The budget held the drain back until the opt-in `--drain-timeout` (timestamps are whole
+    // seconds, so one may be lost), and the pod was never evicted: the machine went down under
     // it anyway. Without the flag it stays on (tests/real_machines.rs).
-    assert!(fired.duration_since(asked).as_secs() >= 4, "fired {fired} after asking {asked}");
+    let held = i64::try_from(lab::DRAIN_TIMEOUT.as_secs()).expect("seconds") - 1;
+    assert!(fired.duration_since(asked).as_secs() >= held, "fired {fired} after asking {asked}");
     let node = lab.nodes().get(&slot).await.expect("node");
     assert_eq!(node.spec.and_then(|s| s.unschedulable), Some(true), "cordoned first");
     lab.claim_gone("c1").await;
@@ -818,24 +859,41 @@ async fn node_until(lab: &Lab, name: &str, what: &str, pred: impl Fn(&CoreNode) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_booting_machine_carries_the_autoscaler_startup_taint_until_its_gate_passes() {
-    let lab = Lab::start("ctl-startup-taint", With::Controllers).await;
-    // The kubelet reports NotReady for 3 s, then the bootstrap taint clears after 1 s more.
+    // The kubelet reports NotReady for this long, then the bootstrap taint clears a step later;
+    // the gate's own timeout comes on top, so only a gate that never clears runs out of it.
+    const NOT_READY_FOR: Duration = Duration::from_secs(3);
+    let lab_timeouts = lab::timeouts();
+    let timeouts = homelab_autoscaler::claim::Timeouts {
+        readiness_gate: lab_timeouts.readiness_gate + NOT_READY_FOR,
+        ..lab_timeouts
+    };
+    let lab = Lab::start_with_timeouts("ctl-startup-taint", With::Controllers, timeouts).await;
     let slots = lab
         .pool(&[("slow", Some("registers-not-ready")), ("stuck", Some("never-clears-gate"))])
         .await;
-    let patch = json!({ "metadata": { "annotations": { NOT_READY_FOR_ANNOTATION: "3s" } } });
+    let not_ready_for = format!("{}s", NOT_READY_FOR.as_secs());
+    let patch =
+        json!({ "metadata": { "annotations": { NOT_READY_FOR_ANNOTATION: not_ready_for } } });
     lab.slots()
         .patch(&slots[0], &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("annotate");
+    // The NotReady moment is recorded from the watch, not caught by polling.
+    let slow_states = record_node(&lab, &slots[0], |n| {
+        (homelab_harness::is_ready(n), has_taint(n, STARTUP_TAINT))
+    })
+    .await;
     lab.claim("c-slow", &slots[0], None).await;
     lab.claim("c-stuck", &slots[1], None).await;
 
     // Registered but not Ready: cluster-autoscaler must read it as not started.
-    node_until(&lab, &slots[0], "NotReady with the startup taint", |n| {
-        !homelab_harness::is_ready(n) && has_taint(n, STARTUP_TAINT)
+    eventually("the slow node seen NotReady with the startup taint", ACT, || async {
+        let seen = slow_states.lock().expect("the node record").clone();
+        ensure!(seen.contains(&(false, true)), "(ready, startup taint) seen: {seen:?}");
+        Ok(())
     })
-    .await;
+    .await
+    .expect("NotReady with the startup taint");
     let ready = lab.claim_until("c-slow", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     assert!(ready.status.and_then(|s| s.ready_at).is_some());
     node_until(&lab, &slots[0], "the startup taint gone once the claim is ready", |n| {

@@ -8,12 +8,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{ClaimCall, Group, NodeClaim, NodeClaimPhase};
+use homelab_harness::e2e::autoscaler::{LOOP_ON_LOAD, SCAN_INTERVAL};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World};
 use homelab_harness::eventually;
 use kube::api::{Api, ListParams};
 
 /// Long enough for a simulated boot, the readiness gate, a drain and a shutdown Job.
 const ACT: Duration = Duration::from_secs(150);
+/// How long after it is written a window opens: the Group's `kubectl apply` must land before
+/// it, and takes seconds on the loaded two-core machine.
+const OPENS_IN: Duration = Duration::from_secs(15);
+/// How long a window must stay open for its machine to boot to Ready and the checks made while
+/// it is open, on the loaded machine: the Schedule claim, the Job, the simulated boot and gate
+/// (2 s each), the writes between them. Idle, it takes about 10 s.
+const BOOT_ON_LOAD: Duration = Duration::from_secs(60);
 
 /// A window on today's (UTC) weekday that opens `opens_in` from now and stays open `open_for`;
 /// its opening and closing instants.
@@ -118,15 +126,23 @@ async fn window_holds_a_machine(
     during: impl AsyncFnOnce(&World) -> Result<()>,
 ) -> Result<()> {
     let t = Instant::now();
-    ensure!(schedule_claims(world).await?.is_empty(), "no schedule claim before the window");
+    // The Group was there before its window opened (else nothing shows the claim waited for it),
+    // and the claim was made at the opening or after, whenever this test gets to look.
+    let group: Group = Api::namespaced(world.client.clone(), NAMESPACE).get("workers").await?;
+    let applied = group.metadata.creation_timestamp.context("the Group's creation time")?.0;
+    ensure!(
+        applied < w.opens,
+        "the Group was applied at {applied}, after its window opened at {}: OPENS_IN too short",
+        w.opens
+    );
     let claim = eventually("a Schedule claim once the window opens", ACT, || async {
         let mut found = schedule_claims(world).await?;
         ensure!(found.len() == 1, "{} schedule claims", found.len());
         Ok(found.remove(0))
     })
     .await?;
-    let now = jiff::Timestamp::now();
-    ensure!(now >= w.opens, "the claim came at {now}, before the window opened at {}", w.opens);
+    let made = claim.metadata.creation_timestamp.as_ref().context("the claim's creation time")?.0;
+    ensure!(made >= w.opens, "the claim came at {made}, before the window opened at {}", w.opens);
     ensure!(claim.spec.slot_ref.name == slot, "the claim is for {}", claim.spec.slot_ref.name);
     ensure!(
         claim.spec.requested_by.as_deref() == Some("schedule/workers/0"),
@@ -209,7 +225,7 @@ async fn a_window_holds_the_cheapest_machine_of_a_builtin_pool() {
     let outcome = async {
         // mini-1 (0.02/h), mini-2 (0.03/h), big-1 (0.25/h); no workload.
         world.apply_example("pool.yaml").await?;
-        let w = window(Duration::from_secs(8), Duration::from_secs(40))?;
+        let w = window(OPENS_IN, BOOT_ON_LOAD)?;
         apply(&world, &group_with_window("builtin", &w, "")).await?;
         window_holds_a_machine(&mut world, &w, "mini-1", async |_| Ok(())).await
     }
@@ -230,8 +246,10 @@ async fn cluster_autoscaler_leaves_a_scheduled_machine_on_until_the_window_ends(
     let ca = world.autoscaler(&settings).await.expect("cluster-autoscaler");
     let outcome = async {
         world.apply_example("pool-cluster-autoscaler.yaml").await?;
-        // Long enough for a boot, then cluster-autoscaler's unneeded time twice over.
-        let w = window(Duration::from_secs(8), Duration::from_secs(75))?;
+        // Long enough for a boot, then cluster-autoscaler's unneeded time twice over and a loop
+        // of its on the loaded machine to read the node.
+        let open_for = BOOT_ON_LOAD + unneeded * 2 + SCAN_INTERVAL + LOOP_ON_LOAD;
+        let w = window(OPENS_IN, open_for)?;
         apply(&world, &group_with_window("cluster-autoscaler", &w, "      slots: [mini-2]\n"))
             .await?;
         window_holds_a_machine(&mut world, &w, "mini-2", async |world| {

@@ -22,6 +22,14 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 const NS: &str = "homelab-ha";
+/// The CA's lifetime: short, so that it rotates during the test, two thirds in (40 s); the third
+/// left (20 s) is for both replicas to pick the new CA up, with room for a loaded machine.
+const CA_LIFETIME: Duration = Duration::from_secs(60);
+/// The serving certificates' lifetime: re-issued two thirds in, the 10 s left are ten reload
+/// intervals for the new one to be served before the old one expires under a kubectl call.
+const CERT_LIFETIME: Duration = Duration::from_secs(30);
+/// How often each replica re-reads its certificate and checks what is due.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 fn secret_field(secret: &Secret, key: &str) -> Vec<u8> {
     secret.data.as_ref().and_then(|d| d.get(key)).map(|v| v.0.clone()).unwrap_or_default()
@@ -52,14 +60,14 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
 
     // Both at once, racing to create the CA, each with the Deployment's arguments on loopback
     // (`localhost` the Service's name here). The CA's lifetime is short so that it rotates during
-    // the test: due after 30 s, certificates re-issued every 10 s.
+    // the test (see the constants for the values).
     let (mut a, b) = Operator::start_two(bin, &kubeconfig, dir.path(), |i| {
         let mut args = replica_on_loopback(&installed, ports[i], grpc_ports[i])
             .expect("the Deployment's args on loopback");
         args.extend([
-            "--ca-lifetime=45s".into(),
-            "--webhook-cert-lifetime=15s".into(),
-            "--tls-reload-interval=1s".into(),
+            format!("--ca-lifetime={}s", CA_LIFETIME.as_secs()),
+            format!("--webhook-cert-lifetime={}s", CERT_LIFETIME.as_secs()),
+            format!("--tls-reload-interval={}s", RELOAD_INTERVAL.as_secs()),
         ]);
         args
     })
@@ -96,10 +104,8 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
     std::fs::write(&slot, slot_with_power_state(NS)).expect("write");
     let started = Instant::now();
     let calls = AtomicUsize::new(0);
-    let rotated = eventually(
-        "the CA rotated and served by both replicas",
-        Duration::from_secs(120),
-        || async {
+    let rotated =
+        eventually("the CA rotated and served by both replicas", CA_LIFETIME * 2, || async {
             // Every call on the way is answered by admission, whichever CA signs the replica's cert.
             let call = calls.fetch_add(1, Ordering::Relaxed);
             refused_with_our_message(&plane, &slot).await.unwrap_or_else(|e| {
@@ -115,10 +121,9 @@ async fn two_replicas_share_one_ca_rotate_it_and_survive_one_of_them_dying() {
                 })?;
             }
             Ok(now)
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", a.log_tail(30)));
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", a.log_tail(30)));
     let calls = calls.into_inner();
     let new_bundle = secret_field(&rotated, "ca.crt");
     assert!(
@@ -202,7 +207,7 @@ async fn users_own_secret_is_served_and_its_ca_patched_and_followed_on_rotation(
         ],
     )
     .expect("the Deployment's args on loopback");
-    args.push("--tls-reload-interval=1s".into());
+    args.push(format!("--tls-reload-interval={}s", RELOAD_INTERVAL.as_secs()));
     let kubeconfig = dir.path().join("service-account.kubeconfig");
     service_account_kubeconfig(&plane, OWN_NS, "homelab-autoscaler", &kubeconfig)
         .await

@@ -19,8 +19,10 @@ use homelab_harness::power_peers::SshPeer;
 /// The draw of the machine running, halted (standby) and unplugged.
 const RUNNING_WATTS: f64 = 95.0;
 const STANDBY_WATTS: f64 = 4.0;
-/// How long the OS takes to halt after the shutdown command.
-const HALT_TAKES: Duration = Duration::from_secs(3);
+/// How long the OS takes to halt after the shutdown command: the sequence must read the meter
+/// while the machine still runs, after the SSH session closes and the next step starts, which
+/// takes well under a second idle and seconds on the loaded two-core machine.
+const HALT_TAKES: Duration = Duration::from_secs(10);
 /// The off sequence's threshold and how long the draw must stay under it.
 const THRESHOLD_WATTS: f64 = 10.0;
 const STEADY: Duration = Duration::from_secs(2);

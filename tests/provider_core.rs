@@ -12,6 +12,10 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+/// How long the provider's caches may take to list, or to show a write: a watch event from an
+/// apiserver that every suite of the binary shares, on a loaded two-core machine, takes seconds.
+const CACHE_LAG: Duration = Duration::from_secs(30);
+
 struct Env {
     client: Client,
     ns: String,
@@ -72,7 +76,7 @@ async fn env(
     }
 
     let provider = Provider::start(client.clone(), ProviderConfig::new(&ns));
-    provider.wait_synced(Duration::from_secs(30)).await.expect("caches synced");
+    provider.wait_synced(CACHE_LAG).await.expect("caches synced");
     Env { client, ns, provider, _logs: logs }
 }
 
@@ -164,7 +168,7 @@ async fn an_exhausted_slot_is_skipped_and_named_when_nothing_else_is_free() {
         .await
         .expect("reset");
     // The provider's cache shows the annotation a moment after the write.
-    let created = eventually("the reset slot to take a claim", Duration::from_secs(5), || async {
+    let created = eventually("the reset slot to take a claim", CACHE_LAG, || async {
         Ok(env.provider.increase_size(&ca, "pool", 1).await?)
     })
     .await
@@ -224,7 +228,7 @@ async fn delete_nodes_naming_a_pinned_machine_is_refused_and_releases_nothing() 
             .expect("ready");
     }
     let ca = Caller::cluster_autoscaler();
-    eventually("the provider to see both machines", Duration::from_secs(5), || async {
+    eventually("the provider to see both machines", CACHE_LAG, || async {
         let target = env.provider.target_size(&ca, "pool")?;
         anyhow::ensure!(target == 2, "target {target}");
         Ok(())

@@ -17,15 +17,49 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{ClaimCall, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::claim::Timeouts;
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
-use homelab_harness::lab::{Lab, With};
+use homelab_harness::lab::{self, Lab, With};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+/// How long a scale-down may take to end its claims: the lab's 5 s drain and 10 s shutdown Job,
+/// the machine seen off, a crash in it, on a loaded machine.
 const ACT: Duration = Duration::from_secs(90);
+
+/// The boot's crashes: each falls within this long of the previous step (ms)...
+const BOOT_CRASH_WITHIN_MS: u64 = 3000;
+/// ...and keeps the controllers down at most this long (ms)...
+const BOOT_DOWN_MS: u64 = 1500;
+/// ...one of them, or two a fifth of the time.
+const BOOT_CRASHES_MAX: u32 = 2;
+/// How long killed controllers take to be back at work on the loaded two-core machine: started
+/// (the run's log times this: under 1 s at load average 11–13), their fresh caches listed from
+/// the apiserver the parallel runs share, each claim reconciled once. At that load a whole boot
+/// with two crashes was ready within 7 s of its claim.
+const RESTART_ON_LOAD: Duration = Duration::from_secs(5);
+/// How long the invariants may take to hold once every claim is gone: the last Jobs finish and
+/// the machines are seen off.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// The lab's timeouts with the boot's outages added to the deadline: the deadline runs from the
+/// claim's creation, so every second the controllers are down is spent from it, while the phase
+/// windows are read from the Job's and the Node's own timestamps by whichever controller comes
+/// back, and need nothing more. A boot that a crash leaves stuck (a lost Job, a missed event)
+/// still misses this deadline: 59 s, where one with two crashes took 7 s at load average 12.
+fn crash_timeouts() -> Timeouts {
+    let outage = (Duration::from_millis(BOOT_DOWN_MS) + RESTART_ON_LOAD) * BOOT_CRASHES_MAX;
+    let lab = lab::timeouts();
+    Timeouts { margin: lab.margin + outage, ..lab }
+}
+
+/// How long a test waits for a boot: its deadline, and a reconcile pass to report the end.
+fn boot_wait() -> Duration {
+    crash_timeouts().budget() + lab::LOADED_MARGIN
+}
 
 /// splitmix64: a seeded schedule needs no crate.
 struct Rng(u64);
@@ -76,7 +110,7 @@ async fn scale_down(lab: &Lab, name: &str) -> Result<()> {
 
 async fn claim_ends(lab: &Lab, name: &str, what: &str, done: fn(&NodeClaim) -> bool) -> Result<()> {
     let claims = lab.claims();
-    eventually(&format!("claim {name}: {what}"), ACT, || async {
+    eventually(&format!("claim {name}: {what}"), boot_wait(), || async {
         let claim = claims.get(name).await?;
         ensure!(done(&claim), "not yet: {:?}", claim.status);
         Ok(())
@@ -117,14 +151,18 @@ async fn crash(
         down.as_secs_f64()
     ));
     tokio::time::sleep(down).await;
+    let restarting = Instant::now();
     lab.start_controllers().await;
+    log.push(format!("restarted in {:.2}s", restarting.elapsed().as_secs_f64()));
 }
 
 /// One seeded run: a boot (and sometimes a second one, or a cancelled one) with a crash in
 /// it, a scale-down with a crash in it, then the invariants.
 async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
     let mut rng = Rng(seed);
-    let lab = Lab::start(&format!("crash{index}"), With::Controllers).await;
+    let lab =
+        Lab::start_with_timeouts(&format!("crash{index}"), With::Controllers, crash_timeouts())
+            .await;
     let ledger = Ledger::start(&lab.client, &lab.ns).await?;
     let slots = lab.create_pool(2).await?;
     let started = Instant::now();
@@ -132,19 +170,20 @@ async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
 
     // Boot: one claim, a second one on the other slot half the time (a Manual one a quarter
     // of the time, for the scale-down-disabled mark), and one crash (two, a fifth of the time)
-    // within the first three seconds: Job creation, boot commit, registration, the gate.
+    // within the first three seconds each: Job creation, boot commit, registration, the gate.
     let manual = rng.chance(25);
     claim(&lab, "c0", &slots[0], manual).await?;
     let second = rng.chance(50);
     if second {
         claim(&lab, "c1", &slots[1], false).await?;
     }
-    let crashes = if rng.chance(20) { 2 } else { 1 };
+    let crashes = if rng.chance(20) { BOOT_CRASHES_MAX } else { 1 };
     for _ in 0..crashes {
-        let (after, down) = (rng.millis(3000), rng.millis(1500));
+        let (after, down) = (rng.millis(BOOT_CRASH_WITHIN_MS), rng.millis(BOOT_DOWN_MS));
         crash(&lab, after, down, &mut log, started).await;
     }
     claim_ends(&lab, "c0", "ready", |c| phase(c) == NodeClaimPhase::Ready).await?;
+    log.push(format!("c0 ready at {:.2}s", started.elapsed().as_secs_f64()));
     if second {
         claim_ends(&lab, "c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await?;
     }
@@ -172,7 +211,7 @@ async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
         claim_gone(&lab, "c1").await?;
     }
 
-    invariants::until_settled(&lab.client, &lab.ns, Bounds::default(), Duration::from_secs(60))
+    invariants::until_settled(&lab.client, &lab.ns, Bounds::default(), SETTLE)
         .await
         .with_context(|| format!("schedule: {log:?}"))?;
     let violations = ledger.violations();

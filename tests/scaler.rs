@@ -353,7 +353,6 @@ async fn a_pod_that_fits_elsewhere_creates_no_demand() {
         lab_label.clone(),
     )
     .await;
-    let created = Timestamp::now();
     // Placed by the scheduler on the lab node.
     lab.bare_pod("placed", json!({ "nodeSelector": lab_label })).await;
     // Never judged nor bound (no such scheduler runs): it stays pending, and it fits the lab node,
@@ -377,9 +376,10 @@ async fn a_pod_that_fits_elsewhere_creates_no_demand() {
     .await
     .expect("placed");
 
-    // Passes that listed both pods: their decision was taken a moment after their reads.
-    let since = created.checked_add(jiff::SignedDuration::from_secs(2)).expect("time");
-    lab.over_passes("spill", since, QUIET_PASSES, NothingWanted).await;
+    // Passes that listed both pods: both exist and one is placed now. One pass may be under way,
+    // its reads taken before (however long a loaded machine makes it), so one more is watched.
+    let since = Timestamp::now();
+    lab.over_passes("spill", since, QUIET_PASSES + 1, NothingWanted).await;
     let unjudged = lab.pods().get("unjudged").await.expect("pod");
     assert!(
         unjudged.spec.and_then(|s| s.node_name).is_none(),
@@ -406,19 +406,32 @@ async fn a_deployment_of_two_replicas_counts_two_not_four() {
     lab.pool("deploy", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }), json!({}))
         .await;
 
-    // Every decision from now on, by watching the Group: the highest demand ever shown.
+    // Every decision from now on, by watching the Group: the highest demand ever shown. The
+    // Deployment comes once the watch has listed, however long that takes, so none is missed.
     let highest = Arc::new(AtomicI32::new(0));
     let config = watcher::Config::default().fields("metadata.name=deploy");
-    let decisions = watcher(lab.groups(), config).applied_objects();
+    let mut decisions = watcher(lab.groups(), config).boxed();
     let seen = highest.clone();
+    let (listed, listed_rx) = tokio::sync::oneshot::channel();
     let watching = tokio::spawn(async move {
-        let mut decisions = std::pin::pin!(decisions);
-        while let Some(Ok(group)) = decisions.next().await {
-            if let Some(d) = group.status.and_then(|s| s.last_decision) {
-                seen.fetch_max(d.demand, Ordering::SeqCst);
+        let mut listed = Some(listed);
+        while let Some(Ok(event)) = decisions.next().await {
+            match event {
+                watcher::Event::Apply(group) | watcher::Event::InitApply(group) => {
+                    if let Some(d) = group.status.and_then(|s| s.last_decision) {
+                        seen.fetch_max(d.demand, Ordering::SeqCst);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(listed) = listed.take() {
+                        let _ = listed.send(());
+                    }
+                }
+                watcher::Event::Init | watcher::Event::Delete(_) => {}
             }
         }
     });
+    listed_rx.await.expect("the Group's watch listed");
 
     let web: Deployment = serde_json::from_value(json!({
         "metadata": { "name": "web" },

@@ -346,23 +346,29 @@ impl Operator {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut operator = Operator { child, admin_port, log: log.to_path_buf() };
+        let operator = Operator { child, admin_port, log: log.to_path_buf() };
         let admin = format!("127.0.0.1:{admin_port}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        loop {
+        // A component's start budget: its caches list from an apiserver on a loaded machine.
+        let child = std::sync::Mutex::new(operator);
+        let exited = || {
+            let mut operator = child.lock().map_err(|_| anyhow::anyhow!("the operator lock"))?;
             if let Some(status) = operator.child.try_wait()? {
                 anyhow::bail!("the operator exited ({status}):\n{}", operator.log_tail(40));
             }
-            if crate::e2e::http_get(&admin, "/ready").await.is_ok() {
-                break;
-            }
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "the operator not ready after 120s:\n{}",
-                operator.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            Ok(())
+        };
+        let ready = crate::wait::until(
+            "the operator's /ready",
+            crate::wait::start_timeout(),
+            exited,
+            || {
+                let admin = admin.clone();
+                async move { crate::e2e::http_get(&admin, "/ready").await.map(|_| ()) }
+            },
+        )
+        .await;
+        let operator = child.into_inner().map_err(|_| anyhow::anyhow!("the operator lock"))?;
+        ready.with_context(|| operator.log_tail(40))?;
         Ok(operator)
     }
 

@@ -147,12 +147,21 @@ impl Ledger {
                 }
             })
         };
-        let _ = tokio::time::timeout(Duration::from_secs(30), async {
+        let ledger = Ledger { seen, tasks: vec![claim_task, job_task] };
+        // A ledger that has not listed cannot vouch for what came before its watch: wait for
+        // both lists as long as a component may take to start on a loaded machine, then fail.
+        tokio::time::timeout(crate::wait::start_timeout(), async {
             let _ = claims_ready.await;
             let _ = jobs_ready.await;
         })
-        .await;
-        Ok(Ledger { seen, tasks: vec![claim_task, job_task] })
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the ledger's watches of {ns} did not list within {:?}",
+                crate::wait::start_timeout()
+            )
+        })?;
+        Ok(ledger)
     }
 
     /// Every claim seen so far, as last seen.
@@ -193,9 +202,16 @@ pub struct Bounds {
     pub terminating: Duration,
 }
 
+/// A claim's end is written by a reconcile pass queued for its deadline: a write and a pass on
+/// the loaded two-core machine, the slack the lab's budget allows for them.
+const DEADLINE_MARGIN: Duration = crate::lab::LOADED_MARGIN;
+/// A deleted claim waits for its drain and shutdown Job (the lab's 5 s and 10 s) and for its
+/// machine to be seen off, with room for a loaded machine.
+const TERMINATING: Duration = Duration::from_secs(60);
+
 impl Default for Bounds {
     fn default() -> Self {
-        Self { deadline_margin: Duration::from_secs(15), terminating: Duration::from_secs(60) }
+        Self { deadline_margin: DEADLINE_MARGIN, terminating: TERMINATING }
     }
 }
 

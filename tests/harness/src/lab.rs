@@ -22,13 +22,26 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Components, FailureLogs, TestNamespace, test_namespace};
 
-/// Short timeouts so an attempt's budget is seconds, not minutes: 10+8+8+3 = 29 s.
+/// The simulated machine's boot and gate delays (the simulator's `--boot-delay`, `--gate-delay`).
+pub const SIMULATED_STEP: Duration = Duration::from_secs(1);
+
+/// What a lab boot spends outside the steps its phase timeouts time, on the two-core machine
+/// under CI's load (load average 8–16, several labs on one apiserver): the claim's and the Job's
+/// writes, the watch events that report the Job's end and the Node, a reconcile pass per step,
+/// the uncordon. 3 s (an idle machine's figure) let a boot under load miss the deadline.
+pub const LOADED_MARGIN: Duration = Duration::from_secs(20);
+
+/// Phase timeouts of seconds, not minutes, so a suite that waits for one to fire (a Job that
+/// never runs, a gate that never clears) finishes in seconds: each is its simulated step (a
+/// kwok pod's run, [`SIMULATED_STEP`]) with several seconds of room. The deadline adds
+/// [`LOADED_MARGIN`]: 10+8+8+20 = 46 s. A suite that takes the controllers down mid-boot adds
+/// its outage to the margin (tests/reliability_crash.rs).
 pub fn timeouts() -> Timeouts {
     Timeouts {
         job_timeout: Duration::from_secs(10),
         registration: Duration::from_secs(8),
         readiness_gate: Duration::from_secs(8),
-        margin: Duration::from_secs(3),
+        margin: LOADED_MARGIN,
     }
 }
 
@@ -54,15 +67,19 @@ pub struct Lab {
 /// The image the lab's power Jobs name (kwok-less labs never run their pods).
 pub const LAB_POWER_IMAGE: &str = "registry.invalid/homelab-autoscaler:lab";
 
+/// The lab's `--drain-timeout`: a refusing disruption budget holds a drain back this long.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The lab's meter interval: often enough that a suite sees a plug's reading within seconds.
+pub const METER_INTERVAL: Duration = Duration::from_secs(2);
+
 /// The machine settings of the lab's controllers.
 fn lab_settings() -> MachineSettings {
     MachineSettings {
-        drain_timeout: Some(Duration::from_secs(5)),
+        drain_timeout: Some(DRAIN_TIMEOUT),
         off_node_grace: Duration::from_secs(10),
         // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
         node_monitor_grace: Duration::from_secs(30),
-        // Often enough that a suite sees a plug's reading within seconds.
-        meter_interval: Duration::from_secs(2),
+        meter_interval: METER_INTERVAL,
     }
 }
 
@@ -122,8 +139,8 @@ impl Lab {
         let controllers = start_controllers(&client, &ns, timeouts, &stop).await;
         let args = SimulateArgs {
             namespace: ns.clone(),
-            boot_delay: "1s".parse().expect("duration"),
-            gate_delay: "1s".parse().expect("duration"),
+            boot_delay: SIMULATED_STEP.into(),
+            gate_delay: SIMULATED_STEP.into(),
         };
         tokio::spawn(simulator::run(client.clone(), args, stop.clone()));
         if with == With::ControllersAndScaler {

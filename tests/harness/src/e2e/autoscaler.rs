@@ -19,6 +19,13 @@ use tokio::process::{Child, Command};
 use super::http_get;
 use crate::wait::until;
 
+/// cluster-autoscaler's `--scan-interval`: a loop starts at most this long after the last began.
+pub const SCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// What one of its loops may take on the two-core machine under CI's load, besides the interval:
+/// its reads of the apiserver, the provider's gRPC calls, the scale-up and scale-down
+/// simulations. Idle, a loop takes well under a second.
+pub const LOOP_ON_LOAD: Duration = Duration::from_secs(8);
+
 /// How cluster-autoscaler is run: the flags that shorten its clocks for a test, and the
 /// readiness taints it must treat as startup taints (docs/decisions.md, D13).
 #[derive(Clone, Debug)]
@@ -98,7 +105,7 @@ impl Autoscaler {
             format!("--address={metrics_addr}"),
             "--namespace=kube-system".into(),
             "--v=4".into(),
-            "--scan-interval=2s".into(),
+            format!("--scan-interval={}", secs(SCAN_INTERVAL)),
             "--new-pod-scale-up-delay=0s".into(),
             "--max-node-provision-time=3m".into(),
             format!("--scale-down-unneeded-time={}", secs(settings.scale_down_unneeded)),
@@ -154,7 +161,7 @@ impl Autoscaler {
             }
         };
         let metrics_addr = self.metrics_addr.clone();
-        until("cluster-autoscaler's /health-check", Duration::from_secs(90), exited, || {
+        until("cluster-autoscaler's /health-check", crate::wait::start_timeout(), exited, || {
             let addr = metrics_addr.clone();
             async move { http_get(&addr, "/health-check").await.map(|_| ()) }
         })
@@ -171,6 +178,11 @@ impl Autoscaler {
             child.kill().await.context("killing cluster-autoscaler")?;
         }
         Ok(())
+    }
+
+    /// Starts it again after [`Autoscaler::kill`], with the same flags.
+    pub async fn start_again(&mut self) -> Result<()> {
+        self.spawn().await
     }
 
     /// Kills it and starts it again with the same flags: a crash and a restart by its Deployment.

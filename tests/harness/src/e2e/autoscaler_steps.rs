@@ -15,6 +15,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use super::autoscaler::{LOOP_ON_LOAD, SCAN_INTERVAL};
 use super::{Autoscaler, NAMESPACE, World};
 use crate::claims::phase;
 use crate::eventually;
@@ -301,12 +302,13 @@ impl World {
     }
 
     /// Waits until cluster-autoscaler has run `loops` more loops (its last-activity metric
-    /// moves every loop), so a decision it would take has been taken.
+    /// moves every loop), so a decision it would take has been taken. The wait counts loops, not
+    /// seconds: each may take its interval and what a loaded machine adds.
     pub async fn quiet_loops(&self, ca: &Autoscaler, loops: u32) -> Result<()> {
         let start = main_loops(ca).await?;
         eventually(
             &format!("{loops} more cluster-autoscaler loops"),
-            Duration::from_secs(60),
+            (SCAN_INTERVAL + LOOP_ON_LOAD) * loops,
             || async {
                 let now = main_loops(ca).await?;
                 ensure!(now >= start + f64::from(loops), "{now} after {start}");

@@ -23,6 +23,11 @@ const CA_ACT: Duration = Duration::from_secs(150);
 
 /// How long a settled scale-up must stay as it is: two passes of the built-in scaler (10 s).
 const SETTLED: Duration = Duration::from_secs(25);
+
+/// Down to zero: the pool's hold or cluster-autoscaler's unneeded time, the drain, the shutdown
+/// Job, the kubelet going silent (kube-controller-manager's 20 s) and the Node removed, on a
+/// loaded machine.
+const BACK_TO_ZERO: Duration = Duration::from_secs(240);
 use crate::{eventually, stays};
 
 impl World {
@@ -104,7 +109,7 @@ impl World {
                 &Patch::Merge(&json!({ "spec": { "replicas": 0 } })),
             )
             .await?;
-        eventually("the pool back at zero", Duration::from_secs(240), || async {
+        eventually("the pool back at zero", BACK_TO_ZERO, || async {
             let live = claims.list(&ListParams::default()).await?.items.into_iter().filter(|c| {
                 matches!(
                     c.status.as_ref().and_then(|s| s.phase),
@@ -267,9 +272,7 @@ impl World {
 
         let t = Instant::now();
         self.scale("web", 0).await?;
-        self.pool_at_zero("workers", Duration::from_secs(240))
-            .await
-            .with_context(|| ca.log_tail(40))?;
+        self.pool_at_zero("workers", BACK_TO_ZERO).await.with_context(|| ca.log_tail(40))?;
         let claims = self.claims_made_by_increase_size("workers", want)?;
         ensure!(
             claims
