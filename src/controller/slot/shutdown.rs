@@ -316,7 +316,7 @@ pub async fn reconcile(
     }
     // With no claim the slot's status keeps the count (written with its status, see `observe`).
     let streak =
-        claim.is_none().then(|| ShutdownStreak { attempts: attempt, last_attempt_at: Time(now) });
+        claim.is_none().then_some(ShutdownStreak { attempts: attempt, last_attempt_at: Time(now) });
     let about = claim
         .and_then(|c| c.metadata.name.clone())
         .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
