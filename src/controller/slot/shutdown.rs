@@ -464,7 +464,9 @@ mod tests {
         let one = streak(1, "2026-03-04T09:45:00Z");
         let jobs =
             [ts("2026-03-04T09:40:00Z"), ts("2026-03-04T09:45:00Z"), ts("2026-03-04T09:50:00Z")];
-        let table: [(&str, Option<&ShutdownStreak>, &[Timestamp], (i32, Option<Timestamp>)); 6] = [
+        type Row<'a> =
+            (&'a str, Option<&'a ShutdownStreak>, &'a [Timestamp], (i32, Option<Timestamp>));
+        let table: [Row<'_>; 6] = [
             ("no history", None, &[], (0, None)),
             (
                 "three Jobs still in the cache, from an operator that kept no count",
