@@ -647,6 +647,51 @@ async fn shutdowns_that_do_not_land_are_bounded_and_paused() {
     .expect("reset fires again");
 }
 
+/// With no claim to count them on, the slot's status counts the shutdowns: the pause after three
+/// holds when their Jobs are collected (as their TTL does, ten minutes into a 30-minute pause).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unclaimed_shutdowns_stay_paused_when_their_jobs_are_collected() {
+    let lab = Lab::start("ctl-unclaimed", With::Controllers).await;
+    let slot = lab.pool(&[("m1", Some("ignores-shutdown"))]).await.remove(0);
+    let node: CoreNode = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": slot, "annotations": { KWOK_NODE_ANNOTATION: "fake" } },
+    }))
+    .expect("node");
+    lab.nodes().create(&PostParams::default(), &node).await.expect("machine up, no claim");
+    let attempts = |s: &Node| {
+        s.status.as_ref().and_then(|s| s.unclaimed_shutdowns.as_ref()).map(|r| r.attempts)
+    };
+    eventually("three unclaimed shutdowns and the pause", ACT * 2, || async {
+        let counted = attempts(&lab.slots().get(&slot).await?);
+        ensure!(counted == Some(3), "attempts {counted:?}");
+        let reasons = lab.event_reasons(&slot).await;
+        ensure!(reasons.iter().any(|r| r == "ShutdownAttemptLimitReached"), "{reasons:?}");
+        Ok(())
+    })
+    .await
+    .expect("paused");
+    let background = DeleteParams::background();
+    for job in lab.lifecycle_jobs("shutdown").await.expect("jobs") {
+        let name = job.metadata.name.expect("job name");
+        lab.jobs().delete(&name, &background).await.expect("collect the Job");
+    }
+    // Longer than a settle between attempts (the lab's 8 s + 30 s): a count taken from the Jobs
+    // would have fired again by now.
+    stays("no shutdown Job during the pause", Duration::from_secs(60), || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        let live: Vec<_> =
+            jobs.iter().filter(|j| j.metadata.deletion_timestamp.is_none()).collect();
+        ensure!(live.is_empty(), "{} shutdown Jobs", live.len());
+        let counted = attempts(&lab.slots().get(&slot).await?);
+        ensure!(counted == Some(3), "attempts {counted:?}");
+        Ok(())
+    })
+    .await
+    .expect("the pause holds");
+    assert!(lab.nodes().get_opt(&slot).await.expect("node").is_some(), "the machine is still up");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_capacity_that_the_node_contradicts_is_reported() {
     let lab = Lab::start("ctl-capacity", With::Controllers).await;

@@ -1,6 +1,7 @@
 //! A slot's admission through the real kube-apiserver and the product's webhook server in the
 //! test process: a pool label, an existing pool, each direction powered by exactly one of a
-//! driver and a pod spec, a providerID frozen under a live claim.
+//! driver and a pod spec, a providerID frozen under a live claim, node labels and taints the API
+//! server would accept on a Node.
 
 use homelab_harness::admission::{AdmissionLab, refused, slot};
 
@@ -82,5 +83,58 @@ async fn slot_rules_are_enforced() {
         .await
         .expect("the providerID may change once no claim is live");
     assert_eq!(changed.spec.provider_id.as_deref(), Some("k3s://machine-1"));
+    w.finish().await;
+}
+
+/// A declared label or taint the API server would refuse on the machine's node is refused on the
+/// slot, or the registration webhook's patch would make every registration of the machine fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_labels_and_taints_are_judged_as_on_a_node() {
+    let w = AdmissionLab::start("wh-marks", &[]).await;
+    let manifest = |labels: &str, taints: &str| {
+        format!(
+            r#"apiVersion: infra.homecluster.dev/v2alpha1
+kind: Node
+metadata:
+  name: machine-2
+  labels: {{ group: pool }}
+spec:
+  kubernetesNodeName: machine-2
+  startupPodSpec: {{ image: registry.invalid/wake:1 }}
+  shutdownPodSpec: {{ image: registry.invalid/sleep:1 }}
+  nodeLabels:
+{labels}
+  nodeTaints:
+{taints}
+"#
+        )
+    };
+    let bad = w.manifest(
+        "bad-marks.yaml",
+        &manifest(
+            "    example.com/role: big gpu",
+            "    - { key: dedicated, value: gpu, effect: Noschedule }",
+        ),
+    );
+    let (ok, _, stderr) = w.kubectl(&["apply", "-f", &bad, "-n", &w.ns]).await;
+    assert!(!ok, "a slot whose marks no node accepts is refused");
+    for needle in [
+        "spec.nodeLabels.example.com/role: the value \"big gpu\" contains ' '",
+        "spec.nodeTaints[0].effect: \"Noschedule\" is not a taint effect; write exactly one of \
+         NoSchedule, PreferNoSchedule, NoExecute",
+        "registration would fail",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} missing from {stderr}");
+    }
+
+    let good = w.manifest(
+        "good-marks.yaml",
+        &manifest(
+            "    example.com/role: big-gpu\n    empty: \"\"",
+            "    - { key: dedicated, value: gpu, effect: NoSchedule }\n    - { key: dedicated, effect: NoExecute }",
+        ),
+    );
+    let (ok, _, stderr) = w.kubectl(&["apply", "-f", &good, "-n", &w.ns]).await;
+    assert!(ok, "marks a node accepts pass: {stderr}");
     w.finish().await;
 }

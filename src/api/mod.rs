@@ -26,7 +26,7 @@ pub use power::{
 pub use schedule::{GroupScheduleStatus, ScheduleWindow};
 pub use slot::{
     LifecyclePodSpec, LifecycleVolume, LocalVolume, MeasuredDraw, Node, NodeSpec, NodeStatus,
-    ObservedPower, SlotClaimDigest, SlotPhase,
+    ObservedPower, ShutdownStreak, SlotClaimDigest, SlotPhase,
 };
 
 /// The API group of every kind this operator serves.

@@ -204,6 +204,21 @@ pub struct NodeStatus {
     /// slots of every pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub local_volumes: Vec<LocalVolume>,
+    /// The shutdowns of this machine that no claim asked for (up and unwanted, or silent, with
+    /// no claim to count them on): three in a row, then a 30-minute pause from the last one.
+    /// Kept here because the shutdown Jobs themselves are collected after their TTL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unclaimed_shutdowns: Option<ShutdownStreak>,
+}
+
+/// A run of shutdown attempts with no claim to count them on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownStreak {
+    /// Shutdown Jobs created in this run.
+    pub attempts: i32,
+    /// When the last of them was created.
+    pub last_attempt_at: Time,
 }
 
 /// A running pod's volume that only one machine can serve.

@@ -9,6 +9,7 @@ pub mod configuration;
 pub mod group_rules;
 mod handlers;
 mod lookup;
+pub mod node_mark_rules;
 pub mod node_registration;
 pub mod power_rules;
 pub mod schedule_rules;

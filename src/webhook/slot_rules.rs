@@ -1,7 +1,7 @@
 //! Slot (`Node`) admission: `spec.powerState` is gone and says so; a slot is named after its
 //! Kubernetes node, belongs to an existing pool, has runnable lifecycle pods or power drivers
-//! (`power_rules`), and keeps its providerID while a claim is live (cluster-autoscaler matches
-//! instances by it).
+//! (`power_rules`), declares only labels and taints a Node accepts (`node_mark_rules`), and
+//! keeps its providerID while a claim is live (cluster-autoscaler matches instances by it).
 
 use super::verdict::{Findings, Verdict};
 use crate::api::{
@@ -77,6 +77,7 @@ pub fn validate(slot: &Node, old: Option<&Node>, facts: &SlotFacts<'_>) -> Verdi
         check_pod_spec("spec.shutdownPodSpec", spec, &mut findings);
     }
     super::power_rules::check(slot, &mut findings);
+    super::node_mark_rules::check(&slot.spec.node_labels, &slot.spec.node_taints, &mut findings);
     if let Some(value) =
         slot.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ATTEMPTS_RESET_AT))
         && value.parse::<jiff::Timestamp>().is_err()
@@ -221,6 +222,23 @@ mod tests {
                         }]
                 },
                 "absolute path",
+            ),
+            (
+                "taint effect in the wrong case",
+                |s| {
+                    s.spec.node_taints = vec![k8s_openapi::api::core::v1::Taint {
+                        key: "dedicated".into(),
+                        value: Some("gpu".into()),
+                        effect: "Noschedule".into(),
+                        time_added: None,
+                    }]
+                },
+                "spec.nodeTaints[0].effect: \"Noschedule\" is not a taint effect",
+            ),
+            (
+                "label value with a space",
+                |s| s.spec.node_labels = [("role".to_string(), "big gpu".to_string())].into(),
+                "spec.nodeLabels.role: the value \"big gpu\" contains ' '",
             ),
             (
                 "bad reset annotation",

@@ -89,7 +89,11 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         }
         let shutdown = shutdown::reconcile(&ctx, &slot, node.as_deref(), silent_since).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
-        let seen = observe::Seen { reading: reading.as_ref(), hold: shutdown.hold.as_ref() };
+        let seen = observe::Seen {
+            reading: reading.as_ref(),
+            hold: shutdown.hold.as_ref(),
+            streak: shutdown.streak.as_ref(),
+        };
         observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), seen).await?;
         // A silent kubelet's grace and the next meter read are deadlines no event announces.
         let grace = recheck.map(|at| {

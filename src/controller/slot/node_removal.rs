@@ -10,7 +10,8 @@
 //! again if the node is deleted while it runs. A machine cut off from the API server (a switch
 //! reboot, a Wi-Fi drop) is as silent as one that is off, so silence alone confirms nothing.
 //! Confirmed off means the slot's own shutdown Job succeeded after the node registered and the
-//! kubelet has gone silent (Ready `Unknown`) since. A node silent for longer than the grace
+//! kubelet is silent (Ready `Unknown`), its silence having begun no later than a settle after the
+//! Job ended (a later silence is a blip of a machine the shutdown left on). A node silent for longer than the grace
 //! with nothing wanting its machine is not removed: the shutdown path powers the machine off
 //! ([`Removal::ConfirmOff`]), and that shutdown's success is the confirmation. Where nothing
 //! reaches the machine the node stays, and the slot says what to do.
@@ -66,11 +67,14 @@ pub struct Facts<'a> {
     pub now: Timestamp,
     /// How long a silent kubelet is given before the machine is powered off to confirm it.
     pub grace: SignedDuration,
+    /// How long after a shutdown Job ends its machine's node may take to turn silent: the
+    /// machine going down (the registration timeout) and kube-controller-manager's grace.
+    pub settle: SignedDuration,
 }
 
 /// Decides whether the node's machine is confirmed off. Pure.
 pub fn decide(facts: &Facts) -> Removal {
-    let Facts { claims, node, shutdowns, now, grace } = *facts;
+    let Facts { claims, node, shutdowns, now, grace, settle } = *facts;
     if node.metadata.deletion_timestamp.is_some() {
         return Removal::Keep;
     }
@@ -83,8 +87,15 @@ pub fn decide(facts: &Facts) -> Removal {
         return Removal::Keep;
     }
     let registered = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let silent_from = since.unwrap_or(now);
+    // A silence that began later than a settle after the shutdown ended is not the shutdown's
+    // doing: the machine stayed on (or came back), and this is a blip of its link.
     let shut_down_since_registration = shutdowns.iter().any(|o| match o {
-        JobOutcome::Succeeded { at } => registered.is_none_or(|r| at.unwrap_or(now) >= r),
+        JobOutcome::Succeeded { at } => {
+            let ended = at.unwrap_or(now);
+            registered.is_none_or(|r| ended >= r)
+                && ended.checked_add(settle).is_ok_and(|settled| silent_from <= settled)
+        }
         JobOutcome::Running | JobOutcome::Failed => false,
     });
     let booting = claims.iter().any(|c| phase::in_boot_window(Some(phase::of(c))));
@@ -122,8 +133,16 @@ pub fn decide_for(ctx: &Context, slot_name: &str, node: &CoreNode) -> Removal {
         .iter()
         .map(|j| outcome(j))
         .collect();
-    let grace = SignedDuration::try_from(ctx.off_node_grace).unwrap_or(SignedDuration::MAX);
-    decide(&Facts { claims: &claims, node, shutdowns: &shutdowns, now: ctx.now(), grace })
+    let duration =
+        |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    decide(&Facts {
+        claims: &claims,
+        node,
+        shutdowns: &shutdowns,
+        now: ctx.now(),
+        grace: duration(ctx.off_node_grace),
+        settle: duration(ctx.timeouts.registration + ctx.node_monitor_grace),
+    })
 }
 
 /// Removes the node of a machine that is off, after naming on the slot what is lost with it.
@@ -216,6 +235,8 @@ mod tests {
         let shut_down = JobOutcome::Succeeded { at: Some(ts("2026-03-04T09:58:00Z")) };
         let shut_down_before_registration =
             JobOutcome::Succeeded { at: Some(ts("2026-03-04T08:00:00Z")) };
+        let shut_down_before_a_blip =
+            JobOutcome::Succeeded { at: Some(ts("2026-03-04T09:50:00Z")) };
         let mut deleting = node(Some(("Unknown", long_ago)));
         deleting.metadata.deletion_timestamp = Some(Time(now));
 
@@ -334,11 +355,41 @@ mod tests {
                 vec![JobOutcome::Running, shut_down],
                 Removal::Keep,
             ),
+            (
+                "a shutdown that left the machine on, then a blip: the blip is no shutdown",
+                vec![],
+                node(Some(("Unknown", just_now))),
+                vec![shut_down_before_a_blip],
+                Removal::RecheckAt(ts("2026-03-04T10:04:00Z")),
+            ),
+            (
+                "a shutdown that left the machine on, a blip past the grace: confirm it off again",
+                vec![],
+                node(Some(("Unknown", "2026-03-04T09:54:00Z"))),
+                vec![shut_down_before_a_blip],
+                Removal::ConfirmOff { since: ts("2026-03-04T09:54:00Z") },
+            ),
+            (
+                "a boot over a node that went silent after its shutdown had settled",
+                vec![&booting],
+                node(Some(("Unknown", just_now))),
+                vec![shut_down_before_a_blip],
+                Removal::Keep,
+            ),
+            (
+                "silent within the settle after the shutdown: the shutdown's doing",
+                vec![],
+                node(Some(("Unknown", "2026-03-04T09:51:30Z"))),
+                vec![shut_down_before_a_blip],
+                Removal::Remove(OffBecause::ShutDown),
+            ),
             ("never reported", vec![], node(None), vec![], Removal::Keep),
             ("already being deleted", vec![], deleting, vec![shut_down], Removal::Keep),
         ];
+        let settle = SignedDuration::from_mins(2);
         for (name, claims, node, shutdowns, want) in table {
-            let facts = Facts { claims: &claims, node: &node, shutdowns: &shutdowns, now, grace };
+            let facts =
+                Facts { claims: &claims, node: &node, shutdowns: &shutdowns, now, grace, settle };
             assert_eq!(decide(&facts), want, "{name}");
         }
     }

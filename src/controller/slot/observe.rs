@@ -141,6 +141,8 @@ fn condition(
 pub struct Seen<'a> {
     pub reading: Option<&'a Reading>,
     pub hold: Option<&'a DrainHold>,
+    /// The shutdown pass's new count of attempts no claim counts; `None` keeps the stored one.
+    pub streak: Option<&'a crate::api::ShutdownStreak>,
 }
 
 pub async fn write_status(
@@ -312,6 +314,7 @@ pub async fn write_status(
         },
         // The scaler's field (its own apply): neither compared, sent nor cleared here.
         local_volumes: Vec::new(),
+        unclaimed_shutdowns: seen.streak.cloned().or(previous.unclaimed_shutdowns.clone()),
     };
     let was_mismatched =
         previous.conditions.iter().any(|c| c.type_ == "ProviderIDMatches" && c.status == "False");

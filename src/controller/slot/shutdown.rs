@@ -3,8 +3,9 @@
 //! failed boot (forced, whatever is observed: an overdue boot must not join later), for a
 //! machine observed up with no claim at all, and for one whose kubelet has been silent past the
 //! grace with no claim (it may be off, or on and cut off: the shutdown's success is what
-//! confirms it off, see `node_removal`). Shutdown Jobs are counted on the claim they serve,
-//! bounded by three, with a 30-minute pause before the count restarts.
+//! confirms it off, see `node_removal`). Shutdown Jobs are counted on the claim they serve, or,
+//! with no claim, in the slot's status (`unclaimedShutdowns`), bounded by three, with a
+//! 30-minute pause before the count restarts.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node as CoreNode;
@@ -13,7 +14,9 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::drain::{self, DrainHold, Drained};
-use crate::api::{LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
+use crate::api::{
+    LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase, ShutdownStreak,
+};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
 use crate::controller::claim::chokepoint;
@@ -33,11 +36,13 @@ const DRAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 pub struct Pass {
     pub retry: Option<std::time::Duration>,
     pub hold: Option<DrainHold>,
+    /// The run of attempts no claim counts, when this pass added one (the slot's status keeps it).
+    pub streak: Option<ShutdownStreak>,
 }
 
 impl Pass {
     fn retry_in(after: std::time::Duration) -> Self {
-        Self { retry: Some(after), hold: None }
+        Self { retry: Some(after), ..Self::default() }
     }
 }
 
@@ -101,6 +106,27 @@ pub fn last_attempt_ended(
         .max()
 }
 
+/// The run of shutdown attempts no claim counts: its length and when the last one started.
+/// The slot's status keeps it (`stored`), because the Jobs are collected after their TTL, well
+/// within the pause. `unclaimed_jobs` (the creation times of the slot's shutdown Jobs that
+/// serve no claim, still in the cache) count too, for a status the cache has not caught up
+/// with yet. A run whose last attempt is older than `grace` counts no more. Pure.
+pub fn unclaimed_streak(
+    stored: Option<&ShutdownStreak>,
+    unclaimed_jobs: &[Timestamp],
+    now: Timestamp,
+    grace: SignedDuration,
+) -> (i32, Option<Timestamp>) {
+    let fresh = |t: &Timestamp| t.checked_add(grace).is_ok_and(|end| end > now);
+    let recent: Vec<Timestamp> = unclaimed_jobs.iter().copied().filter(fresh).collect();
+    let from_jobs = (i32::try_from(recent.len()).unwrap_or(i32::MAX), recent.into_iter().max());
+    let from_status = stored
+        .map(|s| (s.attempts, s.last_attempt_at.0))
+        .filter(|(_, last)| fresh(last))
+        .map_or((0, None), |(attempts, last)| (attempts, Some(last)));
+    (from_jobs.0.max(from_status.0), from_jobs.1.max(from_status.1))
+}
+
 /// Powers the machine off when no claim wants it. `silent_since`: the node's kubelet has been
 /// silent past the grace and nothing has confirmed the machine off yet.
 pub async fn reconcile(
@@ -133,16 +159,16 @@ pub async fn reconcile(
             )
         }
         None => {
-            // Nothing asked for this machine: count the slot's own recent shutdown Jobs.
-            let recent: Vec<Timestamp> = shutdown_jobs
+            // Nothing asked for this machine: the slot keeps the count.
+            let unclaimed: Vec<Timestamp> = shutdown_jobs
                 .iter()
                 .filter(|j| {
                     j.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(LABEL_NODECLAIM))
                 })
                 .filter_map(|j| j.metadata.creation_timestamp.as_ref().map(|t| t.0))
-                .filter(|t| t.checked_add(grace).is_ok_and(|end| end > now))
                 .collect();
-            (i32::try_from(recent.len()).unwrap_or(i32::MAX), recent.into_iter().max())
+            let stored = slot.status.as_ref().and_then(|s| s.unclaimed_shutdowns.as_ref());
+            unclaimed_streak(stored, &unclaimed, now, grace)
         }
     };
     if attempts > 0 && !on && claim.is_some_and(|c| !awaits_forced_shutdown(c)) {
@@ -158,11 +184,12 @@ pub async fn reconcile(
                     c.metadata.name.as_deref().unwrap_or_default(),
                     ctx.namespace
                 ),
-                // No claim carries the count: it is the slot's recent shutdown Jobs.
+                // No claim carries the count: the slot's status does, and the Jobs still
+                // in the cache count too.
                 None => format!(
-                    "kubectl delete jobs -n {} -l {}={slot_name},{LABEL_LIFECYCLE}=shutdown",
-                    ctx.namespace,
-                    crate::api::LABEL_SLOT
+                    "kubectl delete jobs -n {ns} -l {}={slot_name},{LABEL_LIFECYCLE}=shutdown && kubectl patch node.infra.homecluster.dev {slot_name} -n {ns} --subresource=status --type=merge -p '{{\"status\":{{\"unclaimedShutdowns\":null}}}}'",
+                    crate::api::LABEL_SLOT,
+                    ns = ctx.namespace,
                 ),
             };
             let node_name = &slot.spec.kubernetes_node_name;
@@ -243,6 +270,7 @@ pub async fn reconcile(
                 return Ok(Pass {
                     retry: Some(DRAIN_RETRY),
                     hold: Some(DrainHold { pods, force_at }),
+                    streak: None,
                 });
             }
             tracing::warn!(
@@ -286,11 +314,14 @@ pub async fn reconcile(
         )
         .await?;
     }
+    // With no claim the slot's status keeps the count (written with its status, see `observe`).
+    let streak =
+        claim.is_none().then_some(ShutdownStreak { attempts: attempt, last_attempt_at: Time(now) });
     let about = claim
         .and_then(|c| c.metadata.name.clone())
         .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
     if !created {
-        return Ok(Pass::default());
+        return Ok(Pass { streak, ..Pass::default() });
     }
     match silent_since {
         Some(since) => {
@@ -305,7 +336,7 @@ pub async fn reconcile(
             ctx.publish(slot, EventType::Normal, "ScaleDownRequested", message).await;
         }
     }
-    Ok(Pass::default())
+    Ok(Pass { streak, ..Pass::default() })
 }
 
 #[cfg(test)]
@@ -418,5 +449,53 @@ mod tests {
             now,
         );
         assert!(ended.is_some_and(|t| now < t.checked_add(settle).unwrap()), "settling");
+    }
+
+    /// With no claim the slot's status holds the count: the shutdown Jobs it was once counted
+    /// from are collected after their TTL (600 s), long before the 30-minute pause ends.
+    #[test]
+    fn the_unclaimed_streak_outlives_its_jobs() {
+        let ts = |s: &str| at(s).0;
+        let now = ts("2026-03-04T10:00:00Z");
+        let grace = SignedDuration::from_mins(30);
+        let streak = |attempts, last: &str| ShutdownStreak { attempts, last_attempt_at: at(last) };
+        let three = streak(3, "2026-03-04T09:50:00Z");
+        let stale = streak(3, "2026-03-04T09:20:00Z");
+        let one = streak(1, "2026-03-04T09:45:00Z");
+        let jobs =
+            [ts("2026-03-04T09:40:00Z"), ts("2026-03-04T09:45:00Z"), ts("2026-03-04T09:50:00Z")];
+        type Row<'a> =
+            (&'a str, Option<&'a ShutdownStreak>, &'a [Timestamp], (i32, Option<Timestamp>));
+        let table: [Row<'_>; 6] = [
+            ("no history", None, &[], (0, None)),
+            (
+                "three Jobs still in the cache, from an operator that kept no count",
+                None,
+                &jobs,
+                (3, Some(ts("2026-03-04T09:50:00Z"))),
+            ),
+            (
+                "three stored, their Jobs collected by the TTL",
+                Some(&three),
+                &[],
+                (3, Some(ts("2026-03-04T09:50:00Z"))),
+            ),
+            (
+                "the status behind the Jobs in the cache",
+                Some(&one),
+                &jobs,
+                (3, Some(ts("2026-03-04T09:50:00Z"))),
+            ),
+            ("a run older than the pause counts no more", Some(&stale), &[], (0, None)),
+            (
+                "a stale run, a fresh Job",
+                Some(&stale),
+                &[ts("2026-03-04T09:59:00Z")],
+                (1, Some(ts("2026-03-04T09:59:00Z"))),
+            ),
+        ];
+        for (name, stored, jobs, want) in table {
+            assert_eq!(unclaimed_streak(stored, jobs, now, grace), want, "{name}");
+        }
     }
 }
