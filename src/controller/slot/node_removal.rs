@@ -11,10 +11,10 @@
 //! reboot, a Wi-Fi drop) is as silent as one that is off, so silence alone confirms nothing.
 //! Confirmed off means the slot's own shutdown Job succeeded after the node registered and the
 //! kubelet is silent (Ready `Unknown`), its silence having begun no later than a settle after the
-//! Job ended (a later silence is a blip of a machine the shutdown left on). A node silent for longer than the grace
-//! with nothing wanting its machine is not removed: the shutdown path powers the machine off
-//! ([`Removal::ConfirmOff`]), and that shutdown's success is the confirmation. Where nothing
-//! reaches the machine the node stays, and the slot says what to do.
+//! Job ended (a later silence is a blip of a machine the shutdown left on). A node silent for
+//! longer than the grace with nothing wanting its machine is not removed: the shutdown path
+//! powers the machine off ([`Removal::ConfirmOff`]), and that shutdown's success is the
+//! confirmation. Where nothing reaches the machine the node stays, and the slot says what to do.
 //! A Ready node is never removed, nor one whose kubelet still reports (`False`), and the delete
 //! is guarded by the node's uid and resourceVersion, so a node that has just registered again
 //! is never the one deleted.
