@@ -113,6 +113,7 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
     ctx.create_job(&job, FieldManager::ClaimController).await?;
     clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
 
+    ctx.boot_hold.pass(&name).await;
     let boot = PhaseMove::new(NodeClaimPhase::Booting, Writer::Lifecycle)
         .with("attempt", json!(attempt))
         .with("bootCommittedAt", json!(Time(ctx.now())))
