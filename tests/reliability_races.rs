@@ -17,15 +17,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use futures::future::join_all;
-use homelab_autoscaler::api::NodeClaim;
+use homelab_autoscaler::api::{LABEL_NODECLAIM, NodeClaim};
 use homelab_autoscaler::grpc::proto::cloud_provider_client::CloudProviderClient;
 use homelab_autoscaler::grpc::{proto, serve_on};
 use homelab_autoscaler::phase;
 use homelab_autoscaler::provider::{Provider, ProviderConfig};
-use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
 use homelab_harness::lab::{Lab, With, timeouts};
+use homelab_harness::{eventually, stays};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -312,4 +313,195 @@ async fn a_hundred_concurrent_calls_on_one_replica_keep_the_invariants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_calls_on_two_replicas_keep_the_invariants() {
     race("race2", 2).await;
+}
+
+/// A scale-up's cancel, as cluster-autoscaler sends it: DecreaseTargetSize(-1) on `pool`.
+async fn decrease(grpc: &mut CloudProviderClient<Channel>) -> Result<(), tonic::Status> {
+    grpc.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+        id: "pool".into(),
+        delta: -1,
+    })
+    .await
+    .map(|_| ())
+}
+
+/// A scale-up, as cluster-autoscaler asks for it: IncreaseSize(+1) on `pool`.
+async fn increase(grpc: &mut CloudProviderClient<Channel>) -> Result<(), tonic::Status> {
+    grpc.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "pool".into(),
+        delta: 1,
+    })
+    .await
+    .map(|_| ())
+}
+
+/// The startup Jobs of the namespace whose claim is gone or never committed its boot.
+async fn orphan_startup_jobs(lab: &Lab) -> Result<Vec<String>> {
+    let claims = lab.claims().list(&ListParams::default()).await?.items;
+    let committed = |name: &str| {
+        claims.iter().any(|c| {
+            c.metadata.name.as_deref() == Some(name)
+                && c.status.as_ref().is_some_and(|s| s.boot_committed_at.is_some())
+        })
+    };
+    Ok(lab
+        .lifecycle_jobs("startup")
+        .await?
+        .into_iter()
+        .filter(|job| {
+            let labels = job.metadata.labels.as_ref();
+            let claim = labels.and_then(|l| l.get(LABEL_NODECLAIM)).map(String::as_str);
+            !claim.is_some_and(committed)
+        })
+        .filter_map(|job| job.metadata.name)
+        .collect())
+}
+
+/// The cancel lands while the boot stands between its finalizer and its booting write (the
+/// boot hold keeps it there): the cancel wins, and no startup Job exists for the claim, so the
+/// machine never boots (docs/decisions.md, D35).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_up_cancelled_before_its_boot_commits_boots_nothing() {
+    let lab = Lab::start("cancel", With::Controllers).await;
+    let ledger = Ledger::start(&lab.client, &lab.ns).await.expect("ledger");
+    let slot = lab.create_pool(1).await.expect("pool").remove(0);
+    let server = replica(&lab).await.expect("replica");
+    let mut grpc =
+        CloudProviderClient::connect(format!("http://{}", server.address)).await.expect("connect");
+    let hold = lab.boot_hold();
+    hold.shut();
+
+    increase(&mut grpc).await.expect("IncreaseSize(+1)");
+    let held = eventually("a boot at the hold", SETTLE, || async {
+        let held = hold.waiting();
+        ensure!(!held.is_empty(), "no boot has reached its booting write yet");
+        Ok(held)
+    })
+    .await
+    .expect("the boot is held");
+    let name = held[0].clone();
+    let claim = lab.claims().get(&name).await.expect("the held claim");
+    assert!(
+        claim.finalizers().iter().any(|f| f == homelab_autoscaler::claim::FINALIZER),
+        "the boot holds after its finalizer landed: {:?}",
+        claim.metadata.finalizers
+    );
+
+    // The cancel is sent while the boot is held; the hold opens once its delete has landed.
+    let cancel = tokio::spawn({
+        let mut grpc = grpc.clone();
+        async move { decrease(&mut grpc).await }
+    });
+    eventually("the cancel's delete to land", SETTLE, || async {
+        let claim = lab.claims().get_opt(&name).await?;
+        ensure!(
+            claim.as_ref().is_none_or(|c| c.metadata.deletion_timestamp.is_some()),
+            "claim {name} not deleted yet"
+        );
+        Ok(())
+    })
+    .await
+    .expect("the cancel deleted the claim");
+    hold.open();
+    cancel.await.expect("the cancel's task").expect("DecreaseTargetSize(-1) cancels the claim");
+
+    eventually(&format!("claim {name} gone"), SETTLE, || async {
+        let claim = lab.claims().get_opt(&name).await?;
+        ensure!(claim.is_none(), "still there: {:?}", claim.map(|c| c.status));
+        Ok(())
+    })
+    .await
+    .expect("the cancelled claim is released");
+    // Long enough for a startup Job to run and the simulated machine (1 s boot) to register.
+    stays("no startup Job and no machine for the cancelled claim", Duration::from_secs(10), || {
+        let lab = &lab;
+        let slot = &slot;
+        async move {
+            let orphans = orphan_startup_jobs(lab).await?;
+            ensure!(orphans.is_empty(), "startup Jobs left without their claim: {orphans:?}");
+            let node = lab.nodes().get_opt(slot).await?;
+            ensure!(node.is_none(), "the machine of slot {slot} booted for nothing");
+            Ok(())
+        }
+    })
+    .await
+    .expect("a cancelled scale-up boots nothing");
+    let violations = ledger.violations();
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// Rounds of the randomized cancel: `HOMELAB_CANCEL_ROUNDS` (default 20), seeded by
+/// `HOMELAB_CANCEL_SEED` (default: from the clock, printed).
+const CANCEL_ROUNDS: u64 = 20;
+
+/// splitmix64: a seeded schedule needs no crate.
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// IncreaseSize(+1), then DecreaseTargetSize(-1) 0–50 ms later, round after round on a pool with
+/// a slot per round: each cancel either wins (the claim is gone and no startup Job exists) or
+/// loses to a committed boot (answered `Unavailable`, the claim boots); never a startup Job
+/// without its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_ups_cancelled_at_random_delays_leave_no_startup_job_without_its_claim() {
+    let rounds = env_number("HOMELAB_CANCEL_ROUNDS", CANCEL_ROUNDS);
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let seed = env_number("HOMELAB_CANCEL_SEED", clock.map_or(0, |d| d.as_nanos() as u64));
+    eprintln!("randomized cancel: {rounds} rounds, HOMELAB_CANCEL_SEED={seed}");
+    let lab = Lab::start("cancels", With::Controllers).await;
+    let ledger = Ledger::start(&lab.client, &lab.ns).await.expect("ledger");
+    lab.create_pool(usize::try_from(rounds).expect("rounds")).await.expect("pool");
+    let server = replica(&lab).await.expect("replica");
+    let mut grpc =
+        CloudProviderClient::connect(format!("http://{}", server.address)).await.expect("connect");
+
+    let mut state = seed;
+    let (mut cancelled, mut booted) = (0, 0);
+    for round in 0..rounds {
+        let delay = Duration::from_millis(next(&mut state) % 51);
+        increase(&mut grpc).await.unwrap_or_else(|s| panic!("round {round}: IncreaseSize: {s}"));
+        // The delay is the schedule under test, not a wait for anything.
+        tokio::time::sleep(delay).await;
+        match decrease(&mut grpc).await {
+            Ok(()) => cancelled += 1,
+            Err(status) if status.code() == tonic::Code::Unavailable => booted += 1,
+            Err(status) => panic!(
+                "round {round} (HOMELAB_CANCEL_SEED={seed}): DecreaseTargetSize answered {status}"
+            ),
+        }
+    }
+    eprintln!("{rounds} rounds: {cancelled} cancels won, {booted} boots won");
+
+    // Every cancelled claim released, every other one past its boot window.
+    until_decided(&lab).await.expect("decided");
+    eventually("no claim terminating", SETTLE, || async {
+        let list = lab.claims().list(&ListParams::default()).await?.items;
+        let terminating: Vec<_> = list
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_some())
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        ensure!(terminating.is_empty(), "still terminating: {terminating:?}");
+        Ok(())
+    })
+    .await
+    .expect("cancelled claims released");
+    stays("no startup Job without its claim", Duration::from_secs(5), || async {
+        let orphans = orphan_startup_jobs(&lab).await?;
+        ensure!(orphans.is_empty(), "HOMELAB_CANCEL_SEED={seed}: startup Jobs left: {orphans:?}");
+        Ok(())
+    })
+    .await
+    .expect("no startup Job without its claim");
+    let violations = ledger.violations();
+    assert!(violations.is_empty(), "HOMELAB_CANCEL_SEED={seed}: {}", violations.join("\n"));
 }

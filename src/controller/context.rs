@@ -11,6 +11,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 
 use super::error::{KubeContext, Result, is_already_exists};
+use super::hold::Hold;
 use super::jobs::Lifecycle;
 use super::read_floor::ReadFloor;
 use crate::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim};
@@ -49,6 +50,9 @@ pub struct Context {
     boot_locks: SlotLocks,
     /// The newest claim this term wrote: the boot check's list reads no older than it.
     pub claim_read_floor: ReadFloor,
+    /// Passed by a boot just before its booting write; only tests shut it (docs/decisions.md,
+    /// D35).
+    pub boot_hold: Hold,
     /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
     /// once per `meter_interval`. A new term starts empty: one read each at its start.
     meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
@@ -190,6 +194,7 @@ impl Context {
             stores,
             boot_locks: SlotLocks::default(),
             claim_read_floor: ReadFloor::default(),
+            boot_hold: Hold::default(),
             meter_reads: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))

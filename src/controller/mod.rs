@@ -8,6 +8,7 @@ pub mod claim;
 mod context;
 mod error;
 pub mod group;
+pub mod hold;
 pub mod jobs;
 mod read_floor;
 pub mod schedule;

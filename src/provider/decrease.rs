@@ -1,9 +1,13 @@
 //! NodeGroupDecreaseTargetSize: lower the target by cancelling claims that have not started a
-//! boot. Cancelling a pending claim is deleting it (it has no finalizer and nothing in flight),
-//! newest first. A boot that has started is never interrupted, so a group whose wanted claims
-//! are all booting or ready answers Unavailable, naming them: the answer cluster-autoscaler
-//! retries, and the truth, since the response carries no size. A pending pin is not cancelled
-//! either: no scaler ends a pin (docs/decisions.md, D17), and it still counts in the target.
+//! boot. Cancelling a pending claim is deleting it, newest first: nothing of it is in flight,
+//! since its startup Job is created only after its booting write, and the delete names the
+//! resourceVersion it saw pending, so of the delete and the booting write exactly one lands
+//! (docs/decisions.md, D35). A boot that has started is never interrupted, so a group whose
+//! wanted claims are all booting or ready answers Unavailable, naming them: an error is what
+//! cluster-autoscaler expects from a group that cannot lower its target without removing a
+//! machine (it logs it and reads the target again), and the response carries no size. A pending
+//! pin is not cancelled either: no scaler ends a pin (docs/decisions.md, D17), and it still
+//! counts in the target.
 
 use std::sync::Arc;
 
@@ -145,7 +149,8 @@ impl Provider {
     }
 
     /// Deletes a claim only while it is still the pending claim the plan saw: the delete carries
-    /// its uid and resourceVersion, so a claim that started booting meanwhile is left alone.
+    /// its uid and resourceVersion, so a claim whose booting write landed first is left alone,
+    /// and a booting write after the delete loses (docs/decisions.md, D35).
     async fn cancel_pending(
         &self,
         api: &Api<NodeClaim>,

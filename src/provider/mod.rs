@@ -230,6 +230,11 @@ impl Provider {
 
     /// One group the caller scales, as the caches hold it now.
     pub fn snapshot(&self, caller: &Caller, group: &str) -> Result<GroupSnapshot, ProviderError> {
+        Ok(self.build_snapshot(self.group(caller, group)?))
+    }
+
+    /// The Group alone, for the calls that answer from it (GetOptions): no slot or claim read.
+    pub fn group(&self, caller: &Caller, group: &str) -> Result<Arc<Group>, ProviderError> {
         self.ensure_synced()?;
         let namespace = &self.inner.config.namespace;
         let key = ObjectRef::<Group>::new(group).within(namespace);
@@ -246,7 +251,7 @@ impl Provider {
                 caller: groups::driver_name(caller.driver),
             });
         }
-        Ok(self.build_snapshot(found))
+        Ok(found)
     }
 
     /// The group as [`Provider::snapshot`] has it, but with its claims listed from the API

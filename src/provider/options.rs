@@ -118,7 +118,8 @@ pub fn decide(group: &GroupSpec, defaults: &AutoscalingOptions) -> GroupOptions 
 }
 
 impl Provider {
-    /// The group's options, or that cluster-autoscaler's flags apply.
+    /// The group's options, or that cluster-autoscaler's flags apply: read from the Group
+    /// alone, at the same cost at any pool size.
     #[tracing::instrument(skip(self, caller, defaults))]
     pub fn options(
         &self,
@@ -126,8 +127,7 @@ impl Provider {
         group: &str,
         defaults: &AutoscalingOptions,
     ) -> Result<GroupOptions, ProviderError> {
-        let snapshot = self.snapshot(caller, group)?;
-        Ok(decide(&snapshot.group.spec, defaults))
+        Ok(decide(&self.group(caller, group)?.spec, defaults))
     }
 }
 

@@ -1,10 +1,11 @@
 //! pending → booting: the boot is committed. Before it, the newest of two live claims on one slot
 //! steps aside (read from the API, no older than what this process has seen or written); then
-//! the finalizer lands on a metadata write, the startup Job is created, and the status write
-//! records the attempt.
+//! the finalizer lands on a metadata write, the status write records the attempt, and only then
+//! is the startup Job created (docs/decisions.md, D35).
 
 use std::sync::Arc;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
@@ -13,7 +14,7 @@ use serde_json::json;
 
 use super::chokepoint::{self, PhaseMove};
 use super::{has_finalizer, overdue, requeue_at};
-use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::api::{Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{FINALIZER, MAX_CONSECUTIVE_ATTEMPTS};
 use crate::controller::Context;
 use crate::controller::error::{Error, KubeContext, Result};
@@ -98,26 +99,21 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         written
     };
 
-    let job_name = jobs::startup_job_name(&name);
-    let job = jobs::build(&JobContext {
-        slot: &slot,
-        group: &claim.spec.request.group,
-        claim: Some(&claim),
-        lifecycle: Lifecycle::Startup,
-        name: job_name.clone(),
-        max_run_time: ctx.timeouts.job_timeout,
-        power_image: &ctx.power_image,
-        priority_class: ctx.power_priority_class.as_deref(),
-    })
-    .map_err(|e| Error::Lifecycle(e.to_string()))?;
-    ctx.create_job(&job, FieldManager::ClaimController).await?;
-    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
-
+    // Built before the commit, so a slot that cannot power its machine fails the pass with no
+    // attempt spent.
+    let job = startup_job(ctx, &slot, &claim)?;
+    let job_name = job.metadata.name.clone().unwrap_or_default();
+    // Nothing that starts the machine exists before the booting write commits: a cancel (the
+    // claim deleted) that lands first makes this write lose with a 409, and the claim is
+    // released with no Job (docs/decisions.md, D35).
+    ctx.boot_hold.pass(&name).await;
     let boot = PhaseMove::new(NodeClaimPhase::Booting, Writer::Lifecycle)
         .with("attempt", json!(attempt))
         .with("bootCommittedAt", json!(Time(ctx.now())))
         .with("startupJob", json!(job_name));
-    if chokepoint::move_phase(ctx, &claim, boot).await? {
+    let moved = chokepoint::move_phase(ctx, &claim, boot).await?;
+    start(ctx, &slot, &job).await?;
+    if moved {
         ctx.publish(
             slot.as_ref(),
             EventType::Normal,
@@ -127,6 +123,56 @@ pub async fn reconcile_pending(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         .await;
     }
     Ok(claim.spec.deadline_at.as_ref().map_or_else(Action::await_change, |d| requeue_at(ctx, d.0)))
+}
+
+/// The startup Job of `claim` on `slot`.
+fn startup_job(ctx: &Context, slot: &Node, claim: &NodeClaim) -> Result<Job> {
+    jobs::build(&JobContext {
+        slot,
+        group: &claim.spec.request.group,
+        claim: Some(claim),
+        lifecycle: Lifecycle::Startup,
+        name: jobs::startup_job_name(claim.metadata.name.as_deref().unwrap_or_default()),
+        max_run_time: ctx.timeouts.job_timeout,
+        power_image: &ctx.power_image,
+        priority_class: ctx.power_priority_class.as_deref(),
+    })
+    .map_err(|e| Error::Lifecycle(e.to_string()))
+}
+
+/// Starts a committed boot: the startup Job (created once: its name is the claim's), and the
+/// machine's node freed of cluster-autoscaler's deletion taint.
+async fn start(ctx: &Context, slot: &Node, job: &Job) -> Result<()> {
+    ctx.create_job(job, FieldManager::ClaimController).await?;
+    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await
+}
+
+/// How far the operator's clock may run behind the one that collects finished Jobs.
+const CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Starts the boot of a booting claim whose startup Job is not in the cache: its boot pass
+/// stopped between the booting write and the create (an API error, a crash). A Job finishes
+/// after its create, itself after the commit, so until the Job's TTL has run from the commit
+/// it cannot have been collected: a missing one was never created (or the cache is behind, and
+/// the create finds it). Past that, a Job that ran is never created again.
+pub(super) async fn resume(ctx: &Context, claim: &NodeClaim) -> Result<()> {
+    let status = claim.status.as_ref();
+    let Some(committed) = status.and_then(|s| s.boot_committed_at.as_ref()).map(|t| t.0) else {
+        return Ok(());
+    };
+    let Some(slot) = ctx.slot(&claim.spec.slot_ref.name) else { return Ok(()) };
+    let job = startup_job(ctx, &slot, claim)?;
+    let ttl = job.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished).unwrap_or(0);
+    let collectable = std::time::Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
+    let Some(window) = collectable.checked_sub(CLOCK_SKEW) else { return Ok(()) };
+    let since = ctx.now().duration_since(committed).unsigned_abs();
+    if since >= window {
+        return Ok(());
+    }
+    if ctx.create_job(&job, FieldManager::ClaimController).await? {
+        tracing::info!(job = ?job.metadata.name, "created the startup Job of a committed boot");
+    }
+    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await
 }
 
 /// The name of a live claim on the same slot that `claim` must give way to, read from the API:

@@ -14,7 +14,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::chokepoint::{self, PhaseMove};
-use super::{overdue, ready, requeue_at};
+use super::{boot, overdue, ready, requeue_at};
 use crate::api::{Node, NodeClaim, NodeClaimPhase, TaintSelector};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
@@ -61,7 +61,8 @@ pub async fn reconcile_booting(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<
         .and_then(|s| s.startup_job.clone())
         .unwrap_or_else(|| jobs::startup_job_name(&name));
     let Some(job) = ctx.job(&job_name) else {
-        // Not cached yet, or collected: the deadline bounds the wait either way.
+        // Not cached yet, never created, or collected: the deadline bounds the wait.
+        boot::resume(ctx, claim).await?;
         return Ok(deadline.map_or_else(Action::await_change, |d| requeue_at(ctx, d)));
     };
     let completed_at = match outcome(&job) {

@@ -101,7 +101,9 @@ pub async fn reconcile_deletion(ctx: &Arc<Context>, claim: &NodeClaim) -> Result
         return Ok(Action::await_change());
     }
     match phase::of(claim) {
-        // A pending claim has nothing in flight (a finalizer on it came from a hand write).
+        // A pending claim has nothing in flight: its boot pass may have put the finalizer on,
+        // but the startup Job is created only after the booting write, which the deletion
+        // made lose (docs/decisions.md, D35).
         NodeClaimPhase::Pending => {
             remove_finalizer(ctx, claim).await?;
             Ok(Action::await_change())

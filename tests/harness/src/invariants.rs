@@ -6,6 +6,8 @@
 //! - every claim ended ready, failed or completed, within its deadline (plus a margin);
 //! - no claim stuck Terminating;
 //! - no Job left running, and no claim with more than one startup or shutdown Job;
+//! - no startup Job of a claim that never committed its boot (a cancelled scale-up boots
+//!   nothing, docs/decisions.md, D35);
 //! - no machine on (its Kubernetes node Ready) without a wanted claim;
 //! - no slot with two booting claims, ever;
 //! - cluster-autoscaler's startup taint and scale-down-disabled annotation (docs/decisions.md,
@@ -169,8 +171,9 @@ impl Ledger {
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).claims.clone()
     }
 
-    /// Violations of the run-long invariants: two booting claims on a slot at any moment, and
-    /// a claim with more than one Job of a lifecycle.
+    /// Violations of the run-long invariants: two booting claims on a slot at any moment, a
+    /// claim with more than one Job of a lifecycle, and a startup Job of a claim that never
+    /// committed its boot (docs/decisions.md, D35).
     pub fn violations(&self) -> Vec<String> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = seen.violations.clone();
@@ -186,6 +189,17 @@ impl Ledger {
         for ((claim, lifecycle), jobs) in per_claim {
             if jobs.len() > 1 {
                 out.push(format!("claim {claim} had {} {lifecycle} Jobs: {jobs:?}", jobs.len()));
+            }
+            // A startup Job is created only once its claim's boot is committed (D35).
+            let committed = seen
+                .claims
+                .get(&claim)
+                .and_then(|c| c.status.as_ref())
+                .is_some_and(|s| s.boot_committed_at.is_some());
+            if lifecycle == "startup" && !committed {
+                out.push(format!(
+                    "startup Job {jobs:?} of claim {claim}, which never committed its boot"
+                ));
             }
         }
         out.dedup();

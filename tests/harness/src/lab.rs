@@ -10,6 +10,7 @@ use std::time::Duration;
 use homelab_autoscaler::api::{Group, Node, NodeClaim};
 use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::clock::SystemClock;
+use homelab_autoscaler::controller::hold::Hold;
 use homelab_autoscaler::controller::{self, Context, MachineSettings};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_autoscaler::simulator::{self, SimulateArgs};
@@ -58,7 +59,7 @@ pub struct Lab {
     stop: CancellationToken,
     /// The controllers' own token, a child of `stop`, and their task, so a test can stop
     /// (or kill) and restart them.
-    controllers: std::sync::Mutex<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    controllers: std::sync::Mutex<Controllers>,
     /// The timeouts the controllers run with.
     pub timeouts: Timeouts,
     _logs: FailureLogs<'static>,
@@ -83,13 +84,22 @@ fn lab_settings() -> MachineSettings {
     }
 }
 
+/// A run of the lab's controllers: its token, its task, and the boot hold of its context.
+struct Controllers {
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    boot_hold: Hold,
+}
+
 async fn start_controllers(
     client: &Client,
     ns: &str,
     timeouts: Timeouts,
     stop: &CancellationToken,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    spawn_controllers(client, ns, timeouts, lab_settings(), LAB_POWER_IMAGE, stop).await
+) -> Controllers {
+    let (ctx, token, task) =
+        spawn(client, ns, timeouts, lab_settings(), LAB_POWER_IMAGE, stop).await;
+    Controllers { token, task, boot_hold: ctx.boot_hold.clone() }
 }
 
 /// The operator's controllers for `ns`, in process, their power Jobs running `image`: stopped
@@ -102,13 +112,25 @@ pub async fn spawn_controllers(
     image: &str,
     stop: &CancellationToken,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let (_, token, task) = spawn(client, ns, timeouts, settings, image, stop).await;
+    (token, task)
+}
+
+async fn spawn(
+    client: &Client,
+    ns: &str,
+    timeouts: Timeouts,
+    settings: MachineSettings,
+    image: &str,
+    stop: &CancellationToken,
+) -> (Arc<Context>, CancellationToken, tokio::task::JoinHandle<()>) {
     let token = stop.child_token();
     let (ctx, inputs) =
         Context::start(client.clone(), ns, timeouts, settings, image.into(), Arc::new(SystemClock))
             .await
             .expect("controller context");
-    let task = tokio::spawn(controller::run(ctx, inputs, token.clone()));
-    (token, task)
+    let task = tokio::spawn(controller::run(ctx.clone(), inputs, token.clone()));
+    (ctx, token, task)
 }
 
 impl Drop for Lab {
@@ -163,7 +185,7 @@ impl Lab {
 
     /// Stops the controllers (as a crashed or demoted operator would).
     pub fn stop_controllers(&self) {
-        self.controllers.lock().expect("lock").0.cancel();
+        self.controllers.lock().expect("lock").token.cancel();
     }
 
     /// Kills the controllers where they stand, as a SIGKILL of the operator would: their task
@@ -171,14 +193,20 @@ impl Lab {
     /// graceful shutdown), then their caches and helpers are stopped.
     pub fn kill_controllers(&self) {
         let guard = self.controllers.lock().expect("lock");
-        guard.1.abort();
-        guard.0.cancel();
+        guard.task.abort();
+        guard.token.cancel();
     }
 
     /// Starts the controllers again, with fresh caches.
     pub async fn start_controllers(&self) {
         let fresh = start_controllers(&self.client, &self.ns, self.timeouts, &self.stop).await;
         *self.controllers.lock().expect("lock") = fresh;
+    }
+
+    /// The hold the running controllers' boots pass just before their booting write: shut, it
+    /// keeps every boot there until opened (docs/decisions.md, D35).
+    pub fn boot_hold(&self) -> Hold {
+        self.controllers.lock().expect("lock").boot_hold.clone()
     }
 
     pub fn claims(&self) -> Api<NodeClaim> {
