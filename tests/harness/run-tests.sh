@@ -22,14 +22,11 @@
 # so the Go programs that only some suites need are built in that idle time instead of before
 # every suite. A suite that needs one first waits on that program's lock (or builds it); the
 # runner waits for the build at the end and reports it like a suite. HOMELAB_TEST_LOAD=N runs
-# the whole of it (the test build, the suites, the build beside) with N busy processes beside it
-# (with-load.sh), to try a change under the load CI puts on it.
+# the suites (and the build beside them) with N busy processes beside them (with-load.sh), to try
+# a change under the load CI puts on it; the test build before them runs without.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-if [[ -n ${HOMELAB_TEST_LOAD:-} && -z ${HOMELAB_TEST_LOAD_STARTED:-} ]]; then
-  HOMELAB_TEST_LOAD_STARTED=1 exec "$root/tests/harness/with-load.sh" "$HOMELAB_TEST_LOAD" "$0" "$@"
-fi
 lanes=${HOMELAB_TEST_LANES:-3}
 logs=${CARGO_TARGET_DIR:-$root/target}/test-logs
 
@@ -70,6 +67,11 @@ for line in sys.stdin:
         continue
     print(kind, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
 ')
+
+# The build is done (a second one finds nothing to do): the suites run under the load asked for.
+if [[ -n ${HOMELAB_TEST_LOAD:-} && -z ${HOMELAB_TEST_LOAD_STARTED:-} ]]; then
+  HOMELAB_TEST_LOAD_STARTED=1 exec "$root/tests/harness/with-load.sh" "$HOMELAB_TEST_LOAD" "$root/tests/harness/run-tests.sh" "$@"
+fi
 
 declare -A exe_of=() dir_of=()
 all=()
