@@ -124,9 +124,61 @@ pub fn gate_reading(node: &CoreNode, slot: &Slot, gate: &[TaintSelector]) -> Gat
     }
 }
 
-/// The machine is up: its node exists and is Ready.
+/// What a machine's Node says of its kubelet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kubelet {
+    /// No Node: the machine is off, or its kubelet has not registered yet.
+    NoNode,
+    /// The Node has no Ready condition yet: a registration under way.
+    Registering,
+    /// Ready is True.
+    Ready,
+    /// Ready is False: the kubelet runs and reports, and says why the node is not Ready (a
+    /// container runtime that is down, a CNI that is not up, a graceful shutdown under way).
+    NotReady { since: Option<jiff::Timestamp>, says: String },
+    /// Ready is Unknown: the kubelet stopped reporting. Off, crashed or cut off: the Node alone
+    /// cannot tell which.
+    Silent { since: Option<jiff::Timestamp> },
+}
+
+impl Kubelet {
+    /// Reads the node's Ready condition.
+    pub fn of(node: Option<&CoreNode>) -> Self {
+        let Some(node) = node else { return Self::NoNode };
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+        let Some(ready) = ready else { return Self::Registering };
+        let since = ready.last_transition_time.as_ref().map(|t| t.0);
+        match ready.status.as_str() {
+            "True" => Self::Ready,
+            "False" => {
+                let reason = ready.reason.as_deref().unwrap_or_default();
+                let message = ready.message.as_deref().unwrap_or_default();
+                let says = match (reason, message) {
+                    ("", "") => "nothing more".to_owned(),
+                    (reason, "") => reason.to_owned(),
+                    ("", message) => message.to_owned(),
+                    (reason, message) => format!("{reason}: {message}"),
+                };
+                Self::NotReady { since, says }
+            }
+            _ => Self::Silent { since },
+        }
+    }
+
+    /// The kubelet runs and talks to the API server, Ready or not.
+    pub fn reports(&self) -> bool {
+        matches!(self, Self::Ready | Self::NotReady { .. })
+    }
+}
+
+/// The machine is up: its kubelet reports, Ready or NotReady. A NotReady kubelet runs on a
+/// machine that is on (a containerd upgrade, a CNI outage): it is neither off nor released.
 pub fn powered_on(node: Option<&CoreNode>) -> bool {
-    node.is_some_and(is_ready)
+    Kubelet::of(node).reports()
 }
 
 /// The machine can take the pool's work: up, gate open, not cordoned.
@@ -177,7 +229,8 @@ mod tests {
             (true, true, &[], true, true, false),
             (true, false, &["node.cilium.io/agent-not-ready"], true, false, false),
             (true, false, &["other"], true, true, true),
-            (false, false, &[], false, false, false),
+            // NotReady: on (its kubelet reports), not usable.
+            (false, false, &[], true, false, false),
         ];
         for &(ready, cordoned, taints, on, open, use_) in table {
             let n = node(ready, cordoned, taints);
@@ -186,6 +239,54 @@ mod tests {
             assert_eq!(usable(Some(&n), &gate), use_, "{ready} {cordoned} {taints:?}");
         }
         assert!(!powered_on(None));
+    }
+
+    #[test]
+    fn the_kubelet_is_read_from_ready() {
+        let with_ready = |ready: serde_json::Value| -> CoreNode {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "m1" }, "status": { "conditions": [ready] },
+            }))
+            .unwrap()
+        };
+        let at: jiff::Timestamp = "2026-03-04T09:00:00Z".parse().unwrap();
+        let not_ready = with_ready(serde_json::json!({
+            "type": "Ready", "status": "False", "reason": "KubeletNotReady",
+            "message": "container runtime is down", "lastTransitionTime": "2026-03-04T09:00:00Z",
+        }));
+        let silent = with_ready(serde_json::json!({
+            "type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-03-04T09:00:00Z",
+        }));
+        let bare = with_ready(serde_json::json!({ "type": "Ready", "status": "False" }));
+        let registering: CoreNode =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": "m1" } })).unwrap();
+        let table = [
+            ("no node", None, Kubelet::NoNode, false),
+            ("registering", Some(&registering), Kubelet::Registering, false),
+            ("ready", Some(&declared()), Kubelet::Ready, true),
+            (
+                "not ready",
+                Some(&not_ready),
+                Kubelet::NotReady {
+                    since: Some(at),
+                    says: "KubeletNotReady: container runtime is down".into(),
+                },
+                true,
+            ),
+            (
+                "not ready, said nothing",
+                Some(&bare),
+                Kubelet::NotReady { since: None, says: "nothing more".into() },
+                true,
+            ),
+            ("silent", Some(&silent), Kubelet::Silent { since: Some(at) }, false),
+        ];
+        for (name, node, want, on) in table {
+            let got = Kubelet::of(node);
+            assert_eq!(got, want, "{name}");
+            assert_eq!(got.reports(), on, "{name}");
+            assert_eq!(powered_on(node), on, "{name}");
+        }
     }
 
     fn slot() -> Slot {

@@ -2,11 +2,13 @@
 //! each running a real containerd and kubelet. The power Jobs run as real pods, from the
 //! operator's own image, on the kubelet of an always-on machine (the hub), and reach the pool's
 //! machines across the lan by the real protocols: a Wake-on-LAN magic packet to the card, an SSH
-//! shutdown to the machine's sshd. Nothing in these tests presses a machine's buttons, except
-//! the power cut of the gate scenario, which is the fault under test.
+//! shutdown to the machine's sshd. Nothing in these tests presses a machine's buttons or touches
+//! its services, except the faults under test: the power cut of the gate scenario, and the
+//! containerd stopped by hand under a pin.
 //!
 //! Scenarios: a machine cut off past the grace keeps its Node; a drain that a disruption budget
-//! refuses keeps the machine on; a power cut at the readiness gate ends with one machine serving.
+//! refuses keeps the machine on; a power cut at the readiness gate ends with one machine serving;
+//! a pinned machine whose containerd is stopped (NotReady) stays on and claimed.
 //!
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
 //! The first run builds the `machines` programs and the operator's image (`make image`).
@@ -14,7 +16,7 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use homelab_autoscaler::api::{Group, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{ClaimCall, Group, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
@@ -465,3 +467,94 @@ async fn a_power_cut_at_the_readiness_gate_ends_with_exactly_one_machine_serving
 
 /// The taint of the network agent the pool's gate waits for.
 const AGENT_TAINT: &str = "homelab.test/agent-not-ready";
+
+/// A machine pinned on, as `homelab-autoscaler keep-on` pins it, has its containerd stopped, as
+/// for an upgrade by hand: its kubelet runs on and reports the node NotReady. That is a machine
+/// that is on, not one that is off: past a whole boot window (the bound of a silent machine) the
+/// pin is still ready, the machine on, never cordoned or shut down, and the slot says since when
+/// and why the node is not Ready. With containerd back, the same Node is Ready again under the
+/// same pin. (Counting NotReady as off failed the pin `MachineGone` one boot window in, and then
+/// drained and powered the machine off mid-maintenance.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_machine_whose_containerd_is_stopped_stays_on_and_claimed() {
+    let (space, lan, hub) = scenario("real-not-ready").await;
+    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
+    let _hub_logs = hub.logs_on_failure();
+    let spec = MachineSpec::named(&format!("{ns}-m1"));
+    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
+    let _m1_logs = m1.logs_on_failure();
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
+    let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
+    let groups: Api<Group> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let stranded = Stranding::watch(m1.clone(), nodes.clone());
+    let slot = m1.name().to_owned();
+
+    let mut pin = provider_claim_for("pin", &slot, &slots, &groups, timeouts(), "someone")
+        .await
+        .expect("claim");
+    pin.spec.request.call = ClaimCall::Manual;
+    claims.create(&PostParams::default(), &pin).await.expect("create the pin");
+    eventually("the pin ready on the real machine", ACT, || async {
+        let claim = claims.get("pin").await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", claim.status);
+        Ok(())
+    })
+    .await
+    .expect("ready");
+    let registered = nodes.get(&slot).await.expect("node");
+
+    m1.stop_containerd().await.expect("stop containerd");
+    eventually("the kubelet reporting the node NotReady", ACT, || async {
+        let node = nodes.get(&slot).await?;
+        ensure!(ready_status(&node) == Some("False"), "Ready={:?}", ready_status(&node));
+        Ok(())
+    })
+    .await
+    .expect("not ready");
+
+    // A boot window and a margin for a loaded machine, from the first NotReady the test saw (the
+    // operator saw it no later): the bound a silent machine gets passes, and nothing moves.
+    let window = timeouts().budget() + Duration::from_secs(30);
+    let shutdowns = ListParams::default().labels(&format!("{LABEL_LIFECYCLE}=shutdown"));
+    stays("the pinned NotReady machine on and claimed", window, || async {
+        stranded.assert_never(&slot);
+        ensure!(m1.power_state().await == PowerState::On, "the machine went off");
+        let node = nodes.get(&slot).await?;
+        ensure!(ready_status(&node) == Some("False"), "Ready={:?}", ready_status(&node));
+        ensure!(node.spec.and_then(|s| s.unschedulable) != Some(true), "cordoned");
+        let claim = claims.get("pin").await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "the pin ended: {:?}", claim.status);
+        ensure!(jobs.list(&shutdowns).await?.items.is_empty(), "a shutdown Job was created");
+        Ok(())
+    })
+    .await
+    .expect("kept on");
+    let slot_obj = slots.get(&slot).await.expect("slot");
+    let (reporting, message) = node_reporting(&slot_obj).expect("NodeReporting");
+    assert!(reporting, "{message}");
+    assert!(message.contains("has not been Ready since"), "{message}");
+    assert!(message.contains("kubelet says:"), "{message}");
+
+    // containerd back: the same Node Ready again, under the same pin.
+    m1.start_containerd().await.expect("start containerd");
+    eventually("the node Ready again under the pin", ACT, || async {
+        stranded.assert_never(&slot);
+        let node = nodes.get(&slot).await?;
+        ensure!(node.metadata.uid == registered.metadata.uid, "the Node was replaced");
+        ensure!(ready_status(&node) == Some("True"), "Ready={:?}", ready_status(&node));
+        let claim = claims.get("pin").await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "the pin ended: {:?}", claim.status);
+        let off = claim.status.and_then(|s| s.machine_observed_off);
+        ensure!(off.is_none(), "the pin says its machine was observed off at {off:?}");
+        Ok(())
+    })
+    .await
+    .expect("ready again");
+    assert_eq!(m1.boots(), 1, "booted once, never power-cycled");
+    operator.cancel();
+}

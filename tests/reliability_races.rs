@@ -11,13 +11,17 @@
 //!
 //! Admission's own share: a burst of creates of one slot sent to one replica's webhook, before
 //! the API server has stored any of them, gets one claim admitted and one denied.
+//!
+//! And the two rules that keep a boot and a race apart, each forced at its worst moment by the
+//! boot hold: a cancel that lands just before the booting write (D35), and a second claim of
+//! the slot checked just after the first one's boot, its list as old as the rule allows (D34).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use futures::future::join_all;
-use homelab_autoscaler::api::{LABEL_NODECLAIM, NodeClaim};
+use homelab_autoscaler::api::{LABEL_NODECLAIM, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::grpc::proto::cloud_provider_client::CloudProviderClient;
 use homelab_autoscaler::grpc::{proto, serve_on};
 use homelab_autoscaler::phase;
@@ -504,4 +508,65 @@ async fn scale_ups_cancelled_at_random_delays_leave_no_startup_job_without_its_c
     .expect("no startup Job without its claim");
     let violations = ledger.violations();
     assert!(violations.is_empty(), "HOMELAB_CANCEL_SEED={seed}: {}", violations.join("\n"));
+}
+
+/// Rounds of the boot check's floor test, each on a slot of its own.
+const FLOOR_ROUNDS: usize = 3;
+
+/// Waits for the start of the next second of the clock: the two claims of a round must be
+/// created within one second, and a round started early in a second has most of it.
+async fn start_of_a_second() {
+    let into = jiff::Timestamp::now().subsec_nanosecond();
+    let left = 1_000_000_000 - i64::from(into);
+    tokio::time::sleep(Duration::from_nanos(u64::try_from(left).unwrap_or(0))).await;
+}
+
+/// Two claims of one slot, created in the same second, the later one with the smaller name: it
+/// counts as the older, because claims are ordered by creation second and name, not by version.
+/// The first is held just before its booting write while the second is created, so the second's
+/// check runs after the first's boot, under the slot's lock. The checks list at exactly their
+/// floor with the process's cache left out, the oldest view the rule allows: only the floor of
+/// the controller's own writes shows the second check that the first is booting. The first
+/// boots and the second gives way (docs/decisions.md, D34).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_check_after_a_boot_sees_it_through_the_controllers_own_writes() {
+    let lab = Lab::start("floor", With::Controllers).await;
+    let ledger = Ledger::start(&lab.client, &lab.ns).await.expect("ledger");
+    lab.serve_boot_checks_exactly_at_floor();
+    let slots = lab.create_pool(FLOOR_ROUNDS).await.expect("pool");
+    let hold = lab.boot_hold();
+    let committed =
+        |c: &NodeClaim| matches!(phase::of(c), NodeClaimPhase::Booting | NodeClaimPhase::Ready);
+    let mut same_second = 0;
+    for (round, slot) in slots.iter().enumerate() {
+        let (first, second) = (format!("z-{round}"), format!("a-{round}"));
+        hold.shut();
+        start_of_a_second().await;
+        hand_claim(&lab, &first, slot).await.expect("the first claim");
+        eventually(&format!("claim {first} at the hold"), SETTLE, || async {
+            ensure!(hold.waiting().contains(&first), "waiting: {:?}", hold.waiting());
+            Ok(())
+        })
+        .await
+        .expect("the first boot held");
+        hand_claim(&lab, &second, slot).await.expect("the second claim");
+        let created = |c: NodeClaim| c.metadata.creation_timestamp.map(|t| t.0);
+        let first_at = created(lab.claims().get(&first).await.expect("first"));
+        let second_at = created(lab.claims().get(&second).await.expect("second"));
+        same_second += usize::from(first_at == second_at);
+        hold.open();
+        eventually(&format!("{first} booting and {second} superseded"), SETTLE, || async {
+            let (one, two) = (lab.claims().get(&first).await?, lab.claims().get(&second).await?);
+            ensure!(!committed(&two), "{second} booted too, on slot {slot}: {:?}", two.status);
+            ensure!(committed(&one), "{first}: {:?}", one.status);
+            let reason = two.status.and_then(|s| s.reason);
+            ensure!(reason.as_deref() == Some("Superseded"), "{second}: {reason:?}");
+            Ok(())
+        })
+        .await
+        .expect("one boot per slot");
+    }
+    assert!(same_second > 0, "no round created its two claims within one second");
+    let violations = ledger.violations();
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
 }

@@ -1,4 +1,4 @@
-//! Go durations read without panics. kube-core's `Duration::from_str` multiplies with
+//! Go durations read without panics, and printed as Go prints them (`go_duration`). kube-core's `Duration::from_str` multiplies with
 //! `Duration::mul_f64`, which panics past `u64` seconds or on a negative part: `5124095576030431h`
 //! and `1h-5m` crashed whatever parsed them (a Group read by a watch, an admission review, a
 //! simulator annotation). Found by tests/fuzz_parsing.rs. Here the text is checked first, with
@@ -29,6 +29,29 @@ fn unit_nanos(unit: &str) -> Option<f64> {
         "h" => 3600e9,
         _ => return None,
     })
+}
+
+/// A duration as people write it in a manifest: `48h`, `1h30m`, `90s`.
+pub fn go_duration(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    let millis = d.subsec_millis();
+    // Go prints `1m0.5s`: a fraction of a second is kept when whole seconds are zero.
+    if s > 0 || millis > 0 || out.is_empty() {
+        if millis > 0 {
+            out.push_str(&format!("{s}.{millis:03}s"))
+        } else {
+            out.push_str(&format!("{s}s"))
+        }
+    }
+    out
 }
 
 /// Parses a Go duration (`90s`, `1h30m`, `-5m`), refusing what would overflow.

@@ -1,8 +1,9 @@
 //! The pure rules of a claim's life: its boot budget and deadline, its attempt number, and the
-//! bounds that outlive the boot window. No I/O.
+//! bounds that outlive the boot window (`ready_bound`). No I/O.
 
 pub mod attempt;
 pub mod budget;
+pub mod ready_bound;
 
 pub use attempt::{AttemptSeed, PriorClaim, prior_of_slot, reset_of_slot, seed_attempt};
 pub use budget::{BOOT_BUDGET, BudgetConstant, Timeouts, budget_constants, deadline_at};

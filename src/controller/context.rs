@@ -36,6 +36,9 @@ pub struct Context {
     /// kube-controller-manager's `--node-monitor-grace-period`: how long a powered-off machine's
     /// node still reads Ready.
     pub node_monitor_grace: Duration,
+    /// How long a ready claim's kubelet may report NotReady before the claim fails (none under
+    /// a pin).
+    pub not_ready_grace: Duration,
     /// How often a plug's meter is read for the energy report.
     pub meter_interval: Duration,
     /// The image power Jobs run (the operator's own).
@@ -103,6 +106,9 @@ pub struct MachineSettings {
     /// Unknown (its `--node-monitor-grace-period`): until then a powered-off machine's node
     /// still reads Ready.
     pub node_monitor_grace: Duration,
+    /// How long a ready claim's kubelet may report NotReady (on and talking, not Ready) before
+    /// the claim fails `MachineNotReady`. A pin has no such bound.
+    pub not_ready_grace: Duration,
     /// How often a plug's meter is read for the energy report.
     pub meter_interval: Duration,
 }
@@ -187,6 +193,7 @@ impl Context {
             drain_timeout: machines.drain_timeout,
             off_node_grace: machines.off_node_grace,
             node_monitor_grace: machines.node_monitor_grace,
+            not_ready_grace: machines.not_ready_grace,
             meter_interval: machines.meter_interval,
             power_image: power.image,
             power_priority_class: power.priority_class,

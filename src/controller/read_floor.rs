@@ -13,8 +13,13 @@
 //!
 //! Versions are compared as numbers, which is what kube-apiserver on etcd hands out. A version
 //! that is not a number, or none at all, falls back to a consistent read.
+//!
+//! Of the three, only this controller's own writes are known to be in the floor when it
+//! matters: the process's cache may trail a write by a moment. A test can make that worst case
+//! exact ([`ReadFloor::serve_exactly_for_tests`]): the cache left out and the list served at
+//! exactly the floor, as a watch cache that is just there serves it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kube::api::{ListParams, VersionMatch};
 
@@ -22,6 +27,8 @@ use kube::api::{ListParams, VersionMatch};
 #[derive(Debug, Default)]
 pub struct ReadFloor {
     written: AtomicU64,
+    /// Tests only: lists at exactly the floor, with the cache's versions left out.
+    exact: AtomicBool,
 }
 
 impl ReadFloor {
@@ -32,11 +39,26 @@ impl ReadFloor {
         }
     }
 
-    /// List parameters that read no older than every version in `seen` and every write
-    /// recorded here: a cache read at the newest of them, or a consistent read when one of
-    /// them is not a number or none is known.
-    pub fn list_params<'a>(&self, seen: impl IntoIterator<Item = Option<&'a str>>) -> ListParams {
+    /// From now on, [`ReadFloor::list_params`] reads at exactly the floor of `own` and this
+    /// controller's writes, leaving the cache's versions out: the oldest view the rule allows,
+    /// so a test can show what the floor of its own writes alone guarantees (decisions.md,
+    /// D34). The operator never calls it.
+    pub fn serve_exactly_for_tests(&self) {
+        self.exact.store(true, Ordering::Release);
+    }
+
+    /// List parameters that read no older than `own` (the object the reconcile acts on), every
+    /// version in `cached` and every write recorded here: a cache read at the newest of them,
+    /// or a consistent read when one of them is not a number or none is known.
+    pub fn list_params<'a>(
+        &self,
+        own: Option<&'a str>,
+        cached: impl IntoIterator<Item = Option<&'a str>>,
+    ) -> ListParams {
+        let exact = self.exact.load(Ordering::Acquire);
         let mut floor = self.written.load(Ordering::Acquire);
+        let seen: Vec<Option<&str>> =
+            if exact { vec![own] } else { std::iter::once(own).chain(cached).collect() };
         for version in seen {
             match version.map(str::parse::<u64>) {
                 Some(Ok(version)) => floor = floor.max(version),
@@ -47,7 +69,8 @@ impl ReadFloor {
         if floor == 0 {
             return ListParams::default();
         }
-        ListParams::default().at(&floor.to_string()).matching(VersionMatch::NotOlderThan)
+        let matching = if exact { VersionMatch::Exact } else { VersionMatch::NotOlderThan };
+        ListParams::default().at(&floor.to_string()).matching(matching)
     }
 }
 
@@ -56,7 +79,8 @@ mod tests {
     use super::*;
 
     fn read(floor: &ReadFloor, seen: &[Option<&str>]) -> (Option<String>, Option<VersionMatch>) {
-        let params = floor.list_params(seen.iter().copied());
+        let (own, cached) = seen.split_first().map_or((None, &[][..]), |(o, c)| (*o, c));
+        let params = floor.list_params(own, cached.iter().copied());
         (params.resource_version, params.version_match)
     }
 
@@ -72,8 +96,22 @@ mod tests {
         assert_eq!(read(&floor, &[Some("120")]), not_older("130"), "its own write is newer");
         assert_eq!(read(&floor, &[Some("140")]), not_older("140"));
         floor.wrote(Some("not-a-number"));
-        assert_eq!(read(&floor, &[]), not_older("130"), "an opaque write raises nothing");
+        assert_eq!(
+            read(&floor, &[Some("100")]),
+            not_older("130"),
+            "an opaque write raises nothing"
+        );
         assert_eq!(read(&floor, &[Some("140"), Some("x7")]), consistent, "opaque: consistent");
         assert_eq!(read(&floor, &[None]), consistent, "a version missing: consistent");
+    }
+
+    #[test]
+    fn a_test_reads_at_exactly_its_own_floor() {
+        let floor = ReadFloor::default();
+        floor.serve_exactly_for_tests();
+        let exactly = |v: &str| (Some(v.to_owned()), Some(VersionMatch::Exact));
+        assert_eq!(read(&floor, &[Some("120"), Some("150")]), exactly("120"), "cache left out");
+        floor.wrote(Some("130"));
+        assert_eq!(read(&floor, &[Some("120"), Some("150")]), exactly("130"));
     }
 }

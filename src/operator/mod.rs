@@ -149,6 +149,13 @@ pub struct RunArgs {
     /// is powered off keeps a Ready node this long, so a shutdown is retried only after it.
     #[arg(long, default_value = "50s", value_parser = crate::api::duration::parse_go_duration)]
     pub node_monitor_grace_period: kube::core::Duration,
+    /// How long the kubelet of a machine that a ready claim holds may report NotReady (it runs
+    /// and talks, but the node is not Ready: a containerd upgrade, a CNI outage) before the
+    /// claim fails `MachineNotReady` and the machine is released. A pin (`keep-on`, a schedule)
+    /// has no such bound. A silent kubelet or a gone Node is bounded by the boot window instead
+    /// (`MachineGone`).
+    #[arg(long, default_value = "1h", value_parser = crate::api::duration::parse_go_duration)]
+    pub not_ready_grace: kube::core::Duration,
     /// How often a plug's meter (`spec.power.http.meter`) is read for the energy report.
     #[arg(long, default_value = "1m", value_parser = crate::api::duration::parse_go_duration)]
     pub meter_interval: kube::core::Duration,
@@ -332,6 +339,7 @@ fn machine_settings(args: &RunArgs) -> MachineSettings {
         drain_timeout: args.drain_timeout.map(Into::into),
         off_node_grace: args.off_node_grace.into(),
         node_monitor_grace: args.node_monitor_grace_period.into(),
+        not_ready_grace: args.not_ready_grace.into(),
         meter_interval: args.meter_interval.into(),
     }
 }

@@ -6,7 +6,7 @@ use crate::api::{NodeClaimPhase, SlotPhase};
 /// What the operator observes of a slot's machine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MachineObservation {
-    /// The machine is up: its node exists, is Ready and its kubelet is alive.
+    /// The machine is up: its kubelet reports (Ready or NotReady).
     pub powered_on: bool,
     /// The node is Ready, schedulable and free of the pool's readiness taints.
     pub usable: bool,

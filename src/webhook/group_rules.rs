@@ -22,28 +22,7 @@ pub struct GroupFacts {
     pub now: jiff::Timestamp,
 }
 
-/// A duration as people write it in a manifest: `48h`, `1h30m`, `90s`.
-pub fn go_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out.push_str(&format!("{h}h"));
-    }
-    if m > 0 {
-        out.push_str(&format!("{m}m"));
-    }
-    let millis = d.subsec_millis();
-    // Go prints `1m0.5s`: a fraction of a second is kept when whole seconds are zero.
-    if s > 0 || millis > 0 || out.is_empty() {
-        if millis > 0 {
-            out.push_str(&format!("{s}.{millis:03}s"))
-        } else {
-            out.push_str(&format!("{s}s"))
-        }
-    }
-    out
-}
+pub use crate::api::duration::go_duration;
 
 pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdict {
     let mut findings = Findings::default();

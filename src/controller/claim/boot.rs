@@ -187,9 +187,10 @@ pub(super) async fn resume(ctx: &Context, claim: &NodeClaim) -> Result<()> {
 async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<String>> {
     let slot = &claim.spec.slot_ref.name;
     let cached = ctx.claims_of_slot(slot);
-    let seen = std::iter::once(claim.metadata.resource_version.as_deref())
-        .chain(cached.iter().map(|c| c.metadata.resource_version.as_deref()));
-    let params = ctx.claim_read_floor.list_params(seen);
+    let params = ctx.claim_read_floor.list_params(
+        claim.metadata.resource_version.as_deref(),
+        cached.iter().map(|c| c.metadata.resource_version.as_deref()),
+    );
     let list = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace)
         .list(&params.fields(&format!("spec.slotRef.name={slot}")))
         .await

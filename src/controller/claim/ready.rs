@@ -1,7 +1,9 @@
 //! A ready claim owns its machine. Its deadline is gone; what bounds it now is the machine
-//! itself: observed off for a whole boot window (the clock on the object, so a restart does not
-//! restart it) fails the claim `MachineGone`. A machine that comes back clears the mark. A pin
-//! is woken at its `spec.until`, so it expires on time without polling (`expiry`).
+//! itself, judged by `claim::ready_bound`: silent or gone for a whole boot window (the clock on
+//! the object, so a restart does not restart it) fails the claim `MachineGone`; a kubelet that
+//! reports NotReady has a longer bound of its own, and none under a pin. A machine that comes
+//! back clears the mark. A pin is woken at its `spec.until`, so it expires on time without
+//! polling (`expiry`).
 
 use std::sync::Arc;
 
@@ -13,10 +15,11 @@ use serde_json::json;
 use super::chokepoint::{self, PhaseMove};
 use super::expiry;
 use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::claim::ready_bound::{self, OffMark, ReadyMachine, Verdict};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::field_manager::FieldManager;
-use crate::machine;
+use crate::machine::Kubelet;
 use crate::phase::Writer;
 
 pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Action> {
@@ -28,45 +31,47 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
     let Some(slot) = ctx.slot(&claim.spec.slot_ref.name) else {
         return Ok(Action::requeue(std::time::Duration::from_secs(2)));
     };
-    let wake = |at: Option<jiff::Timestamp>| expiry::wake(ctx, claim, at);
     let node = ctx.core_node(&slot.spec.kubernetes_node_name);
-    let off_since =
-        claim.status.as_ref().and_then(|s| s.machine_observed_off.as_ref()).map(|t| t.0);
-    if machine::powered_on(node.as_deref()) {
-        if off_since.is_some() {
-            chokepoint::patch_status(
-                ctx,
-                claim,
-                FieldManager::ClaimController,
-                json!({ "machineObservedOff": null }),
-            )
-            .await?;
-        }
-        return Ok(wake(None));
-    }
-    let grace = ctx.timeouts.budget();
-    let grace_signed = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
-    let Some(since) = off_since else {
-        let now = ctx.now();
-        chokepoint::patch_status(
-            ctx,
-            claim,
-            FieldManager::ClaimController,
-            json!({ "machineObservedOff": Time(now) }),
-        )
-        .await?;
-        return Ok(wake(Some(now.checked_add(grace_signed).unwrap_or(jiff::Timestamp::MAX))));
+    let kubelet = Kubelet::of(node.as_deref());
+    let now = ctx.now();
+    let machine = ReadyMachine {
+        node_name: &slot.spec.kubernetes_node_name,
+        kubelet: &kubelet,
+        observed_off: claim
+            .status
+            .as_ref()
+            .and_then(|s| s.machine_observed_off.as_ref())
+            .map(|t| t.0),
+        pin: claim.spec.request.call.is_pin(),
+        now,
+        off_grace: ctx.timeouts.budget(),
+        not_ready_grace: ctx.not_ready_grace,
     };
-    let end = since.checked_add(grace_signed).unwrap_or(jiff::Timestamp::MAX);
-    if ctx.now() >= end {
-        let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController).because(
-            "MachineGone",
-            format!("node {} has been observed off since {since}", slot.spec.kubernetes_node_name),
-        );
-        chokepoint::move_phase(ctx, claim, fail).await?;
-        return Ok(Action::await_change());
+    match ready_bound::judge(&machine) {
+        Verdict::Keep { mark, wake_at } => {
+            let mark = match mark {
+                OffMark::Keep => None,
+                OffMark::Clear => Some(serde_json::Value::Null),
+                OffMark::Set => Some(json!(Time(now))),
+            };
+            if let Some(mark) = mark {
+                chokepoint::patch_status(
+                    ctx,
+                    claim,
+                    FieldManager::ClaimController,
+                    json!({ "machineObservedOff": mark }),
+                )
+                .await?;
+            }
+            Ok(expiry::wake(ctx, claim, wake_at))
+        }
+        Verdict::Fail { reason, message } => {
+            let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController)
+                .because(reason, message);
+            chokepoint::move_phase(ctx, claim, fail).await?;
+            Ok(Action::await_change())
+        }
     }
-    Ok(wake(Some(end)))
 }
 
 /// Clears `spec.deadlineAt`: the boot is over. Only the operator may do this (admission).

@@ -344,9 +344,19 @@ pub async fn write_status(
 /// Whether the node's kubelet reports in, and what a person does about a silent one: the
 /// operator never removes a node only because its kubelet went silent (`node_removal`).
 fn node_reporting(node_name: &str, node: Option<&CoreNode>) -> (bool, &'static str, String) {
-    match node.and_then(machine::ready_condition) {
-        None if node.is_none() => (true, "NoNode", "the machine is off and has no node".into()),
-        Some(("Unknown", since)) => {
+    match machine::Kubelet::of(node) {
+        machine::Kubelet::NoNode => (true, "NoNode", "the machine is off and has no node".into()),
+        machine::Kubelet::NotReady { since, says } => {
+            let since = since.map_or_else(|| "its registration".to_string(), |t| t.to_string());
+            (
+                true,
+                "NotReady",
+                format!(
+                    "the kubelet of node {node_name} reports, and the node has not been Ready since {since} (kubelet says: {says}). The machine is on: a ready claim is kept for --not-ready-grace, a pin for as long as it holds"
+                ),
+            )
+        }
+        machine::Kubelet::Silent { since } => {
             let since = since.map_or_else(|| "its registration".to_string(), |t| t.to_string());
             (
                 false,
@@ -405,7 +415,7 @@ mod tests {
         let table = [
             ("no node: off", None, true, "NoNode"),
             ("Ready", Some(node(Some("True"))), true, "Reporting"),
-            ("NotReady still reports", Some(node(Some("False"))), true, "Reporting"),
+            ("NotReady still reports", Some(node(Some("False"))), true, "NotReady"),
             ("registering", Some(node(None)), true, "Reporting"),
             ("silent", Some(node(Some("Unknown"))), false, "Silent"),
         ];
@@ -417,6 +427,9 @@ mod tests {
         assert!(message.contains("since 2026-03-04T09:00:00Z"), "{message}");
         assert!(message.contains("kubectl delete node m1"), "{message}");
         assert!(message.contains("restore its network"), "{message}");
+        let (_, _, message) = node_reporting("m1", Some(&node(Some("False"))));
+        assert!(message.contains("not been Ready since 2026-03-04T09:00:00Z"), "{message}");
+        assert!(message.contains("The machine is on"), "{message}");
     }
 
     #[test]

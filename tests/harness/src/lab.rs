@@ -80,15 +80,17 @@ fn lab_settings() -> MachineSettings {
         off_node_grace: Duration::from_secs(10),
         // kube-controller-manager's 20 s, plus its 2 s period and kwok's 4 s heartbeat.
         node_monitor_grace: Duration::from_secs(30),
+        // The operator's default: no lab scenario holds a kubelet NotReady.
+        not_ready_grace: Duration::from_secs(3600),
         meter_interval: METER_INTERVAL,
     }
 }
 
-/// A run of the lab's controllers: its token, its task, and the boot hold of its context.
+/// A run of the lab's controllers: its token, its task, and its context (for its test hooks).
 struct Controllers {
     token: CancellationToken,
     task: tokio::task::JoinHandle<()>,
-    boot_hold: Hold,
+    ctx: Arc<Context>,
 }
 
 async fn start_controllers(
@@ -99,7 +101,7 @@ async fn start_controllers(
 ) -> Controllers {
     let (ctx, token, task) =
         spawn(client, ns, timeouts, lab_settings(), LAB_POWER_IMAGE, stop).await;
-    Controllers { token, task, boot_hold: ctx.boot_hold.clone() }
+    Controllers { token, task, ctx }
 }
 
 /// The operator's controllers for `ns`, in process, their power Jobs running `image`: stopped
@@ -206,7 +208,14 @@ impl Lab {
     /// The hold the running controllers' boots pass just before their booting write: shut, it
     /// keeps every boot there until opened (docs/decisions.md, D35).
     pub fn boot_hold(&self) -> Hold {
-        self.controllers.lock().expect("lock").boot_hold.clone()
+        self.controllers.lock().expect("lock").ctx.boot_hold.clone()
+    }
+
+    /// From now on the running controllers' boot checks list their slot's claims at exactly
+    /// the floor of the claim and their own writes, their cache left out (docs/decisions.md,
+    /// D34).
+    pub fn serve_boot_checks_exactly_at_floor(&self) {
+        self.controllers.lock().expect("lock").ctx.claim_read_floor.serve_exactly_for_tests();
     }
 
     pub fn claims(&self) -> Api<NodeClaim> {

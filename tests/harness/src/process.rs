@@ -201,6 +201,16 @@ impl Process {
         Ok(())
     }
 
+    /// SIGKILLs the component and waits until it is reaped, leaving it stopped until
+    /// [`Process::restart`] starts it again. Its own children are not its process: a
+    /// containerd stopped this way leaves its shims and their containers running, as
+    /// `systemctl stop containerd` does.
+    pub fn stop(&self) -> Result<()> {
+        let mut wrapper = self.wrapper.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        wrapper.cut();
+        Ok(())
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -41,6 +41,9 @@ pub fn timeouts() -> Timeouts {
     }
 }
 
+/// The scenarios' `--not-ready-grace`.
+pub const NOT_READY_GRACE: Duration = Duration::from_secs(240);
+
 /// The machine settings the scenarios run the operator with: a short drain and grace.
 pub fn machine_settings() -> MachineSettings {
     MachineSettings {
@@ -48,6 +51,9 @@ pub fn machine_settings() -> MachineSettings {
         off_node_grace: Duration::from_secs(20),
         // The harness's kube-controller-manager marks a silent kubelet Unknown after 20 s.
         node_monitor_grace: Duration::from_secs(25),
+        // Longer than a boot window (`timeouts`), so a kubelet held NotReady outlives the
+        // bound it used to be judged by.
+        not_ready_grace: NOT_READY_GRACE,
         meter_interval: Duration::from_secs(60),
     }
 }

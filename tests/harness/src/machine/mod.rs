@@ -385,6 +385,31 @@ impl Machine {
             .await
     }
 
+    /// Stops containerd as a person upgrading it by hand does (`systemctl stop containerd`):
+    /// its containers keep running, and the kubelet, still running, reports the node NotReady
+    /// ("container runtime is down"). Fails if the machine is off.
+    pub async fn stop_containerd(&self) -> Result<()> {
+        let firmware = self.inner.firmware.lock().await;
+        let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
+        os.containerd().stop()
+    }
+
+    /// Starts containerd again after [`Machine::stop_containerd`] and waits until it serves.
+    pub async fn start_containerd(&self) -> Result<()> {
+        let firmware = self.inner.firmware.lock().await;
+        let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
+        let containerd = os.containerd();
+        containerd.restart()?;
+        let board = &self.inner.board;
+        crate::wait::until(
+            &format!("containerd of machine {} to serve again", self.name()),
+            crate::wait::start_timeout(),
+            || containerd.ensure_running(),
+            || async { os::check(board.ctr(&["version"]).await?) },
+        )
+        .await
+    }
+
     /// Runs `ctr ARGS…` against the machine's containerd, in its `k8s.io` namespace (the
     /// kubelet's). A failing ctr is not an error here: the caller reads the output.
     pub async fn ctr(&self, args: &[&str]) -> Result<Output> {

@@ -77,6 +77,10 @@ impl Os {
         &self.kubelet
     }
 
+    pub fn containerd(&self) -> &Process {
+        &self.containerd
+    }
+
     /// Fails if containerd, the kubelet or sshd has exited.
     pub fn ensure_running(&self) -> Result<()> {
         self.containerd.ensure_running()?;
