@@ -292,9 +292,10 @@ fn what_to_do_about(other: &NodeClaim, slot: &Node) -> String {
     if other.metadata.deletion_timestamp.is_none() {
         return format!("wait for it to end, or {}", deletion_effect(phase::of(other)));
     }
-    let held = slot.status.as_ref().and_then(|s| {
-        s.conditions.iter().find(|c| c.type_ == "Drained" && c.status == "False")
-    });
+    let held = slot
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Drained" && c.status == "False"));
     match held {
         Some(hold) => format!(
             "it is being deleted, and the slot takes a new claim once its machine is off, but a \
