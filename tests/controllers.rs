@@ -12,6 +12,7 @@ use homelab_autoscaler::api::{
     Group, LABEL_GROUP, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
 use homelab_autoscaler::claim::FINALIZER;
+use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
 use homelab_harness::claims::{phase, provider_claim_for, reason};
 use homelab_harness::http::ShellyMeter;
@@ -874,6 +875,170 @@ async fn a_drain_timeout_powers_off_past_a_refusing_budget_when_set() {
     let node = lab.nodes().get(&slot).await.expect("node");
     assert_eq!(node.spec.and_then(|s| s.unschedulable), Some(true), "cordoned first");
     lab.claim_gone("c1").await;
+}
+
+/// A pod of the test's namespace bound to node `node`, labelled `app: <app>`.
+fn pod_on(name: &str, app: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "app": app } },
+        "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/app:1" }] },
+    }))
+    .expect("pod")
+}
+
+/// A PodDisruptionBudget over the pods labelled `app: <app>` that keeps `min_available` of them.
+fn budget_over(app: &str, min_available: i32) -> k8s_openapi::api::policy::v1::PodDisruptionBudget {
+    serde_json::from_value(json!({
+        "metadata": { "name": app },
+        "spec": { "minAvailable": min_available, "selector": { "matchLabels": { "app": app } } },
+    }))
+    .expect("budget")
+}
+
+/// The slot's `Drained` condition while a budget holds its drain: its message and since when.
+fn drain_hold(slot: &Node) -> Option<(String, jiff::Timestamp)> {
+    let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    conditions
+        .iter()
+        .find(|c| c.type_ == "Drained" && c.status == "False")
+        .map(|c| (c.message.clone(), c.last_transition_time.0))
+}
+
+/// A budget refuses the eviction of three of a machine's four pods, the fourth has none. The
+/// drain asks first (a dry-run eviction of each pod) and evicts nothing while any is refused: the
+/// machine stays on serving all four. The refusals come back at once, not after the client's
+/// retries, so the hold is reported within a pass; it is published once, not every pass. Once the
+/// budget allows it, every pod is evicted and the machine goes off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_refusing_one_pod_leaves_every_pod_of_the_machine_in_place() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    // As installed: no --drain-timeout, a budget holds the machine for as long as it refuses.
+    let settings = MachineSettings { drain_timeout: None, ..lab::settings() };
+    let lab = Lab::start_with_settings("ctl-hold", With::Controllers, settings).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    let pods = lab.pods();
+    let names = ["free", "precious-0", "precious-1", "precious-2"];
+    for name in names {
+        let app = if name == "free" { "free" } else { "precious" };
+        pods.create(&PostParams::default(), &pod_on(name, app, &slot)).await.expect("pod");
+    }
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(lab.client.clone(), &lab.ns);
+    budgets.create(&PostParams::default(), &budget_over("precious", 3)).await.expect("budget");
+    let mut uids = BTreeMap::new();
+    eventually("the pods running and the budget in force", ACT, || async {
+        let status = budgets.get("precious").await?.status.unwrap_or_default();
+        let (healthy, allowed) = (status.current_healthy, status.disruptions_allowed);
+        ensure!(
+            healthy == Some(3) && allowed == Some(0),
+            "{healthy:?} healthy, {allowed:?} allowed"
+        );
+        Ok(())
+    })
+    .await
+    .expect("budget");
+    for name in names {
+        uids.insert(name, pods.get(name).await.expect("pod").metadata.uid);
+    }
+
+    lab.scale_down("c1").await;
+    let claim = lab.claims().get("c1").await.expect("claim");
+    let asked = claim.status.and_then(|s| s.scale_down_requested_at).expect("marked").0;
+    let held = lab
+        .slot_until(&slot, "held by the budget", |s| {
+            drain_hold(s).is_some_and(|(m, _)| {
+                (0..3).all(|i| m.contains(&format!("pod {}/precious-{i}", lab.ns)))
+            })
+        })
+        .await;
+    let (message, since) = drain_hold(&held).expect("held");
+    assert!(message.contains(&format!("PodDisruptionBudget {}/precious", lab.ns)), "{message}");
+    assert!(!message.contains("/free"), "the pod with no budget is not held: {message}");
+    // Each refusal comes back at once: the client's retries of a 429 cost 10 s per refused pod.
+    let took = since.duration_since(asked);
+    assert!(took.as_secs() < 15, "the hold reported {took:#} after the scale-down");
+    // Held: every pod stays, the one with no budget too, and the hold is not published again.
+    stays("every pod in place while the budget refuses", Duration::from_secs(20), || async {
+        for name in names {
+            let pod = pods.get(name).await?;
+            ensure!(pod.metadata.uid == uids[name], "pod {name} was replaced");
+            ensure!(pod.metadata.deletion_timestamp.is_none(), "pod {name} is being evicted");
+        }
+        ensure!(lab.lifecycle_jobs("shutdown").await?.is_empty(), "a shutdown Job was created");
+        let now = drain_hold(&lab.slots().get(&slot).await?);
+        ensure!(now.as_ref() == Some(&(message.clone(), since)), "the hold changed: {now:?}");
+        Ok(())
+    })
+    .await
+    .expect("held");
+    let published = slots::event_count(&lab.client, &lab.ns, &slot, "DrainBlocked").await;
+    assert_eq!(published.expect("events"), 1, "DrainBlocked published once");
+
+    // The budget relaxed: every pod is evicted, and the machine goes off.
+    let relax = json!({ "spec": { "minAvailable": 0 } });
+    budgets.patch("precious", &PatchParams::default(), &Patch::Merge(&relax)).await.expect("relax");
+    lab.claim_gone("c1").await;
+    for name in names {
+        let pod = pods.get_opt(name).await.expect("read pod");
+        assert!(
+            pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+            "pod {name} was not evicted"
+        );
+    }
+    lab.slot_until(&slot, "the hold over", |s| drain_hold(s).is_none()).await;
+}
+
+/// A machine up with no claim, a budget refusing its pod's eviction: `--drain-timeout` runs from
+/// when the hold began (the slot's `Drained` condition, which a restart keeps), so the machine is
+/// powered off once it has passed. Meanwhile the hold, and the time it ends at, stay as first
+/// published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_timeout_runs_from_the_start_of_a_hold_with_no_claim() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let timeout = Duration::from_secs(20);
+    let settings = MachineSettings { drain_timeout: Some(timeout), ..lab::settings() };
+    let lab = Lab::start_with_settings("ctl-hold-unclaimed", With::Controllers, settings).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    // The pod and its budget first, then the machine: up with no claim, it is drained at once.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(lab.client.clone(), &lab.ns);
+    budgets.create(&PostParams::default(), &budget_over("precious", 1)).await.expect("budget");
+    lab.pods()
+        .create(&PostParams::default(), &pod_on("precious", "precious", &slot))
+        .await
+        .expect("pod");
+    let node: CoreNode = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": slot, "annotations": { KWOK_NODE_ANNOTATION: "fake" } },
+    }))
+    .expect("node");
+    lab.nodes().create(&PostParams::default(), &node).await.expect("machine up");
+
+    let held = lab.slot_until(&slot, "held by the budget", |s| drain_hold(s).is_some()).await;
+    let (message, since) = drain_hold(&held).expect("held");
+    let end =
+        since.checked_add(jiff::SignedDuration::try_from(timeout).expect("timeout")).expect("end");
+    assert!(message.contains(&format!("at {end} it is powered off anyway")), "{message}");
+    stays("the hold as first published", Duration::from_secs(10), || async {
+        let now = drain_hold(&lab.slots().get(&slot).await?);
+        ensure!(now.as_ref() == Some(&(message.clone(), since)), "the hold changed: {now:?}");
+        ensure!(lab.lifecycle_jobs("shutdown").await?.is_empty(), "a shutdown Job was created");
+        Ok(())
+    })
+    .await
+    .expect("held");
+    let jobs = eventually("the shutdown Job past the drain timeout", ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        ensure!(!jobs.is_empty(), "no shutdown Job yet");
+        Ok(jobs)
+    })
+    .await
+    .expect("shutdown");
+    let fired = jobs[0].metadata.creation_timestamp.as_ref().expect("created").0;
+    // Timestamps are whole seconds, so one may be lost.
+    assert!(fired.duration_since(since).as_secs() >= 19, "fired {fired}, held since {since}");
+    let published = slots::event_count(&lab.client, &lab.ns, &slot, "DrainBlocked").await;
+    assert_eq!(published.expect("events"), 1, "DrainBlocked published once");
 }
 
 const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/homelab-booting";

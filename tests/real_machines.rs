@@ -160,7 +160,7 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
     let _m1_logs = m1.logs_on_failure();
     let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
@@ -235,10 +235,12 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     operator.cancel();
 }
 
-/// A machine whose one pod a PodDisruptionBudget protects is released. The eviction is refused,
-/// so the machine stays on, cordoned, its pod running, and the slot names the budget; nothing is
-/// evicted or killed, however long past the drain's retries. Once the budget allows it the pod
-/// is evicted, and only then does the machine go off and its Node with it.
+/// A machine running two pods, one of them protected by a PodDisruptionBudget, is released. The
+/// drain asks before it evicts, and the budget refuses: the machine stays on, cordoned, serving
+/// both pods (the one with no budget is not evicted for a shutdown that cannot happen), and the
+/// slot names the budget; nothing is evicted or killed, however long past the drain's retries.
+/// Once the budget allows it both pods are evicted, and only then does the machine go off and
+/// its Node with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_budget() {
     let (space, lan, hub) = scenario("real-budget").await;
@@ -250,7 +252,7 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
     let (_, image) = operator_image().await.expect("image");
     // No --drain-timeout, as installed: a budget holds the machine for as long as it refuses.
     let settings = MachineSettings { drain_timeout: None, ..machine_settings() };
-    let operator = start_operator(&client, &ns, &image, settings).await;
+    let operator = start_operator(plane, &ns, &image, settings).await;
     apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
@@ -281,6 +283,16 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
         .await
         .expect("running");
     let pod_uid = pods.get(&pod).await.expect("pod").metadata.uid;
+    // Beside it, a workload no budget protects: it could move, but the machine cannot go.
+    deployments.create(&PostParams::default(), &workload(&ns, "free", 1)).await.expect("workload");
+    let (free, _) = eventually("the unprotected pod running on the machine", ACT, || async {
+        let running = running(&pods, "free").await?;
+        ensure!(running.len() == 1 && running[0].1 == slot, "running {running:?}");
+        Ok(running[0].clone())
+    })
+    .await
+    .expect("running");
+    let free_uid = pods.get(&free).await.expect("pod").metadata.uid;
 
     // Released: the drain is refused, and the slot names the budget.
     release(&claims, "boot").await;
@@ -290,6 +302,7 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
         ensure!(!drained, "{message}");
         ensure!(message.contains(&format!("PodDisruptionBudget {ns}/db")), "{message}");
         ensure!(message.contains(&format!("pod {ns}/{pod}")), "{message}");
+        ensure!(!message.contains(&free), "the unprotected pod is not held: {message}");
         let reasons = event_reasons(&client, &ns, &slot).await?;
         ensure!(reasons.iter().any(|r| r == "DrainBlocked"), "events {reasons:?}");
         Ok(())
@@ -297,7 +310,7 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
     .await
     .expect("held");
     // Held: well past the harness's former 5 s bound and many eviction rounds, the machine is on,
-    // cordoned, no shutdown Job exists, and the pod is the same one, running.
+    // cordoned, no shutdown Job exists, and both pods are the same ones, running.
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     stays("the machine held on by the budget", Duration::from_secs(30), || async {
         stranded.assert_never(&slot);
@@ -307,20 +320,25 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
         let shutdown = format!("{LABEL_LIFECYCLE}=shutdown");
         let shutdowns = jobs.list(&ListParams::default().labels(&shutdown)).await?;
         ensure!(shutdowns.items.is_empty(), "a shutdown Job was created");
-        let now = pods.get(&pod).await?;
-        ensure!(now.metadata.uid == pod_uid, "the pod was replaced");
-        ensure!(now.metadata.deletion_timestamp.is_none(), "the pod is being deleted");
+        for (name, uid) in [(&pod, &pod_uid), (&free, &free_uid)] {
+            let now = pods.get(name).await?;
+            ensure!(now.metadata.uid == *uid, "pod {name} was replaced");
+            ensure!(now.metadata.deletion_timestamp.is_none(), "pod {name} is being deleted");
+            let phase = now.status.and_then(|s| s.phase);
+            ensure!(phase.as_deref() == Some("Running"), "pod {name} is {phase:?}");
+        }
         Ok(())
     })
     .await
     .expect("held on");
 
-    // The budget relaxed: the pod is evicted, and then the machine goes off and its Node with it.
+    // The budget relaxed: both pods are evicted, and then the machine goes off and its Node with it.
     let relax = json!({ "spec": { "minAvailable": 0 } });
     budgets.patch("db", &PatchParams::default(), &Patch::Merge(&relax)).await.expect("relax");
     eventually("the pod evicted, the machine off and its Node removed", ACT * 2, || async {
         stranded.assert_never(&slot);
         ensure!(pods.get_opt(&pod).await?.is_none(), "pod {pod} still there");
+        ensure!(pods.get_opt(&free).await?.is_none(), "pod {free} still there");
         ensure!(m1.power_state().await == PowerState::Off, "the machine is still on");
         ensure!(nodes.get_opt(&slot).await?.is_none(), "Node {slot} still there");
         let slot_obj = slots.get(&slot).await?;
@@ -356,7 +374,7 @@ async fn a_power_cut_at_the_readiness_gate_ends_with_exactly_one_machine_serving
     }
     let _logs: Vec<_> = machines.iter().map(|(m, _)| m.logs_on_failure()).collect();
     let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     let pool: Vec<(&Machine, &str)> = machines.iter().map(|(m, k)| (m, k.as_str())).collect();
     apply_pool(plane, &ns, Some(AGENT_TAINT), &pool).await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(client.clone());
@@ -484,7 +502,7 @@ async fn a_pinned_machine_whose_containerd_is_stopped_stays_on_and_claimed() {
     let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
     let _m1_logs = m1.logs_on_failure();
     let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);

@@ -192,7 +192,7 @@ async fn the_builtin_scaler_powers_a_pool_up_and_down_through_redfish() {
             watch.assert_never(machine.name());
         }
     };
-    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     let config = ScalerConfig {
         interval: Duration::from_secs(1),
         timeouts: timeouts(),
@@ -316,7 +316,7 @@ async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut()
     let plug = Plug::start(&m1, &lan).await.expect("plug");
     assert!(!m1.has_mains(), "the relay starts open");
     let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(&client, &ns, &image, machine_settings()).await;
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
     let slot = m1.name().to_owned();

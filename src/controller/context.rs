@@ -22,9 +22,36 @@ use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::slot_locks::SlotLocks;
 
+/// The clients the controllers use: one for every call, and one for evictions. A
+/// PodDisruptionBudget refuses an eviction with 429, which the client's default retry layer
+/// repeats with backoff for minutes; the eviction client has no retry layer, so a refusal comes
+/// back at once and the slot's reconcile requeues itself instead of sleeping on a worker.
+#[derive(Clone)]
+pub struct Clients {
+    pub api: Client,
+    pub evictions: Client,
+}
+
+impl Clients {
+    /// Both clients from one configuration.
+    pub fn from_config(config: kube::Config) -> kube::Result<Self> {
+        let mut no_retry = config.clone();
+        no_retry.default_retry = false;
+        Ok(Self { api: Client::try_from(config)?, evictions: Client::try_from(no_retry)? })
+    }
+
+    /// Both clients from the environment's configuration (in cluster, or the kubeconfig).
+    pub async fn infer() -> kube::Result<Self> {
+        let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+        Self::from_config(config)
+    }
+}
+
 /// What the controllers share.
 pub struct Context {
     pub client: Client,
+    /// For evictions only: returns a budget's refusal at once (see [`Clients`]).
+    pub evictions: Client,
     pub namespace: String,
     pub timeouts: Timeouts,
     /// How long a drain waits on PodDisruptionBudgets before the shutdown goes ahead anyway;
@@ -59,6 +86,17 @@ pub struct Context {
     /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
     /// once per `meter_interval`. A new term starts empty: one read each at its start.
     meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
+    /// The drain holds this term published, by slot: when each began and its message. The
+    /// slot's status keeps both, but the pass the cordon's own node event wakes can run before
+    /// the cache has the status the previous pass wrote, and must not start the hold again.
+    drain_holds: std::sync::Mutex<std::collections::HashMap<String, PublishedHold>>,
+}
+
+/// A drain hold as published: since when, and what its condition and event said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedHold {
+    pub since: jiff::Timestamp,
+    pub message: String,
 }
 
 /// The change streams of every controller's inputs, taken from the caches when a leadership
@@ -158,22 +196,22 @@ impl Context {
     /// Starts caches of its own (for tests and tools that run the controllers alone), then
     /// [`Context::begin`]s a term on them.
     pub async fn start(
-        client: Client,
+        clients: Clients,
         namespace: &str,
         timeouts: Timeouts,
         machines: MachineSettings,
         power: PowerPods,
         clock: Arc<dyn Clock>,
     ) -> std::result::Result<(Arc<Self>, Subscriptions), NotSynced> {
-        let stores = Stores::start(&client, namespace);
-        Self::begin(stores, client, timeouts, machines, power, clock).await
+        let stores = Stores::start(&clients.api, namespace);
+        Self::begin(stores, clients, timeouts, machines, power, clock).await
     }
 
     /// Waits until the caches have listed once, and subscribes the controllers to their
     /// changes: a term starts from the caches as they are, and every object is reconciled once.
     pub async fn begin(
         stores: Stores,
-        client: Client,
+        clients: Clients,
         timeouts: Timeouts,
         machines: MachineSettings,
         power: PowerPods,
@@ -185,9 +223,11 @@ impl Context {
             controller: "homelab-autoscaler".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let Clients { api: client, evictions } = clients;
         let ctx = Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
+            evictions,
             namespace: stores.namespace().to_owned(),
             timeouts,
             drain_timeout: machines.drain_timeout,
@@ -203,6 +243,7 @@ impl Context {
             claim_read_floor: ReadFloor::default(),
             boot_hold: Hold::default(),
             meter_reads: std::sync::Mutex::default(),
+            drain_holds: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))
     }
@@ -219,6 +260,21 @@ impl Context {
             reads.insert(slot.to_owned(), now);
         }
         due
+    }
+
+    /// The drain hold this term last published for `slot`.
+    pub fn published_hold(&self, slot: &str) -> Option<PublishedHold> {
+        let holds = self.drain_holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        holds.get(slot).cloned()
+    }
+
+    /// Records the hold published for `slot`, or that none holds it any more.
+    pub fn set_published_hold(&self, slot: &str, hold: Option<PublishedHold>) {
+        let mut holds = self.drain_holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match hold {
+            Some(hold) => holds.insert(slot.to_owned(), hold),
+            None => holds.remove(slot),
+        };
     }
 
     /// Holds the slot's boot lock until the guard is dropped.
@@ -311,5 +367,63 @@ impl Context {
         if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
             tracing::warn!(%error, reason, "publishing an event failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, EvictParams};
+
+    use super::*;
+
+    /// A budget's refusal reaches the drain at once, one request: the default client would
+    /// repeat the 429 with backoff for minutes, holding the slot's reconcile on a worker.
+    #[tokio::test]
+    async fn the_eviction_client_returns_a_refusal_at_once() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let refuse = axum::routing::post(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async {
+                let status = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+                    "reason": "TooManyRequests",
+                    "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                });
+                (axum::http::StatusCode::TOO_MANY_REQUESTS, axum::Json(status))
+            }
+        });
+        let router =
+            axum::Router::new().route("/api/v1/namespaces/data/pods/db-0/eviction", refuse);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let url = format!("http://{address}").parse().expect("url");
+        let clients = Clients::from_config(kube::Config::new(url)).expect("clients");
+
+        let pods: Api<Pod> = Api::namespaced(clients.evictions, "data");
+        let answered = tokio::time::timeout(
+            Duration::from_secs(5),
+            pods.evict("db-0", &EvictParams::default()),
+        )
+        .await
+        .expect("answered at once, not retried");
+        assert!(
+            matches!(&answered, Err(kube::Error::Api(status)) if status.code == 429),
+            "{answered:?}"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once");
+
+        // The other client keeps the default retries (the refusal is asked again).
+        let pods: Api<Pod> = Api::namespaced(clients.api, "data");
+        let retried = tokio::time::timeout(
+            Duration::from_millis(500),
+            pods.evict("db-0", &EvictParams::default()),
+        )
+        .await;
+        assert!(retried.is_err() || asked.load(Ordering::SeqCst) > 2, "the api client retries");
     }
 }

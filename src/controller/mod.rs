@@ -15,7 +15,8 @@ pub mod schedule;
 pub mod slot;
 
 pub use context::{
-    ClaimInputs, Context, GroupInputs, MachineSettings, PowerPods, SlotInputs, Subscriptions,
+    ClaimInputs, Clients, Context, GroupInputs, MachineSettings, PowerPods, PublishedHold,
+    SlotInputs, Subscriptions,
 };
 pub use error::{Error, Result};
 

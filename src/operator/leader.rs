@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 
@@ -13,11 +12,11 @@ use super::RunArgs;
 use super::admin::Readiness;
 use crate::cache::Stores;
 use crate::clock::SystemClock;
-use crate::controller::{self, Context};
+use crate::controller::{self, Clients, Context};
 use crate::provider::Provider;
 
 async fn run_controllers(
-    client: Client,
+    clients: Clients,
     caches: &Stores,
     provider: &Provider,
     args: &RunArgs,
@@ -29,10 +28,11 @@ async fn run_controllers(
         timeouts: args.timeouts(),
         ..crate::scaler::ScalerConfig::new(args.namespace.clone())
     };
-    let scaler = crate::scaler::run_with(client.clone(), provider.clone(), scaler, stop.clone());
+    let scaler =
+        crate::scaler::run_with(clients.api.clone(), provider.clone(), scaler, stop.clone());
     let (ctx, inputs) = Context::begin(
         caches.clone(),
-        client,
+        clients,
         args.timeouts(),
         super::machine_settings(args),
         crate::controller::PowerPods {
@@ -67,7 +67,7 @@ async fn wait_for_provider(provider: &Provider, shutdown: &CancellationToken) {
 }
 
 pub async fn run_controllers_while_leader(
-    client: Client,
+    clients: Clients,
     caches: Stores,
     provider: Provider,
     args: &RunArgs,
@@ -75,11 +75,11 @@ pub async fn run_controllers_while_leader(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     if args.no_leader_election {
-        return run_controllers(client, &caches, &provider, args, &ready, shutdown).await;
+        return run_controllers(clients, &caches, &provider, args, &ready, shutdown).await;
     }
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("homelab-autoscaler-{}", std::process::id()));
-    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+    let manager = LeaseManagerBuilder::new(clients.api.clone(), &args.lease_name)
         .with_namespace(&args.namespace)
         .with_identity(identity)
         .with_duration(15)
@@ -103,7 +103,7 @@ pub async fn run_controllers_while_leader(
         tracing::info!("elected leader");
         let term = shutdown.child_token();
         let controllers =
-            run_controllers(client.clone(), &caches, &provider, args, &ready, term.clone());
+            run_controllers(clients.clone(), &caches, &provider, args, &ready, term.clone());
         tokio::pin!(controllers);
         loop {
             tokio::select! {

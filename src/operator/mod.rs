@@ -134,9 +134,10 @@ pub struct RunArgs {
     /// How long a registered node has to clear the readiness gate (budget member).
     #[arg(long, default_value = "4m", value_parser = crate::api::duration::parse_go_duration)]
     pub readiness_gate_timeout: kube::core::Duration,
-    /// How long a drain refused by PodDisruptionBudgets waits before the machine is powered off
-    /// anyway, its protected pods with it. Unset: the machine stays on, cordoned, for as long as
-    /// a budget refuses (the slot's `Drained` condition names it).
+    /// How long a drain refused by PodDisruptionBudgets holds the machine on, from when the hold
+    /// began, with or without a claim, before the machine is powered off anyway, its protected
+    /// pods with it. Unset: the machine stays on, cordoned, for as long as a budget refuses (the
+    /// slot's `Drained` condition names it).
     #[arg(long, value_parser = crate::api::duration::parse_go_duration)]
     pub drain_timeout: Option<kube::core::Duration>,
     /// How long a machine's kubelet may be silent (its node Ready `Unknown`), with no claim
@@ -227,7 +228,9 @@ impl RunArgs {
 /// Runs the operator until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     crate::tls::install_crypto_provider();
-    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let clients =
+        crate::controller::Clients::infer().await.context("connecting to the Kubernetes API")?;
+    let client = clients.api.clone();
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let ready = admin::Readiness::default();
@@ -274,7 +277,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let controllers = leader::run_controllers_while_leader(
-        client,
+        clients,
         caches,
         provider,
         &args,

@@ -202,10 +202,10 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
             "one_live_claim_per_slot",
             format!(
                 "slot {slot_name:?} already has live claim {:?} (phase {}); a slot takes one live \
-             claim at a time: wait for it to end, or {}",
+             claim at a time: {}",
                 other.metadata.name.as_deref().unwrap_or(""),
                 phase_name(other),
-                deletion_effect(phase::of(other))
+                what_to_do_about(other, slot)
             ),
         );
     }
@@ -283,6 +283,29 @@ pub fn validate_update(
         }
     }
     findings.verdict()
+}
+
+/// What a person can do about the live claim `other` that keeps `slot` from a new one. A claim
+/// already being deleted is on its way out: its machine is drained and powered off first, and
+/// a disruption budget may hold that drain (the slot's `Drained` condition says which).
+fn what_to_do_about(other: &NodeClaim, slot: &Node) -> String {
+    if other.metadata.deletion_timestamp.is_none() {
+        return format!("wait for it to end, or {}", deletion_effect(phase::of(other)));
+    }
+    let held = slot
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Drained" && c.status == "False"));
+    match held {
+        Some(hold) => format!(
+            "it is being deleted, and the slot takes a new claim once its machine is off, but a \
+             disruption budget holds the machine on: {}",
+            hold.message
+        ),
+        None => "it is being deleted: its machine is drained and powered off, and the slot takes \
+                 a new claim once its machine is off: wait for it"
+            .to_string(),
+    }
 }
 
 /// What deleting a live claim does, so a person knows what a delete costs before running it.
@@ -510,6 +533,55 @@ mod tests {
         assert_eq!(denial(validate_update(&old, &cleared, false, now)).0, 403);
         assert_eq!(denial(validate_update(&old, &moved, true, now)).0, 403);
         assert!(validate_update(&old, &old, false, now).is_allowed());
+    }
+
+    /// A claim already being deleted is not told to be deleted: its machine is on its way off,
+    /// and where a disruption budget holds the drain, the refusal says what holds it.
+    #[test]
+    fn a_slot_whose_claim_is_being_released_says_what_it_waits_for() {
+        let g = group("pool");
+        let ok = claim("slot-a-x", "slot-a", "pool");
+        let mut releasing =
+            claim_in("slot-a-old", "slot-a", Some(NodeClaimPhase::Ready), "2026-03-04T09:00:00Z");
+        releasing.metadata.deletion_timestamp = Some(at("2026-03-04T09:30:00Z"));
+        let held = "eviction refused for pod data/db-0 (refused by PodDisruptionBudget data/db): \
+                    the machine stays on, cordoned, until the budget allows it. To let it go: run \
+                    another replica elsewhere, relax the budget, or delete the pod";
+        let mut holding = slot("slot-a", "pool");
+        holding.status = Some(crate::api::NodeStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Drained".into(),
+                status: "False".into(),
+                reason: "DisruptionBudget".into(),
+                message: held.into(),
+                last_transition_time: at("2026-03-04T09:30:05Z"),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        let plain = slot("slot-a", "pool");
+        let ready = claim_in("slot-a-old", "slot-a", Some(NodeClaimPhase::Ready), NOW);
+        // (case, slot, the live claim, what the refusal says, what it must not say)
+        let table = [
+            ("held by a budget", &holding, &releasing, vec!["being deleted", held], "delete it"),
+            (
+                "on its way off",
+                &plain,
+                &releasing,
+                vec!["being deleted", "once its machine is off: wait"],
+                "delete it",
+            ),
+            ("live and wanted", &plain, &ready, vec!["delete it to release the machine"], "held"),
+        ];
+        for (case, s, live, says, not) in table {
+            let others = [live.clone()];
+            let (code, msg) = denial(validate_create(&ok, &facts(Some(s), Some(&g), &others)));
+            assert_eq!(code, 403, "{case}");
+            for part in says {
+                assert!(msg.contains(part), "{case}: {msg}");
+            }
+            assert!(!msg.contains(not), "{case}: {msg}");
+        }
     }
 
     fn pin(until: Option<&str>, phase: Option<NodeClaimPhase>) -> NodeClaim {

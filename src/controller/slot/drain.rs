@@ -1,13 +1,16 @@
-//! Cordon and drain through the Eviction API, honouring PodDisruptionBudgets: a refused eviction
-//! holds the machine on, and the budgets that refused it are named (decisions.md, D30).
-//! DaemonSet and mirror pods stay (they die with the machine).
+//! Cordon and drain through the Eviction API, honouring PodDisruptionBudgets (decisions.md, D30).
+//! A drain asks first: a dry-run eviction of every pod, and while a budget refuses any of them
+//! nothing is evicted, so the machine stays on serving every pod and the hold names the refused
+//! pods and their budgets. DaemonSet and mirror pods stay (they die with the machine).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, EvictParams, ListParams, Patch};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, EvictParams, ListParams, Patch, PostParams};
 use kube::core::{Selector, SelectorExt};
 use serde_json::json;
 
@@ -16,8 +19,9 @@ use crate::controller::error::{KubeContext, Result, is_not_found};
 use crate::field_manager::FieldManager;
 use crate::machine;
 
-/// How long one eviction may take before it counts as refused.
-const EVICTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The slot condition a hold is reported in, and its reason while a budget holds the drain.
+pub const CONDITION: &str = "Drained";
+pub const HELD_BY_BUDGET: &str = "DisruptionBudget";
 
 /// How a drain pass ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +32,16 @@ pub enum Drained {
     Blocked(Vec<HeldPod>),
 }
 
+/// Whether a drain asks the budgets before it evicts anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Dry-run every eviction first and evict nothing while any is refused.
+    AskFirst,
+    /// Evict every pod a budget lets go (the hold is past `--drain-timeout`: the machine goes
+    /// off anyway, and the pods that can move should not go down with it).
+    EvictWhatMoves,
+}
+
 /// A pod whose eviction was refused, and the PodDisruptionBudgets of its namespace that select it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldPod {
@@ -36,12 +50,40 @@ pub struct HeldPod {
     pub budgets: Vec<String>,
 }
 
-/// A drain held back by disruption budgets: which pods, and when the machine is powered off
-/// anyway (`--drain-timeout`; never when it is not set).
+/// A drain held back by disruption budgets: which pods, since when, and when the machine is
+/// powered off anyway (`--drain-timeout`; never when it is not set).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainHold {
     pub pods: Vec<HeldPod>,
+    pub since: Timestamp,
     pub force_at: Option<Timestamp>,
+}
+
+/// When the slot's hold began: the transition of its `Drained` condition, which the slot's
+/// status keeps across passes and restarts, else `remembered` (this term's own record, for a
+/// pass that runs before the cache has the status the previous one wrote), else now, to the
+/// second as the status keeps it: a hold read back must end at the time it was published with.
+/// Pure.
+pub fn hold_since(
+    conditions: &[Condition],
+    remembered: Option<Timestamp>,
+    now: Timestamp,
+) -> Timestamp {
+    conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION && c.status == "False" && c.reason == HELD_BY_BUDGET)
+        .map(|c| c.last_transition_time.0)
+        .or(remembered)
+        .unwrap_or_else(|| Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// When a hold that began at `since` ends in a shutdown anyway: `--drain-timeout` after it;
+/// never without one. Pure.
+pub fn force_at(since: Timestamp, timeout: Option<Duration>) -> Option<Timestamp> {
+    timeout.map(|timeout| {
+        let timeout = SignedDuration::try_from(timeout).unwrap_or(SignedDuration::MAX);
+        since.checked_add(timeout).unwrap_or(Timestamp::MAX)
+    })
 }
 
 impl DrainHold {
@@ -105,47 +147,86 @@ fn evictable(pod: &Pod) -> bool {
     !owned_by_daemonset && !mirror && !finished && pod.metadata.deletion_timestamp.is_none()
 }
 
-/// Evicts every evictable pod on the node once.
-pub async fn evict_all(ctx: &Context, node_name: &str) -> Result<Drained> {
+/// How the API server answered one eviction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// Evicted (or, asked as a dry run, would be).
+    Allowed,
+    /// A PodDisruptionBudget refuses it: 429 TooManyRequests.
+    Refused,
+    /// The pod is gone already.
+    Gone,
+}
+
+/// Reads an eviction's result; any other failure is the pass's error. Pure.
+fn answer<T>(result: kube::Result<T>) -> kube::Result<Answer> {
+    match result {
+        Ok(_) => Ok(Answer::Allowed),
+        Err(kube::Error::Api(status)) if status.code == 429 => Ok(Answer::Refused),
+        Err(error) if is_not_found(&error) => Ok(Answer::Gone),
+        Err(error) => Err(error),
+    }
+}
+
+/// Drains the node once. `AskFirst` dry-runs every eviction (the API server judges a dry run
+/// against the budgets as it would the eviction, and changes nothing) and evicts only when none
+/// is refused; a real eviction can still be refused (another pod's eviction used the budget's
+/// allowance, or a race), and that pod is held like the others.
+pub async fn drain(ctx: &Context, node_name: &str, mode: Mode) -> Result<Drained> {
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
         .await
         .during(|| format!("listing the pods on node {node_name}"))?;
-    let mut blocked = Vec::new();
-    for pod in list.items.iter().filter(|p| evictable(p)) {
-        let (Some(name), Some(ns)) =
-            (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref())
-        else {
-            continue;
-        };
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-        // A PodDisruptionBudget refuses with 429, which the client itself retries with backoff
-        // rather than returning: an eviction that has not answered in time counts as refused,
-        // so the drain's own timeout stays the bound and the slot's reconcile is never held.
-        let evicted =
-            tokio::time::timeout(EVICTION_TIMEOUT, pods.evict(name, &EvictParams::default())).await;
-        match evicted {
-            Ok(Ok(_)) => {}
-            // A PodDisruptionBudget refuses with 429 TooManyRequests.
-            Ok(Err(kube::Error::Api(status))) if status.code == 429 => blocked.push(pod),
-            Ok(Err(error)) if is_not_found(&error) => {}
-            Ok(Err(error)) => return Err(error).during(|| format!("evicting pod {ns}/{name}")),
-            Err(_) => {
-                tracing::info!(pod = name, namespace = ns, "eviction did not answer in time");
-                blocked.push(pod);
+    let evictable: Vec<&Pod> = list.items.iter().filter(|p| evictable(p)).collect();
+    let mut refused = Vec::new();
+    if mode == Mode::AskFirst {
+        for pod in &evictable {
+            if evict(ctx, pod, true).await? == Answer::Refused {
+                refused.push(*pod);
             }
         }
     }
-    if blocked.is_empty() {
+    if refused.is_empty() {
+        for pod in &evictable {
+            if evict(ctx, pod, false).await? == Answer::Refused {
+                refused.push(*pod);
+            }
+        }
+    }
+    if refused.is_empty() {
         return Ok(Drained::Empty);
     }
-    Ok(Drained::Blocked(name_budgets(ctx, &blocked).await))
+    tracing::info!(
+        node = node_name,
+        refused = refused.len(),
+        pods = evictable.len(),
+        ?mode,
+        "a PodDisruptionBudget refuses evictions"
+    );
+    Ok(Drained::Blocked(name_budgets(ctx, &refused).await))
 }
 
-/// The refused pods with the budgets that select them. The refusal's own cause names the budget,
-/// but the client retries a 429 until the eviction's timeout, so the budgets are read instead; a
-/// namespace whose budgets cannot be listed leaves its pods' budgets unnamed.
+/// Evicts `pod`, or only asks whether it may be evicted (`dry_run`). The eviction client returns
+/// a budget's 429 at once (the default client retries it for minutes): a refusal costs the pass
+/// one request, and the slot is requeued instead.
+async fn evict(ctx: &Context, pod: &Pod, dry_run: bool) -> Result<Answer> {
+    let (Some(name), Some(ns)) = (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref())
+    else {
+        return Ok(Answer::Gone);
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.evictions.clone(), ns);
+    let params = EvictParams {
+        post_options: PostParams { dry_run, ..PostParams::default() },
+        ..EvictParams::default()
+    };
+    let what = if dry_run { "asking to evict" } else { "evicting" };
+    answer(api.evict(name, &params).await).during(|| format!("{what} pod {ns}/{name}"))
+}
+
+/// The refused pods with the budgets that select them, read from the budgets themselves (a
+/// refusal names its budget only in the prose of its cause); a namespace whose budgets cannot be
+/// listed leaves its pods' budgets unnamed.
 async fn name_budgets(ctx: &Context, pods: &[&Pod]) -> Vec<HeldPod> {
     let mut budgets: BTreeMap<String, Vec<PodDisruptionBudget>> = BTreeMap::new();
     for ns in pods.iter().filter_map(|p| p.metadata.namespace.as_deref()) {
@@ -253,7 +334,8 @@ mod tests {
             name: "db-0".into(),
             budgets: budgets.iter().map(|b| b.to_string()).collect(),
         };
-        let hold = DrainHold { pods: vec![held(&["db"])], force_at: None };
+        let since: Timestamp = "2026-12-03T17:00:00Z".parse().expect("time");
+        let hold = DrainHold { pods: vec![held(&["db"])], since, force_at: None };
         let message = hold.message();
         assert!(
             message.contains("pod data/db-0 (refused by PodDisruptionBudget data/db)"),
@@ -263,10 +345,83 @@ mod tests {
         assert!(message.contains("relax the budget"), "{message}");
         assert!(!message.contains("--drain-timeout"), "no forced end without the flag: {message}");
         let at: Timestamp = "2026-12-03T18:00:00Z".parse().expect("time");
-        let forced = DrainHold { pods: vec![held(&["a", "b"]), held(&[])], force_at: Some(at) };
+        let forced =
+            DrainHold { pods: vec![held(&["a", "b"]), held(&[])], since, force_at: Some(at) };
         let message = forced.message();
         assert!(message.contains("PodDisruptionBudgets data/{a,b}"), "{message}");
         assert!(message.contains("(refused by a PodDisruptionBudget)"), "{message}");
         assert!(message.contains("at 2026-12-03T18:00:00Z it is powered off anyway"), "{message}");
+    }
+
+    fn drained(status: &str, reason: &str, since: &str) -> Condition {
+        Condition {
+            type_: CONDITION.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                since.parse().expect("time"),
+            ),
+            observed_generation: None,
+        }
+    }
+
+    /// The hold's start outlives the pass that found it: `--drain-timeout` runs from it, with or
+    /// without a claim, and a hold read back ends at the time it was published with.
+    #[test]
+    fn a_hold_runs_from_when_it_began() {
+        let ts = |s: &str| s.parse::<Timestamp>().expect("time");
+        let now = ts("2026-12-03T18:00:07.25Z");
+        let held = drained("False", HELD_BY_BUDGET, "2026-12-03T17:59:00Z");
+        let other = drained("True", "Drained", "2026-12-03T17:00:00Z");
+        let remembered = Some(ts("2026-12-03T17:59:30Z"));
+        // (case, conditions, this term's record, the hold's start)
+        let table = [
+            (
+                "the slot's status keeps it",
+                vec![other.clone(), held.clone()],
+                None,
+                held.last_transition_time.0,
+            ),
+            (
+                "the status before this term's record",
+                vec![held.clone()],
+                remembered,
+                held.last_transition_time.0,
+            ),
+            (
+                "a status the cache has not caught up with",
+                vec![],
+                remembered,
+                ts("2026-12-03T17:59:30Z"),
+            ),
+            (
+                "a hold that starts now, to the second",
+                vec![other],
+                None,
+                ts("2026-12-03T18:00:07Z"),
+            ),
+        ];
+        for (case, conditions, remembered, want) in table {
+            assert_eq!(hold_since(&conditions, remembered, now), want, "{case}");
+        }
+        let since = ts("2026-12-03T17:59:00Z");
+        assert_eq!(force_at(since, None), None, "without --drain-timeout a hold never ends");
+        assert_eq!(
+            force_at(since, Some(Duration::from_secs(600))),
+            Some(ts("2026-12-03T18:09:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_refusal_holds_a_missing_pod_is_skipped_and_any_other_failure_fails_the_pass() {
+        let status = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status { code, ..kube::core::Status::default() }))
+        };
+        assert_eq!(answer(Ok(())).ok(), Some(Answer::Allowed));
+        assert_eq!(answer::<()>(Err(status(429))).ok(), Some(Answer::Refused));
+        assert_eq!(answer::<()>(Err(status(404))).ok(), Some(Answer::Gone));
+        assert!(answer::<()>(Err(status(500))).is_err(), "a pod under two budgets (500)");
+        assert!(answer::<()>(Err(status(403))).is_err());
     }
 }

@@ -9,12 +9,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
 
-use super::drain::DrainHold;
+use super::drain::{self, DrainHold};
 use super::meter::{self, Reading};
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
-use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_stale_write};
+use crate::controller::{Context, PublishedHold};
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::machine;
 use crate::phase::{self, MachineObservation, SlotReportInput};
@@ -288,17 +288,18 @@ pub async fn write_status(
         None if meter::metered(slot).is_some() => conditions.extend(kept("MeterRead")),
         None => {}
     }
-    // Only while a budget holds the drain: the condition says which, and goes with the hold.
-    let held = seen.hold.map(DrainHold::message);
-    if let Some(message) = &held {
-        conditions.push(condition(
-            "Drained",
-            false,
-            "DisruptionBudget",
-            message.clone(),
-            &previous.conditions,
-            ctx.now(),
-        ));
+    // Only while a budget holds the drain: the condition says which, since when the hold began
+    // (its `--drain-timeout` runs from then), and goes with the hold.
+    let held = seen.hold.map(|h| PublishedHold { since: h.since, message: h.message() });
+    if let Some(hold) = &held {
+        conditions.push(Condition {
+            type_: drain::CONDITION.into(),
+            status: "False".into(),
+            reason: drain::HELD_BY_BUDGET.into(),
+            message: hold.message.clone(),
+            last_transition_time: Time(hold.since),
+            observed_generation: None,
+        });
     }
     let status = NodeStatus {
         observed_generation: slot.metadata.generation,
@@ -321,9 +322,20 @@ pub async fn write_status(
     if let (Some(message), false) = (&mismatch, was_mismatched) {
         ctx.publish(slot, EventType::Warning, "ProviderIDMismatch", message.clone()).await;
     }
-    let was_held = previous.conditions.iter().find(|c| c.type_ == "Drained").map(|c| &c.message);
-    if let Some(message) = held.filter(|m| was_held != Some(m)) {
-        ctx.publish(slot, EventType::Warning, "DrainBlocked", message).await;
+    // Published when the hold starts or changes, not every pass: against the slot's status and
+    // this term's own record (the cache may not have the status the last pass wrote yet).
+    let was_held =
+        previous.conditions.iter().find(|c| c.type_ == drain::CONDITION).map(|c| &c.message);
+    let published = ctx.published_hold(&slot_name);
+    if let Some(hold) = &held {
+        let known = was_held == Some(&hold.message)
+            || published.as_ref().is_some_and(|p| p.message == hold.message);
+        if !known {
+            ctx.publish(slot, EventType::Warning, "DrainBlocked", hold.message.clone()).await;
+        }
+    }
+    if published != held {
+        ctx.set_published_hold(&slot_name, held);
     }
     let mine = slot.status.clone().map(|s| NodeStatus { local_volumes: Vec::new(), ..s });
     if mine.as_ref() == Some(&status) {

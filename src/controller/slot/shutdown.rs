@@ -249,32 +249,32 @@ pub async fn reconcile(
 
     if let Some(node) = node {
         drain::cordon(ctx, node).await?;
-        let started = claim
-            .and_then(|c| c.status.as_ref())
-            .and_then(|s| s.scale_down_requested_at.as_ref().or(s.finished_at.as_ref()))
-            .map_or(now, |t| t.0);
-        // Without --drain-timeout a budget holds the machine on for as long as it refuses.
-        let force_at = ctx.drain_timeout.map(|timeout| {
-            started
-                .checked_add(SignedDuration::try_from(timeout).unwrap_or(SignedDuration::MAX))
-                .unwrap_or(now)
-        });
+        // The hold runs from when it began, kept in the slot's status, with or without a claim;
+        // without --drain-timeout a budget holds the machine on for as long as it refuses.
+        let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let remembered = ctx.published_hold(&slot_name).map(|h| h.since);
+        let since = drain::hold_since(conditions, remembered, now);
+        let force_at = drain::force_at(since, ctx.drain_timeout);
+        let overdue = force_at.is_some_and(|end| end <= now);
+        let mode = if overdue { drain::Mode::EvictWhatMoves } else { drain::Mode::AskFirst };
         if let Drained::Blocked(pods) =
-            drain::evict_all(ctx, &slot.spec.kubernetes_node_name).await?
+            drain::drain(ctx, &slot.spec.kubernetes_node_name, mode).await?
         {
-            if force_at.is_none_or(|end| now < end) {
+            if !overdue {
                 tracing::info!(
                     pods = pods.len(),
+                    %since,
                     "eviction refused by a PodDisruptionBudget; holding the machine on"
                 );
                 return Ok(Pass {
                     retry: Some(DRAIN_RETRY),
-                    hold: Some(DrainHold { pods, force_at }),
+                    hold: Some(DrainHold { pods, since, force_at }),
                     streak: None,
                 });
             }
             tracing::warn!(
                 pods = pods.len(),
+                %since,
                 "drain timed out on PodDisruptionBudgets; powering off anyway"
             );
         }

@@ -155,6 +155,13 @@ impl ControlPlane {
         Client::try_from(self.config.clone()).context("building a kube client")
     }
 
+    /// The admin clients the operator's controllers run on (their evictions without retries),
+    /// made in the calling test's runtime like [`ControlPlane::client`].
+    pub fn controller_clients(&self) -> Result<homelab_autoscaler::controller::Clients> {
+        homelab_autoscaler::controller::Clients::from_config(self.config.clone())
+            .context("building the controllers' clients")
+    }
+
     /// The admin kubeconfig (certificate files next to it), for kubectl or a product binary.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig

@@ -11,7 +11,7 @@ use homelab_autoscaler::api::{Group, Node, NodeClaim};
 use homelab_autoscaler::claim::Timeouts;
 use homelab_autoscaler::clock::SystemClock;
 use homelab_autoscaler::controller::hold::Hold;
-use homelab_autoscaler::controller::{self, Context, MachineSettings};
+use homelab_autoscaler::controller::{self, Clients, Context, MachineSettings};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_autoscaler::simulator::{self, SimulateArgs};
 use k8s_openapi::api::batch::v1::Job;
@@ -56,12 +56,16 @@ pub enum With {
 pub struct Lab {
     pub client: Client,
     pub ns: String,
+    /// The clients the controllers run on.
+    clients: Clients,
     stop: CancellationToken,
     /// The controllers' own token, a child of `stop`, and their task, so a test can stop
     /// (or kill) and restart them.
     controllers: std::sync::Mutex<Controllers>,
     /// The timeouts the controllers run with.
     pub timeouts: Timeouts,
+    /// How the controllers treat machines going down (`--drain-timeout` and the rest).
+    pub settings: MachineSettings,
     _logs: FailureLogs<'static>,
 }
 
@@ -73,8 +77,8 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The lab's meter interval: often enough that a suite sees a plug's reading within seconds.
 pub const METER_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The machine settings of the lab's controllers.
-fn lab_settings() -> MachineSettings {
+/// The machine settings of the lab's controllers, unless a test starts them with its own.
+pub fn settings() -> MachineSettings {
     MachineSettings {
         drain_timeout: Some(DRAIN_TIMEOUT),
         off_node_grace: Duration::from_secs(10),
@@ -94,32 +98,32 @@ struct Controllers {
 }
 
 async fn start_controllers(
-    client: &Client,
+    clients: &Clients,
     ns: &str,
     timeouts: Timeouts,
+    settings: MachineSettings,
     stop: &CancellationToken,
 ) -> Controllers {
-    let (ctx, token, task) =
-        spawn(client, ns, timeouts, lab_settings(), LAB_POWER_IMAGE, stop).await;
+    let (ctx, token, task) = spawn(clients, ns, timeouts, settings, LAB_POWER_IMAGE, stop).await;
     Controllers { token, task, ctx }
 }
 
 /// The operator's controllers for `ns`, in process, their power Jobs running `image`: stopped
 /// by the returned token (a child of `stop`), or aborted through the returned task.
 pub async fn spawn_controllers(
-    client: &Client,
+    clients: &Clients,
     ns: &str,
     timeouts: Timeouts,
     settings: MachineSettings,
     image: &str,
     stop: &CancellationToken,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let (_, token, task) = spawn(client, ns, timeouts, settings, image, stop).await;
+    let (_, token, task) = spawn(clients, ns, timeouts, settings, image, stop).await;
     (token, task)
 }
 
 async fn spawn(
-    client: &Client,
+    clients: &Clients,
     ns: &str,
     timeouts: Timeouts,
     settings: MachineSettings,
@@ -127,10 +131,16 @@ async fn spawn(
     stop: &CancellationToken,
 ) -> (Arc<Context>, CancellationToken, tokio::task::JoinHandle<()>) {
     let token = stop.child_token();
-    let (ctx, inputs) =
-        Context::start(client.clone(), ns, timeouts, settings, image.into(), Arc::new(SystemClock))
-            .await
-            .expect("controller context");
+    let (ctx, inputs) = Context::start(
+        clients.clone(),
+        ns,
+        timeouts,
+        settings,
+        image.into(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("controller context");
     let task = tokio::spawn(controller::run(ctx.clone(), inputs, token.clone()));
     (ctx, token, task)
 }
@@ -148,6 +158,20 @@ impl Lab {
 
     /// [`Lab::start`] with controllers (and scaler) running on `timeouts`.
     pub async fn start_with_timeouts(prefix: &str, with: With, timeouts: Timeouts) -> Lab {
+        Self::start_with(prefix, with, timeouts, settings()).await
+    }
+
+    /// [`Lab::start`] with controllers treating machines going down by `settings`.
+    pub async fn start_with_settings(prefix: &str, with: With, settings: MachineSettings) -> Lab {
+        Self::start_with(prefix, with, timeouts(), settings).await
+    }
+
+    async fn start_with(
+        prefix: &str,
+        with: With,
+        timeouts: Timeouts,
+        settings: MachineSettings,
+    ) -> Lab {
         homelab_autoscaler::tls::install_crypto_provider();
         let TestNamespace { plane, client, ns, logs } =
             test_namespace(Components::CLUSTER, prefix).await.expect("test namespace");
@@ -160,7 +184,8 @@ impl Lab {
             .await
             .expect("lab node");
         let stop = CancellationToken::new();
-        let controllers = start_controllers(&client, &ns, timeouts, &stop).await;
+        let clients = plane.controller_clients().expect("the controllers' clients");
+        let controllers = start_controllers(&clients, &ns, timeouts, settings, &stop).await;
         let args = SimulateArgs {
             namespace: ns.clone(),
             boot_delay: SIMULATED_STEP.into(),
@@ -178,9 +203,11 @@ impl Lab {
         Lab {
             client,
             ns,
+            clients,
             stop,
             controllers: std::sync::Mutex::new(controllers),
             timeouts,
+            settings,
             _logs: logs,
         }
     }
@@ -201,7 +228,9 @@ impl Lab {
 
     /// Starts the controllers again, with fresh caches.
     pub async fn start_controllers(&self) {
-        let fresh = start_controllers(&self.client, &self.ns, self.timeouts, &self.stop).await;
+        let fresh =
+            start_controllers(&self.clients, &self.ns, self.timeouts, self.settings, &self.stop)
+                .await;
         *self.controllers.lock().expect("lock") = fresh;
     }
 

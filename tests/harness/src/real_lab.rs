@@ -259,13 +259,14 @@ pub async fn pool_machine(
 
 /// The operator's controllers for `ns`, in this process, with power Jobs from `image`.
 pub async fn start_operator(
-    client: &kube::Client,
+    plane: &ControlPlane,
     ns: &str,
     image: &str,
     settings: MachineSettings,
 ) -> CancellationToken {
     let stop = CancellationToken::new();
-    spawn_controllers(client, ns, timeouts(), settings, image, &stop).await;
+    let clients = plane.controller_clients().expect("the controllers' clients");
+    spawn_controllers(&clients, ns, timeouts(), settings, image, &stop).await;
     stop
 }
 

@@ -24,3 +24,17 @@ pub async fn event_reasons(client: &Client, ns: &str, name: &str) -> kube::Resul
         events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await?;
     Ok(list.items.into_iter().filter_map(|e| e.reason).collect())
 }
+
+/// How many times events of `reason` about the object named `name` in `ns` were published: a
+/// repeated event is one object whose series counts its repeats.
+pub async fn event_count(client: &Client, ns: &str, name: &str, reason: &str) -> kube::Result<i32> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list =
+        events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.series.and_then(|s| s.count).unwrap_or(1).max(e.count.unwrap_or(1)))
+        .sum())
+}
