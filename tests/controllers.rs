@@ -904,6 +904,66 @@ fn drain_hold(slot: &Node) -> Option<(String, jiff::Timestamp)> {
         .map(|c| (c.message.clone(), c.last_transition_time.0))
 }
 
+/// A machine's kubelet goes silent (a crash, a cut cable) while a budget covers its one pod:
+/// kube-controller-manager marks the pod not Ready, the budget counts it unhealthy and refuses
+/// its eviction for as long as the machine is silent. Released, the machine's drain does not wait
+/// on a pod that is already down: no hold, the shutdown Job goes out to confirm the machine off,
+/// and once it succeeds the Node goes (the pod with it). Waiting on that budget held the machine
+/// "on, cordoned" for good, with no shutdown ever sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_machines_drain_does_not_wait_on_a_pod_already_down() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let settings = MachineSettings { drain_timeout: None, ..lab::settings() };
+    let lab = Lab::start_with_settings("ctl-silent-drain", With::Controllers, settings).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    let pods = lab.pods();
+    pods.create(&PostParams::default(), &pod_on("db-0", "db", &slot)).await.expect("pod");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(lab.client.clone(), &lab.ns);
+    budgets.create(&PostParams::default(), &budget_over("db", 1)).await.expect("budget");
+    eventually("the pod running and the budget in force", ACT, || async {
+        let status = budgets.get("db").await?.status.unwrap_or_default();
+        ensure!(status.current_healthy == Some(1), "{:?} healthy", status.current_healthy);
+        Ok(())
+    })
+    .await
+    .expect("budget");
+
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("plane");
+    plane.stop_kubelet(&slot).await.expect("the kubelet stops");
+    eventually("the pod marked not Ready, the budget refusing", ACT, || async {
+        let pod = pods.get("db-0").await?;
+        let ready = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+        let ready = ready.iter().find(|c| c.type_ == "Ready").map(|c| c.status.clone());
+        ensure!(ready.as_deref() == Some("False"), "pod Ready {ready:?}");
+        let status = budgets.get("db").await?.status.unwrap_or_default();
+        ensure!(status.disruptions_allowed == Some(0), "{:?} allowed", status.disruptions_allowed);
+        Ok(())
+    })
+    .await
+    .expect("the pod down");
+
+    lab.scale_down("c1").await;
+    eventually("a shutdown Job out to confirm the silent machine off", ACT, || async {
+        let slot_obj = lab.slots().get(&slot).await?;
+        ensure!(drain_hold(&slot_obj).is_none(), "held: {:?}", drain_hold(&slot_obj));
+        ensure!(!lab.lifecycle_jobs("shutdown").await?.is_empty(), "no shutdown Job yet");
+        Ok(())
+    })
+    .await
+    .expect("shutdown sent");
+    eventually("the node removed once the shutdown confirmed the machine off", ACT, || async {
+        ensure!(lab.nodes().get_opt(&slot).await?.is_none(), "node {slot} still registered");
+        Ok(())
+    })
+    .await
+    .expect("node removed");
+    lab.claim_gone("c1").await;
+    let slot_obj = lab.slots().get(&slot).await.expect("slot");
+    assert!(drain_hold(&slot_obj).is_none(), "never held: {:?}", drain_hold(&slot_obj));
+}
+
 /// A budget refuses the eviction of three of a machine's four pods, the fourth has none. The
 /// drain asks first (a dry-run eviction of each pod) and evicts nothing while any is refused: the
 /// machine stays on serving all four. The refusals come back at once, not after the client's

@@ -147,6 +147,23 @@ fn evictable(pod: &Pod) -> bool {
     !owned_by_daemonset && !mirror && !finished && pod.metadata.deletion_timestamp.is_none()
 }
 
+/// Whether the pod's Ready condition is True.
+fn pod_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Whether the drain evicts `pod` and waits on its budgets. On a node whose kubelet is silent,
+/// a pod that is not Ready is already down (kube-controller-manager marks every pod of an
+/// unreachable node not Ready): its budget counts it unhealthy, and under the default
+/// `unhealthyPodEvictionPolicy` refuses its eviction for as long as the budget is short, which
+/// is for as long as the machine is silent. Such a pod goes with the machine, and with its Node
+/// once the shutdown confirms it off (the pod garbage collector deletes the pods of a deleted
+/// Node), so the drain neither evicts it nor waits on it. Pure.
+fn drains(pod: &Pod, node_silent: bool) -> bool {
+    evictable(pod) && !(node_silent && !pod_ready(pod))
+}
+
 /// How the API server answered one eviction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Answer {
@@ -172,13 +189,15 @@ fn answer<T>(result: kube::Result<T>) -> kube::Result<Answer> {
 /// against the budgets as it would the eviction, and changes nothing) and evicts only when none
 /// is refused; a real eviction can still be refused (another pod's eviction used the budget's
 /// allowance, or a race), and that pod is held like the others.
-pub async fn drain(ctx: &Context, node_name: &str, mode: Mode) -> Result<Drained> {
+pub async fn drain(ctx: &Context, node: &CoreNode, mode: Mode) -> Result<Drained> {
+    let node_name = node.metadata.name.as_deref().unwrap_or_default();
+    let silent = matches!(machine::Kubelet::of(Some(node)), machine::Kubelet::Silent { .. });
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
         .await
         .during(|| format!("listing the pods on node {node_name}"))?;
-    let evictable: Vec<&Pod> = list.items.iter().filter(|p| evictable(p)).collect();
+    let evictable: Vec<&Pod> = list.items.iter().filter(|p| drains(p, silent)).collect();
     let mut refused = Vec::new();
     if mode == Mode::AskFirst {
         for pod in &evictable {
@@ -295,6 +314,29 @@ mod tests {
             ..Pod::default()
         };
         assert!(!evictable(&done));
+    }
+
+    #[test]
+    fn a_silent_nodes_drain_does_not_wait_on_pods_already_down() {
+        let pod = |ready: Option<&str>| -> Pod {
+            let conditions = ready.map(|status| json!([{ "type": "Ready", "status": status }]));
+            serde_json::from_value(json!({
+                "metadata": { "name": "db-0", "namespace": "data" },
+                "status": { "phase": "Running", "conditions": conditions },
+            }))
+            .expect("pod")
+        };
+        // (case, the pod's Ready, the node silent, drained)
+        let table = [
+            ("a Ready pod on a reporting node", Some("True"), false, true),
+            ("a pod not Ready on a reporting node", Some("False"), false, true),
+            ("a Ready pod on a silent node (just cut off)", Some("True"), true, true),
+            ("a pod marked not Ready on a silent node", Some("False"), true, false),
+            ("a pod with no Ready condition on a silent node", None, true, false),
+        ];
+        for (case, ready, silent, want) in table {
+            assert_eq!(drains(&pod(ready), silent), want, "{case}");
+        }
     }
 
     fn budget(name: &str, selector: serde_json::Value) -> PodDisruptionBudget {

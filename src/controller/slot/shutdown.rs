@@ -257,9 +257,7 @@ pub async fn reconcile(
         let force_at = drain::force_at(since, ctx.drain_timeout);
         let overdue = force_at.is_some_and(|end| end <= now);
         let mode = if overdue { drain::Mode::EvictWhatMoves } else { drain::Mode::AskFirst };
-        if let Drained::Blocked(pods) =
-            drain::drain(ctx, &slot.spec.kubernetes_node_name, mode).await?
-        {
+        if let Drained::Blocked(pods) = drain::drain(ctx, node, mode).await? {
             if !overdue {
                 tracing::info!(
                     pods = pods.len(),
