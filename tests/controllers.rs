@@ -904,6 +904,17 @@ fn drain_hold(slot: &Node) -> Option<(String, jiff::Timestamp)> {
         .map(|c| (c.message.clone(), c.last_transition_time.0))
 }
 
+/// A lab as installed (no `--drain-timeout`: a budget holds a machine for as long as it
+/// refuses), with slot m1's machine booted for claim c1. Returns the lab and the slot.
+async fn booted_without_drain_timeout(prefix: &str) -> (Lab, String) {
+    let settings = MachineSettings { drain_timeout: None, ..lab::settings() };
+    let lab = Lab::start_with_settings(prefix, With::Controllers, settings).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    (lab, slot)
+}
+
 /// A machine's kubelet goes silent (a crash, a cut cable) while a budget covers its one pod:
 /// kube-controller-manager marks the pod not Ready, the budget counts it unhealthy and refuses
 /// its eviction for as long as the machine is silent. Released, the machine's drain does not wait
@@ -913,11 +924,7 @@ fn drain_hold(slot: &Node) -> Option<(String, jiff::Timestamp)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_machines_drain_does_not_wait_on_a_pod_already_down() {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    let settings = MachineSettings { drain_timeout: None, ..lab::settings() };
-    let lab = Lab::start_with_settings("ctl-silent-drain", With::Controllers, settings).await;
-    let slot = lab.pool(&[("m1", None)]).await.remove(0);
-    lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    let (lab, slot) = booted_without_drain_timeout("ctl-silent-drain").await;
     let pods = lab.pods();
     pods.create(&PostParams::default(), &pod_on("db-0", "db", &slot)).await.expect("pod");
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(lab.client.clone(), &lab.ns);
@@ -972,12 +979,7 @@ async fn a_silent_machines_drain_does_not_wait_on_a_pod_already_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_refusing_one_pod_leaves_every_pod_of_the_machine_in_place() {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    // As installed: no --drain-timeout, a budget holds the machine for as long as it refuses.
-    let settings = MachineSettings { drain_timeout: None, ..lab::settings() };
-    let lab = Lab::start_with_settings("ctl-hold", With::Controllers, settings).await;
-    let slot = lab.pool(&[("m1", None)]).await.remove(0);
-    lab.claim("c1", &slot, None).await;
-    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    let (lab, slot) = booted_without_drain_timeout("ctl-hold").await;
     let pods = lab.pods();
     let names = ["free", "precious-0", "precious-1", "precious-2"];
     for name in names {

@@ -20,13 +20,13 @@ use homelab_autoscaler::api::{ClaimCall, Group, LABEL_LIFECYCLE, Node, NodeClaim
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
-use homelab_harness::machine::{Machine, MachineSpec, PAUSE_IMAGE, PowerState};
+use homelab_harness::machine::{Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, clear_taint, machine_settings, operator_image, pool_machine,
     scenario, secret, start_operator, timeouts, wake_and_ssh_power,
 };
 use homelab_harness::slots::{condition, event_reasons, node_reporting};
-use homelab_harness::{ControlPlane, eventually, ready_status, stays};
+use homelab_harness::{ControlPlane, TestNamespace, eventually, ready_status, stays};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
@@ -34,6 +34,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 /// The label every slot of the pool declares (its value the test's namespace), which no kubelet
 /// registers: a workload that selects it runs on a machine of its test's pool, never on a hub.
@@ -83,6 +84,31 @@ spec:
     let output = plane.kubectl_apply(ns, &manifest).await?;
     ensure!(output.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&output.stderr));
     Ok(())
+}
+
+/// A scenario of one pool machine: the hub, machine `<ns>-m1` on the scenario's lan, the operator
+/// running with `settings`, and the pool applied with kubectl. Fields drop in order: the log
+/// guards first, while the machines and the lan still exist.
+struct OneMachine {
+    _m1_logs: MachineLogs,
+    _hub_logs: MachineLogs,
+    m1: Machine,
+    operator: CancellationToken,
+    _hub: Machine,
+    _lan: Lan,
+    space: TestNamespace,
+}
+
+async fn one_machine(prefix: &str, settings: MachineSettings) -> OneMachine {
+    let (space, lan, hub) = scenario(prefix).await;
+    let hub_logs = hub.logs_on_failure();
+    let spec = MachineSpec::named(&format!("{}-m1", space.ns));
+    let (m1, key) = pool_machine(space.plane, &lan, spec).await.expect("machine");
+    let m1_logs = m1.logs_on_failure();
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(space.plane, &space.ns, &image, settings).await;
+    apply_pool(space.plane, &space.ns, None, &[(&m1, &key)]).await.expect("pool");
+    OneMachine { _m1_logs: m1_logs, _hub_logs: hub_logs, m1, operator, _hub: hub, _lan: lan, space }
 }
 
 /// A claim for `slot` as the provider makes one, created; then waited on until ready.
@@ -153,15 +179,8 @@ async fn running(pods: &Api<Pod>, app: &str) -> Result<Vec<(String, String)>> {
 /// on without its Node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded() {
-    let (space, lan, hub) = scenario("real-partition").await;
-    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let _hub_logs = hub.logs_on_failure();
-    let spec = MachineSpec::named(&format!("{ns}-m1"));
-    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
-    let _m1_logs = m1.logs_on_failure();
-    let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
-    apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
+    let one = one_machine("real-partition", machine_settings()).await;
+    let (client, ns, m1) = (one.space.client.clone(), one.space.ns.clone(), &one.m1);
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
     let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
@@ -232,7 +251,7 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     .await
     .expect("off");
     stranded.assert_never(&slot);
-    operator.cancel();
+    one.operator.cancel();
 }
 
 /// A machine running two pods, one of them protected by a PodDisruptionBudget, is released. The
@@ -243,17 +262,10 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
 /// its Node with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_budget() {
-    let (space, lan, hub) = scenario("real-budget").await;
-    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let _hub_logs = hub.logs_on_failure();
-    let spec = MachineSpec::named(&format!("{ns}-m1"));
-    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
-    let _m1_logs = m1.logs_on_failure();
-    let (_, image) = operator_image().await.expect("image");
     // No --drain-timeout, as installed: a budget holds the machine for as long as it refuses.
     let settings = MachineSettings { drain_timeout: None, ..machine_settings() };
-    let operator = start_operator(plane, &ns, &image, settings).await;
-    apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
+    let one = one_machine("real-budget", settings).await;
+    let (client, ns, m1) = (one.space.client.clone(), one.space.ns.clone(), &one.m1);
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
     let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
@@ -348,7 +360,7 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
     .await
     .expect("off");
     stranded.assert_never(&slot);
-    operator.cancel();
+    one.operator.cancel();
 }
 
 /// The power fails while a booted machine waits at the readiness gate (its network agent has not
@@ -495,15 +507,8 @@ const AGENT_TAINT: &str = "homelab.test/agent-not-ready";
 /// drained and powered the machine off mid-maintenance.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_machine_whose_containerd_is_stopped_stays_on_and_claimed() {
-    let (space, lan, hub) = scenario("real-not-ready").await;
-    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let _hub_logs = hub.logs_on_failure();
-    let spec = MachineSpec::named(&format!("{ns}-m1"));
-    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
-    let _m1_logs = m1.logs_on_failure();
-    let (_, image) = operator_image().await.expect("image");
-    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
-    apply_pool(plane, &ns, None, &[(&m1, &key)]).await.expect("pool");
+    let one = one_machine("real-not-ready", machine_settings()).await;
+    let (client, ns, m1) = (one.space.client.clone(), one.space.ns.clone(), &one.m1);
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
     let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
@@ -574,5 +579,5 @@ async fn a_pinned_machine_whose_containerd_is_stopped_stays_on_and_claimed() {
     .await
     .expect("ready again");
     assert_eq!(m1.boots(), 1, "booted once, never power-cycled");
-    operator.cancel();
+    one.operator.cancel();
 }

@@ -161,7 +161,7 @@ fn pod_ready(pod: &Pod) -> bool {
 /// once the shutdown confirms it off (the pod garbage collector deletes the pods of a deleted
 /// Node), so the drain neither evicts it nor waits on it. Pure.
 fn drains(pod: &Pod, node_silent: bool) -> bool {
-    evictable(pod) && !(node_silent && !pod_ready(pod))
+    evictable(pod) && (!node_silent || pod_ready(pod))
 }
 
 /// How the API server answered one eviction.
