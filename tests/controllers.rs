@@ -859,14 +859,7 @@ async fn a_drain_timeout_powers_off_past_a_refusing_budget_when_set() {
     lab.scale_down("c1").await;
     let claim = lab.claims().get("c1").await.expect("claim");
     let asked = claim.status.and_then(|s| s.scale_down_requested_at).expect("marked").0;
-    let jobs = eventually("the shutdown Job", ACT, || async {
-        let jobs = lab.lifecycle_jobs("shutdown").await?;
-        ensure!(!jobs.is_empty(), "no shutdown Job yet");
-        Ok(jobs)
-    })
-    .await
-    .expect("shutdown");
-    let fired = jobs[0].metadata.creation_timestamp.as_ref().expect("created").0;
+    let fired = first_shutdown_at(&lab, "the shutdown Job").await;
     // The budget held the drain back until the opt-in `--drain-timeout` (timestamps are whole
     // seconds, so one may be lost), and the pod was never evicted: the machine went down under
     // it anyway. Without the flag it stays on (tests/real_machines.rs).
@@ -902,6 +895,18 @@ fn drain_hold(slot: &Node) -> Option<(String, jiff::Timestamp)> {
         .iter()
         .find(|c| c.type_ == "Drained" && c.status == "False")
         .map(|c| (c.message.clone(), c.last_transition_time.0))
+}
+
+/// When the slot's first shutdown Job was created, waiting for one (`what` names it).
+async fn first_shutdown_at(lab: &Lab, what: &str) -> jiff::Timestamp {
+    let jobs = eventually(what, ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        ensure!(!jobs.is_empty(), "no shutdown Job yet");
+        Ok(jobs)
+    })
+    .await
+    .expect("shutdown");
+    jobs[0].metadata.creation_timestamp.as_ref().expect("created").0
 }
 
 /// A lab as installed (no `--drain-timeout`: a budget holds a machine for as long as it
@@ -1089,14 +1094,7 @@ async fn a_drain_timeout_runs_from_the_start_of_a_hold_with_no_claim() {
     })
     .await
     .expect("held");
-    let jobs = eventually("the shutdown Job past the drain timeout", ACT, || async {
-        let jobs = lab.lifecycle_jobs("shutdown").await?;
-        ensure!(!jobs.is_empty(), "no shutdown Job yet");
-        Ok(jobs)
-    })
-    .await
-    .expect("shutdown");
-    let fired = jobs[0].metadata.creation_timestamp.as_ref().expect("created").0;
+    let fired = first_shutdown_at(&lab, "the shutdown Job past the drain timeout").await;
     // Timestamps are whole seconds, so one may be lost.
     assert!(fired.duration_since(since).as_secs() >= 19, "fired {fired}, held since {since}");
     let published = slots::event_count(&lab.client, &lab.ns, &slot, "DrainBlocked").await;
