@@ -1,5 +1,11 @@
 //! The clock rules and controllers judge time by; replaceable so tests can pin it.
 
+/// `t` plus `d`, saturating: a duration past what a timestamp holds is "never".
+pub fn plus(t: jiff::Timestamp, d: std::time::Duration) -> jiff::Timestamp {
+    let d = jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
+    t.checked_add(d).unwrap_or(jiff::Timestamp::MAX)
+}
+
 /// A source of the current time.
 pub trait Clock: Send + Sync {
     fn now(&self) -> jiff::Timestamp;

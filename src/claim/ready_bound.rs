@@ -9,9 +9,10 @@
 
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 
 use crate::api::duration::go_duration;
+use crate::clock::plus;
 use crate::machine::Kubelet;
 
 /// The reason of a claim whose machine was silent or gone for a boot window.
@@ -54,11 +55,6 @@ pub enum Verdict {
     Fail { reason: &'static str, message: String },
 }
 
-fn add(at: Timestamp, grace: Duration) -> Timestamp {
-    let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX);
-    at.checked_add(grace).unwrap_or(Timestamp::MAX)
-}
-
 fn keep(mark: OffMark, wake_at: Option<Timestamp>) -> Verdict {
     Verdict::Keep { mark, wake_at }
 }
@@ -78,7 +74,7 @@ pub fn judge(machine: &ReadyMachine<'_>) -> Verdict {
                 (None, Some(marked)) => (OffMark::Keep, marked),
                 (None, None) => (OffMark::Set, now),
             };
-            let end = add(start, machine.not_ready_grace);
+            let end = plus(start, machine.not_ready_grace);
             if now < end {
                 return keep(mark, Some(end));
             }
@@ -92,9 +88,9 @@ pub fn judge(machine: &ReadyMachine<'_>) -> Verdict {
         }
         Kubelet::NoNode | Kubelet::Registering | Kubelet::Silent { .. } => {
             let Some(marked) = observed_off else {
-                return keep(OffMark::Set, Some(add(now, machine.off_grace)));
+                return keep(OffMark::Set, Some(plus(now, machine.off_grace)));
             };
-            let end = add(marked, machine.off_grace);
+            let end = plus(marked, machine.off_grace);
             if now < end {
                 return keep(OffMark::Keep, Some(end));
             }

@@ -141,10 +141,12 @@ fn startup_job(ctx: &Context, slot: &Node, claim: &NodeClaim) -> Result<Job> {
 }
 
 /// Starts a committed boot: the startup Job (created once: its name is the claim's), and the
-/// machine's node freed of cluster-autoscaler's deletion taint.
-async fn start(ctx: &Context, slot: &Node, job: &Job) -> Result<()> {
-    ctx.create_job(job, FieldManager::ClaimController).await?;
-    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await
+/// machine's node freed of cluster-autoscaler's deletion taint. Returns whether this call
+/// created the Job.
+async fn start(ctx: &Context, slot: &Node, job: &Job) -> Result<bool> {
+    let created = ctx.create_job(job, FieldManager::ClaimController).await?;
+    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
+    Ok(created)
 }
 
 /// How far the operator's clock may run behind the one that collects finished Jobs.
@@ -169,10 +171,10 @@ pub(super) async fn resume(ctx: &Context, claim: &NodeClaim) -> Result<()> {
     if since >= window {
         return Ok(());
     }
-    if ctx.create_job(&job, FieldManager::ClaimController).await? {
+    if start(ctx, &slot, &job).await? {
         tracing::info!(job = ?job.metadata.name, "created the startup Job of a committed boot");
     }
-    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await
+    Ok(())
 }
 
 /// The name of a live claim on the same slot that `claim` must give way to, read from the API:

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
@@ -16,6 +16,7 @@ use serde_json::json;
 use super::chokepoint::{self, PhaseMove};
 use super::{boot, overdue, ready, requeue_at};
 use crate::api::{Node, NodeClaim, NodeClaimPhase, TaintSelector};
+use crate::clock::plus;
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::controller::jobs;
@@ -23,11 +24,6 @@ use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
 use crate::machine;
 use crate::phase::Writer;
-
-fn plus(t: Timestamp, d: std::time::Duration) -> Timestamp {
-    t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
-        .unwrap_or(Timestamp::MAX)
-}
 
 /// What the startup Job's pod said when it failed (a power pod's error), if it said anything.
 /// Best effort: a failed read leaves the message as it was.

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -80,10 +80,7 @@ pub fn hold_since(
 /// When a hold that began at `since` ends in a shutdown anyway: `--drain-timeout` after it;
 /// never without one. Pure.
 pub fn force_at(since: Timestamp, timeout: Option<Duration>) -> Option<Timestamp> {
-    timeout.map(|timeout| {
-        let timeout = SignedDuration::try_from(timeout).unwrap_or(SignedDuration::MAX);
-        since.checked_add(timeout).unwrap_or(Timestamp::MAX)
-    })
+    timeout.map(|timeout| crate::clock::plus(since, timeout))
 }
 
 impl DrainHold {
