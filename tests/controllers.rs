@@ -19,6 +19,7 @@ use homelab_harness::http::ShellyMeter;
 use homelab_harness::lab::{self, Lab, With};
 use homelab_harness::slots::{self, node_reporting};
 use homelab_harness::{Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, stays};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -76,7 +77,12 @@ impl LabSteps for Lab {
         let mut names = Vec::new();
         for (suffix, behaviour) in slots {
             let name = format!("{}-{suffix}", self.ns);
-            let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": self.ns } });
+            // The lab's machines go off when their shutdown pod runs: it confirms them off.
+            let pod = json!({
+                "image": "registry.invalid/power:1",
+                "nodeSelector": { "homelab.test/lab": self.ns },
+                "confirmsPowerState": true,
+            });
             let mut annotations = serde_json::Map::new();
             if let Some(b) = behaviour {
                 annotations.insert(BEHAVIOUR_ANNOTATION.into(), json!(b));
@@ -918,6 +924,68 @@ async fn booted_without_drain_timeout(prefix: &str) -> (Lab, String) {
     lab.claim("c1", &slot, None).await;
     lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     (lab, slot)
+}
+
+/// A machine silent before its shutdown (here: no claim, past the grace) is powered off to
+/// confirm it, and the slot's shutdown is a pod spec that does not say it reads the machine off:
+/// its exit 0 only says the pod ran (a `curl` without `--fail`, an `ssh ... || true`). Its
+/// success confirms nothing, so the Node stays and the slot says why and what to set. Once the
+/// slot says its pod confirms (`confirmsPowerState`), the next shutdown's success removes the Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_pod_that_does_not_confirm_off_keeps_a_silent_node() {
+    let lab = Lab::start("ctl-unconfirmed", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let confirms = |value: serde_json::Value| json!({ "spec": { "shutdownPodSpec": { "confirmsPowerState": value } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&confirms(json!(null))))
+        .await
+        .expect("patch slot");
+    // Silent before the operator looks: a machine that was up and unwanted would get its
+    // shutdown first, and the silence that followed would be that shutdown's doing.
+    lab.stop_controllers();
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("plane");
+    let _silent = plane.add_stopped_machine(&slot, BTreeMap::new()).await.expect("silent machine");
+    let registered = lab.nodes().get(&slot).await.expect("node");
+    lab.start_controllers().await;
+
+    eventually("a shutdown Job to confirm the silent machine off, succeeded", ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        ensure!(jobs.iter().any(succeeded), "{} shutdown Jobs, none succeeded yet", jobs.len());
+        Ok(())
+    })
+    .await
+    .expect("shutdown ran");
+    let kept = lab
+        .slot_until(&slot, "NodeReporting=False naming confirmsPowerState", |s| {
+            node_reporting(s).is_some_and(|(ok, message)| {
+                !ok && message.contains("confirmsPowerState")
+                    && message.contains(&format!("kubectl delete node {slot}"))
+            })
+        })
+        .await;
+    assert_eq!(kept.status.and_then(|s| s.power_state), Some(ObservedPower::Off));
+    // Past the settle after that success, and for as long as the controllers take to act on it.
+    stays("the silent Node kept", Duration::from_secs(20), || async {
+        let node = lab.nodes().get_opt(&slot).await?;
+        ensure!(
+            node.and_then(|n| n.metadata.uid) == registered.metadata.uid,
+            "node {slot} was removed on a shutdown that confirms nothing"
+        );
+        Ok(())
+    })
+    .await
+    .expect("kept");
+
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&confirms(json!(true))))
+        .await
+        .expect("patch slot");
+    lab.node_gone(&slot).await;
+}
+
+fn succeeded(job: &Job) -> bool {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
 }
 
 /// A machine's kubelet goes silent (a crash, a cut cable) while a budget covers its one pod:

@@ -359,6 +359,30 @@ async fn ssh_runs_the_shutdown_command_and_refuses_a_wrong_host_key() {
     assert!(error.to_string().contains("exited 3: no sudo here"), "{error}");
 }
 
+/// A session that closes without an exit status is what a stalled or dropped link looks like
+/// after `exec` as much as a machine going down: the command was sent, which proves nothing.
+/// Here the command kills its own sshd session (the connection closes, no exit status) and the
+/// host goes on answering on its SSH port: the shutdown is not confirmed, and says why.
+#[tokio::test]
+async fn ssh_a_session_closed_without_an_exit_status_on_a_host_that_still_answers_is_not_done() {
+    let peer = SshPeer::start().await.expect("sshd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = secrets(dir.path(), &[("ssh-key", "ssh-privatekey", &peer.client_key)]);
+    let mut spec = ssh_spec(&peer, "kill -9 $PPID".into(), peer.host_key.clone());
+    spec.confirm_timeout_seconds = Some(3);
+    let started = std::time::Instant::now();
+    let error = power::power(&spec, PowerAction::Off, &secrets).await.expect_err("not confirmed");
+    let message = error.to_string();
+    assert!(matches!(error, PowerError::NotConfirmed { .. }), "{message}");
+    assert!(message.contains("without an exit status"), "{message}");
+    assert!(message.contains(&format!("answers on port {}", peer.port)), "{message}");
+    assert!(
+        started.elapsed() >= confirm_wait(&spec),
+        "it watched the host for its confirm timeout: {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn redfish_over_tls_trusts_the_ca_bundle_from_its_secret() {
     homelab_autoscaler::tls::install_crypto_provider();

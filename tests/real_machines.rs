@@ -254,6 +254,68 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     one.operator.cancel();
 }
 
+/// How long the link stays down after a lost SSH command: past the SSH session's 30 s of
+/// inactivity (so the session ends while the link is down, with no exit status) and past the
+/// kubelet's silence being noticed (20 s), and well inside the 60 s a sent shutdown's host must
+/// stay silent to count as off.
+const LOST_COMMAND_LINK_DOWN: Duration = Duration::from_secs(45);
+
+/// A released machine's SSH shutdown is sent, and the link drops right after: the machine never
+/// gets the command, the session ends with no exit status, and the Node goes Unknown. A session
+/// closed without an exit status proves nothing, so the Node stays. Once the link is back, the
+/// machine is up and unwanted, a shutdown lands, and only then does its Node go. At no moment is
+/// the machine on without its Node. (Taking "no exit status" as done deleted the Node half a
+/// minute after the cut, under a kubelet that ran on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_lost_with_the_link_keeps_the_node_until_the_machine_is_off() {
+    let one = one_machine("real-lost-ssh", machine_settings()).await;
+    let (client, ns, m1) = (one.space.client.clone(), one.space.ns.clone(), &one.m1);
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
+    let stranded = Stranding::watch(m1.clone(), nodes.clone());
+    let slot = m1.name().to_owned();
+    claim_ready(&client, &ns, "boot", &slot).await;
+    let registered = nodes.get(&slot).await.expect("node");
+
+    m1.lose_next_ssh_command().expect("arm the lost command");
+    release(&claims, "boot").await;
+    let lost_at = eventually("the shutdown sent, and lost with the link", ACT, || async {
+        m1.ssh_command_lost_at().ok_or_else(|| anyhow::anyhow!("no SSH command yet"))
+    })
+    .await
+    .expect("lost");
+    eventually("the Node Unknown, the link down for its while", ACT, || async {
+        stranded.assert_never(&slot);
+        let node = nodes.get_opt(&slot).await?.ok_or_else(|| anyhow::anyhow!("no Node"))?;
+        ensure!(ready_status(&node) == Some("Unknown"), "Ready={:?}", ready_status(&node));
+        ensure!(lost_at.elapsed() >= LOST_COMMAND_LINK_DOWN, "down {:?}", lost_at.elapsed());
+        Ok(())
+    })
+    .await
+    .expect("silent");
+    assert_eq!(
+        nodes.get(&slot).await.expect("node").metadata.uid,
+        registered.metadata.uid,
+        "the Node of the machine that never got its shutdown is kept"
+    );
+    assert_eq!(m1.power_state().await, PowerState::On, "the machine never got the command");
+
+    m1.link().restore().expect("restore");
+    eventually("the machine off and its Node removed", ACT * 2, || async {
+        stranded.assert_never(&slot);
+        if let Some(node) = nodes.get_opt(&slot).await? {
+            assert_eq!(node.metadata.uid, registered.metadata.uid, "the Node was replaced");
+        }
+        ensure!(m1.power_state().await == PowerState::Off, "the machine is still on");
+        ensure!(nodes.get_opt(&slot).await?.is_none(), "Node {slot} still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    stranded.assert_never(&slot);
+    one.operator.cancel();
+}
+
 /// A machine running two pods, one of them protected by a PodDisruptionBudget, is released. The
 /// drain asks before it evicts, and the budget refuses: the machine stays on, cordoned, serving
 /// both pods (the one with no budget is not evicted for a shutdown that cannot happen), and the

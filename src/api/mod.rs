@@ -48,6 +48,10 @@ pub const LABEL_MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "hom
 /// A person writes this annotation on a slot to end its failure streak now (RFC 3339 time):
 /// claims that failed before it no longer count towards the attempt bound.
 pub const ANNOTATION_ATTEMPTS_RESET_AT: &str = "infra.homecluster.dev/attempts-reset-at";
+/// On a shutdown Job whose success confirms the machine off (`"true"`): a typed driver, or a
+/// pod spec that says `confirmsPowerState`. Written when the Job is made, so a later edit of the
+/// slot does not change what a finished Job proved.
+pub const ANNOTATION_CONFIRMS_OFF: &str = "infra.homecluster.dev/confirms-off";
 /// The category that makes `kubectl get homelab` list all three kinds.
 pub const CATEGORY: &str = "homelab";
 /// The namespace everything lives in unless the operator is told otherwise.

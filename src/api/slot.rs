@@ -126,6 +126,13 @@ pub struct LifecyclePodSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
     pub tolerations: Vec<Toleration>,
+    /// The pod exits 0 only once the machine reports the state it was asked for (it reads the
+    /// power state back from a BMC, or a plug's draw at standby). Read on a shutdown pod only:
+    /// with it, the pod's success confirms the machine off even when its kubelet fell silent
+    /// before the shutdown, and the machine's node is removed; without it, such a node is kept
+    /// (a pod that exits 0 may only have sent the request).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confirms_power_state: bool,
     /// How long a finished Job is kept. Defaults to 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]

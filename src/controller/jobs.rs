@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use crate::api::{
-    LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_SLOT, LifecyclePodSpec,
-    Node, NodeClaim, PowerAction, PowerDriverKind, PowerSpec,
+    ANNOTATION_CONFIRMS_OFF, LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_NODECLAIM,
+    LABEL_SLOT, LifecyclePodSpec, Node, NodeClaim, PowerAction, PowerDriverKind, PowerSpec,
 };
 use crate::claim::{DEFAULT_JOB_BACKOFF_LIMIT, DEFAULT_JOB_TTL_SECONDS};
 use crate::power;
@@ -183,6 +183,18 @@ fn copy_driver(
     }
 }
 
+/// Whether the success of a shutdown through `slot`'s off path confirms the machine off. Every
+/// typed driver's does: a BMC reads the state back, a plug cuts the power at the outlet, and SSH
+/// saw the command exit 0 or the host fall silent after it. A pod spec's only when it says so
+/// (`confirmsPowerState`): its exit 0 may only mean that a request went out.
+pub fn shutdown_confirms_off(slot: &Node) -> bool {
+    match source(slot, Lifecycle::Shutdown) {
+        Ok(Source::Pod(spec)) => spec.confirms_power_state,
+        Ok(Source::Power { .. }) => true,
+        Err(_) => false,
+    }
+}
+
 /// Builds the Job. Pure; the caller creates it.
 pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
     let source = source(ctx.slot, ctx.lifecycle)?;
@@ -222,6 +234,9 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
     };
     pod.priority_class_name = ctx.priority_class.map(str::to_string);
 
+    let confirms_off = ctx.lifecycle == Lifecycle::Shutdown && shutdown_confirms_off(ctx.slot);
+    let annotations = confirms_off
+        .then(|| BTreeMap::from([(ANNOTATION_CONFIRMS_OFF.to_string(), "true".to_string())]));
     let ceiling = i64::try_from(ctx.max_run_time.as_secs()).unwrap_or(i64::MAX).max(1);
     let active_deadline = run.active_deadline_seconds.map_or(ceiling, |s| s.min(ceiling));
     Ok(Job {
@@ -229,6 +244,7 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
             name: Some(ctx.name.clone()),
             namespace: ctx.slot.metadata.namespace.clone(),
             labels: Some(labels.clone()),
+            annotations,
             owner_references: Some(owners),
             ..ObjectMeta::default()
         },
@@ -549,6 +565,58 @@ mod tests {
                 let pod = job.spec.unwrap().template.spec.unwrap();
                 assert_eq!(pod.priority_class_name.as_deref(), class, "{:?}", s.metadata.name);
             }
+        }
+    }
+
+    /// What a shutdown Job's success proves is written on it when it is made: a typed driver's
+    /// reads the machine off, a pod spec's only when it says so, and a startup Job never says.
+    #[test]
+    fn a_shutdown_job_says_whether_its_success_confirms_the_machine_off() {
+        let from_spec = slot("m1", "pool");
+        let mut confirming = slot("m2", "pool");
+        confirming.spec.shutdown_pod_spec.get_or_insert_default().confirms_power_state = true;
+        let mut powered = slot("m3", "pool");
+        powered.spec.shutdown_pod_spec = None;
+        powered.spec.power = Some(PowerSpec {
+            ssh: Some(
+                serde_json::from_value(serde_json::json!({
+                    "host": "10.0.0.3", "user": "root",
+                    "privateKey": { "name": "k", "key": "ssh-privatekey" },
+                    "knownHostKey": "ssh-ed25519 AAAA",
+                }))
+                .unwrap(),
+            ),
+            ..PowerSpec::default()
+        });
+        let table = [
+            ("a pod spec that only ran", &from_spec, Lifecycle::Shutdown, None),
+            (
+                "a pod spec that reads the machine off",
+                &confirming,
+                Lifecycle::Shutdown,
+                Some("true"),
+            ),
+            ("a typed driver", &powered, Lifecycle::Shutdown, Some("true")),
+            ("a startup Job", &confirming, Lifecycle::Startup, None),
+        ];
+        for (name, s, lifecycle, want) in table {
+            let job = build(&JobContext {
+                slot: s,
+                group: "pool",
+                claim: None,
+                lifecycle,
+                name: "job".into(),
+                max_run_time: std::time::Duration::from_secs(300),
+                power_image: "operator:1",
+                priority_class: None,
+            })
+            .unwrap();
+            let annotations = job.metadata.annotations.unwrap_or_default();
+            assert_eq!(
+                annotations.get(ANNOTATION_CONFIRMS_OFF).map(String::as_str),
+                want,
+                "{name}"
+            );
         }
     }
 }

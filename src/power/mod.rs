@@ -177,7 +177,7 @@ pub(crate) async fn run_driver(
             cycled.map_or(sent.clone(), |cycled| format!("{cycled}; {sent}"))
         }
         PowerDriverKind::Ssh => {
-            ssh::shutdown(spec.ssh.as_ref().ok_or_else(missing)?, secrets).await?
+            ssh::shutdown(spec.ssh.as_ref().ok_or_else(missing)?, secrets, confirm).await?
         }
         PowerDriverKind::Redfish => {
             let bmc =

@@ -1,6 +1,10 @@
 //! A clean shutdown over SSH (`russh`): log in with a key from a Secret, check the machine's
-//! host key against the one the slot pins, run the command. A machine that powers off may drop
-//! the connection before it reports an exit status; that counts as done.
+//! host key against the one the slot pins, run the command. Exit status 0 is done. A session
+//! that closes without an exit status is only "sent": a machine powering off may drop the
+//! connection first, but so does a link that stalls right after `exec`, when the machine never
+//! got the command. So a sent shutdown counts as done only once the host stops answering on its
+//! SSH port and stays silent for [`QUIET_AFTER_SENT`] (longer than a link blip); a host that
+//! answers (a connection accepted, or refused by its kernel) is up.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +19,12 @@ use crate::api::{DEFAULT_SSH_COMMAND, SshShutdown};
 
 const DEFAULT_PORT: u16 = 22;
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a host must stay silent after a sent shutdown for it to count as off.
+pub const QUIET_AFTER_SENT: Duration = Duration::from_secs(60);
+/// How long one probe of the SSH port waits for an answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the SSH port is probed while watching a sent shutdown.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Parses a pinned host key: `ssh-ed25519 AAAA...`, with or without a leading host part and a
 /// trailing comment (a known_hosts line or `ssh-keyscan` output both work).
@@ -61,9 +71,14 @@ impl client::Handler for PinnedHost {
     }
 }
 
-/// Runs the shutdown command.
+/// Runs the shutdown command. `confirm`: how long after a session that closed without an exit
+/// status the host may take to fall silent.
 #[tracing::instrument(skip_all, fields(host = %settings.host))]
-pub async fn shutdown(settings: &SshShutdown, secrets: &Secrets) -> Result<String, PowerError> {
+pub async fn shutdown(
+    settings: &SshShutdown,
+    secrets: &Secrets,
+    confirm: Duration,
+) -> Result<String, PowerError> {
     let port = settings.port.unwrap_or(DEFAULT_PORT);
     let peer = format!("SSH at {}:{port}", settings.host);
     let expected = parse_host_key(&settings.known_host_key)?;
@@ -133,10 +148,178 @@ pub async fn shutdown(settings: &SshShutdown, secrets: &Secrets) -> Result<Strin
     let _ = session.disconnect(russh::Disconnect::ByApplication, "", "en").await;
     match exit {
         Some(0) => Ok(format!("{peer} ran {command:?}")),
-        None => Ok(format!("{peer} ran {command:?}; the connection closed without an exit status")),
+        None => {
+            tracing::info!("the session closed without an exit status: watching the host");
+            let sent =
+                format!("{command:?} was sent and the connection closed without an exit status");
+            match watch_sent(&addrs, confirm).await {
+                Ok(quiet) => Ok(format!(
+                    "{peer}: {sent}; the host has not answered on port {port} for {}s since",
+                    quiet.as_secs()
+                )),
+                Err(answered) => Err(PowerError::NotConfirmed {
+                    peer,
+                    wanted: super::PowerState::Off,
+                    waited: confirm,
+                    last: format!(
+                        "{sent}, and the host still answers on port {port} ({answered}): the \
+                         machine may never have got the command"
+                    ),
+                }),
+            }
+        }
         Some(code) => Err(PowerError::protocol(
             &peer,
             format!("{command:?} exited {code}: {}", String::from_utf8_lossy(&stderr).trim()),
         )),
+    }
+}
+
+/// Whether the host answered one probe of its SSH port, and how.
+async fn probe(addrs: &[std::net::SocketAddr]) -> Option<&'static str> {
+    for addr in addrs {
+        match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => return Some("a connection was accepted"),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Some("a connection was refused");
+            }
+            // A timeout, or no route: nothing answered.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+    None
+}
+
+/// Watches a host after a sent shutdown: `Ok(quiet)` once it has been silent for
+/// [`QUIET_AFTER_SENT`], or `Err(how it answered)` when no silence began within `confirm`.
+async fn watch_sent(
+    addrs: &[std::net::SocketAddr],
+    confirm: Duration,
+) -> Result<Duration, &'static str> {
+    let started = tokio::time::Instant::now();
+    let mut watch = QuietWatch::default();
+    loop {
+        let answer = probe(addrs).await;
+        match watch.observe(answer, started.elapsed(), confirm, QUIET_AFTER_SENT) {
+            Verdict::Watching => {}
+            Verdict::Quiet(quiet) => return Ok(quiet),
+            Verdict::Answers(how) => return Err(how),
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+/// What a run of probes says about a host that was sent a shutdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Watching,
+    /// Silent for this long: off.
+    Quiet(Duration),
+    /// It answered, and no silence began in time (the last answer).
+    Answers(&'static str),
+}
+
+/// The probes seen so far: when the current silence began. Pure.
+#[derive(Debug, Default)]
+struct QuietWatch {
+    silent_since: Option<Duration>,
+    last_answer: Option<&'static str>,
+}
+
+impl QuietWatch {
+    /// One probe's answer (`None`: silence) at `elapsed` since the session closed. A silence
+    /// must begin within `confirm` and last `quiet`; an answer ends it.
+    fn observe(
+        &mut self,
+        answer: Option<&'static str>,
+        elapsed: Duration,
+        confirm: Duration,
+        quiet: Duration,
+    ) -> Verdict {
+        match answer {
+            Some(how) => {
+                self.silent_since = None;
+                self.last_answer = Some(how);
+            }
+            None => {
+                let since = *self.silent_since.get_or_insert(elapsed);
+                if elapsed.saturating_sub(since) >= quiet {
+                    return Verdict::Quiet(elapsed - since);
+                }
+            }
+        }
+        match (self.silent_since, self.last_answer) {
+            (None, Some(how)) if elapsed >= confirm => Verdict::Answers(how),
+            _ => Verdict::Watching,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACCEPTED: Option<&str> = Some("a connection was accepted");
+
+    /// Probes one second apart; the verdict after the last.
+    fn verdict(answers: &[Option<&'static str>], confirm: u64, quiet: u64) -> Verdict {
+        let mut watch = QuietWatch::default();
+        let mut last = Verdict::Watching;
+        for (second, answer) in answers.iter().enumerate() {
+            let elapsed = Duration::from_secs(second as u64);
+            last = watch.observe(
+                *answer,
+                elapsed,
+                Duration::from_secs(confirm),
+                Duration::from_secs(quiet),
+            );
+            if last != Verdict::Watching {
+                break;
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn quiet_watch_table() {
+        let silent = |n: usize| vec![None; n];
+        let answering = |n: usize| vec![ACCEPTED; n];
+        let then = |a: Vec<Option<&'static str>>, b: Vec<Option<&'static str>>| [a, b].concat();
+        let table = [
+            (
+                "silent from the start, for the quiet",
+                silent(6),
+                Verdict::Quiet(Duration::from_secs(5)),
+            ),
+            ("silent, not long enough yet", silent(5), Verdict::Watching),
+            (
+                "answering past the confirm timeout",
+                answering(4),
+                Verdict::Answers("a connection was accepted"),
+            ),
+            (
+                "answering a while (sshd stopping), then silent",
+                then(answering(2), silent(6)),
+                Verdict::Quiet(Duration::from_secs(5)),
+            ),
+            (
+                "a blip: silent, then answering again past the confirm timeout",
+                then(silent(3), answering(2)),
+                Verdict::Answers("a connection was accepted"),
+            ),
+            (
+                "a silence that began in time is seen through",
+                then(answering(3), silent(6)),
+                Verdict::Quiet(Duration::from_secs(5)),
+            ),
+            (
+                "refused is an answer: the kernel is up",
+                vec![Some("a connection was refused"); 4],
+                Verdict::Answers("a connection was refused"),
+            ),
+        ];
+        for (name, answers, want) in table {
+            assert_eq!(verdict(&answers, 3, 5), want, "{name}");
+        }
     }
 }

@@ -11,7 +11,10 @@
 //! reboot, a Wi-Fi drop) is as silent as one that is off, so silence alone confirms nothing.
 //! Confirmed off means the slot's own shutdown Job succeeded after the node registered and the
 //! kubelet is silent (Ready `Unknown`), its silence having begun no later than a settle after the
-//! Job ended (a later silence is a blip of a machine the shutdown left on). A node silent for
+//! Job ended (a later silence is a blip of a machine the shutdown left on). A silence that began
+//! before the Job was made (the confirm-off path, a forced shutdown after `MachineGone`) was not
+//! the Job's doing, so there the Job's success counts only if it reads the machine off
+//! ([`ANNOTATION_CONFIRMS_OFF`]: a typed driver, or a pod spec that says so). A node silent for
 //! longer than the grace with nothing wanting its machine is not removed: the shutdown path
 //! powers the machine off ([`Removal::ConfirmOff`]), and that shutdown's success is the
 //! confirmation. Where nothing reaches the machine the node stays, and the slot says what to do.
@@ -20,12 +23,13 @@
 //! is never the one deleted.
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 
 use super::undeclared;
-use crate::api::{Node, NodeClaim};
+use crate::api::{ANNOTATION_CONFIRMS_OFF, Node, NodeClaim};
 use crate::controller::Context;
 use crate::controller::claim::release::awaits_forced_shutdown;
 use crate::controller::error::{KubeContext, Result, is_not_found, is_stale_write};
@@ -58,12 +62,35 @@ pub enum Removal {
     },
 }
 
+/// A shutdown Job of the slot, as the decision reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownJob {
+    pub outcome: JobOutcome,
+    /// When the Job was made.
+    pub created: Option<Timestamp>,
+    /// Its success reads the machine off ([`ANNOTATION_CONFIRMS_OFF`]).
+    pub confirms_off: bool,
+}
+
+impl ShutdownJob {
+    pub fn of(job: &Job) -> Self {
+        let annotations = job.metadata.annotations.as_ref();
+        Self {
+            outcome: outcome(job),
+            created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            confirms_off: annotations
+                .and_then(|a| a.get(ANNOTATION_CONFIRMS_OFF))
+                .is_some_and(|v| v == "true"),
+        }
+    }
+}
+
 /// What the decision reads.
 pub struct Facts<'a> {
     pub claims: &'a [&'a NodeClaim],
     pub node: &'a CoreNode,
-    /// The outcomes of the slot's shutdown Jobs.
-    pub shutdowns: &'a [JobOutcome],
+    /// The slot's shutdown Jobs.
+    pub shutdowns: &'a [ShutdownJob],
     pub now: Timestamp,
     /// How long a silent kubelet is given before the machine is powered off to confirm it.
     pub grace: SignedDuration,
@@ -83,18 +110,22 @@ pub fn decide(facts: &Facts) -> Removal {
         return Removal::Keep;
     };
     // `True` and `False` both come from a kubelet that reports in: the machine is up.
-    if ready != "Unknown" || shutdowns.contains(&JobOutcome::Running) {
+    if ready != "Unknown" || shutdowns.iter().any(|s| s.outcome == JobOutcome::Running) {
         return Removal::Keep;
     }
     let registered = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let silent_from = since.unwrap_or(now);
     // A silence that began later than a settle after the shutdown ended is not the shutdown's
-    // doing: the machine stayed on (or came back), and this is a blip of its link.
-    let shut_down_since_registration = shutdowns.iter().any(|o| match o {
+    // doing: the machine stayed on (or came back), and this is a blip of its link. One that
+    // began before the Job was made is not its doing either: only a Job that reads the machine
+    // off tells an off machine from one cut off from the API server.
+    let shut_down_since_registration = shutdowns.iter().any(|s| match s.outcome {
         JobOutcome::Succeeded { at } => {
             let ended = at.unwrap_or(now);
+            let silent_before_it = s.created.is_some_and(|made| silent_from < made);
             registered.is_none_or(|r| ended >= r)
                 && ended.checked_add(settle).is_ok_and(|settled| silent_from <= settled)
+                && (s.confirms_off || !silent_before_it)
         }
         JobOutcome::Running | JobOutcome::Failed => false,
     });
@@ -128,10 +159,10 @@ pub fn decide(facts: &Facts) -> Removal {
 pub fn decide_for(ctx: &Context, slot_name: &str, node: &CoreNode) -> Removal {
     let owned = ctx.claims_of_slot(slot_name);
     let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
-    let shutdowns: Vec<JobOutcome> = ctx
+    let shutdowns: Vec<ShutdownJob> = ctx
         .lifecycle_jobs_of_slot(slot_name, Lifecycle::Shutdown)
         .iter()
-        .map(|j| outcome(j))
+        .map(|j| ShutdownJob::of(j))
         .collect();
     let duration =
         |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
@@ -240,9 +271,20 @@ mod tests {
         let mut deleting = node(Some(("Unknown", long_ago)));
         deleting.metadata.deletion_timestamp = Some(Time(now));
 
-        type Row<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<JobOutcome>, Removal);
+        // A pod spec that does not read the machine off, made at 09:55 (after the long silence
+        // began, before the recent one), done at 09:58.
+        let unconfirmed = ShutdownJob {
+            outcome: shut_down,
+            created: Some(ts("2026-03-04T09:55:00Z")),
+            confirms_off: false,
+        };
+        let confirming = ShutdownJob { confirms_off: true, ..unconfirmed };
+        type Row<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<ShutdownJob>, Removal);
         let confirm = Removal::ConfirmOff { since: ts(long_ago) };
-        let table: Vec<Row> = vec![
+        // Typed drivers' Jobs, which read the machine off, with no creation time.
+        let typed = |outcome| ShutdownJob { outcome, created: None, confirms_off: true };
+        type OutcomeRow<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<JobOutcome>, Removal);
+        let rows: Vec<OutcomeRow> = vec![
             (
                 "Ready is never removed",
                 vec![],
@@ -386,6 +428,49 @@ mod tests {
             ("never reported", vec![], node(None), vec![], Removal::Keep),
             ("already being deleted", vec![], deleting, vec![shut_down], Removal::Keep),
         ];
+        let table: Vec<Row> = rows
+            .into_iter()
+        .map(|(name, claims, node, outcomes, want)| {
+            (name, claims, node, outcomes.into_iter().map(typed).collect(), want)
+        })
+        .chain([
+            (
+                "silent before a shutdown pod that cannot read the machine off: nothing confirmed",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![unconfirmed],
+                confirm,
+            ),
+            (
+                "silent before a shutdown that reads the machine off",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![confirming],
+                Removal::Remove(OffBecause::ShutDown),
+            ),
+            (
+                "silent after that pod began: its shutdown's doing",
+                vec![],
+                node(Some(("Unknown", just_now))),
+                vec![unconfirmed],
+                Removal::Remove(OffBecause::ShutDown),
+            ),
+            (
+                "a boot over a node silent before an unconfirmed shutdown: the kubelet takes it over",
+                vec![&booting],
+                node(Some(("Unknown", long_ago))),
+                vec![unconfirmed],
+                Removal::Keep,
+            ),
+            (
+                "a boot over a node silent before a confirmed shutdown",
+                vec![&booting],
+                node(Some(("Unknown", long_ago))),
+                vec![confirming],
+                Removal::Remove(OffBecause::Rebooting),
+            ),
+        ])
+        .collect();
         let settle = SignedDuration::from_mins(2);
         for (name, claims, node, shutdowns, want) in table {
             let facts =

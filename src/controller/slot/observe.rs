@@ -258,7 +258,8 @@ pub async fn write_status(
         }
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
-    let (ok, reason, message) = node_reporting(&slot.spec.kubernetes_node_name, node);
+    let pod_confirms = slot.spec.shutdown_pod_spec.as_ref().map(|p| p.confirms_power_state);
+    let (ok, reason, message) = node_reporting(&slot.spec.kubernetes_node_name, node, pod_confirms);
     conditions.push(condition(
         "NodeReporting",
         ok,
@@ -355,7 +356,12 @@ pub async fn write_status(
 
 /// Whether the node's kubelet reports in, and what a person does about a silent one: the
 /// operator never removes a node only because its kubelet went silent (`node_removal`).
-fn node_reporting(node_name: &str, node: Option<&CoreNode>) -> (bool, &'static str, String) {
+/// `pod_confirms`: whether the slot's shutdown pod, if it has one, reads the machine off.
+fn node_reporting(
+    node_name: &str,
+    node: Option<&CoreNode>,
+    pod_confirms: Option<bool>,
+) -> (bool, &'static str, String) {
     match machine::Kubelet::of(node) {
         machine::Kubelet::NoNode => (true, "NoNode", "the machine is off and has no node".into()),
         machine::Kubelet::NotReady { since, says } => {
@@ -370,11 +376,16 @@ fn node_reporting(node_name: &str, node: Option<&CoreNode>) -> (bool, &'static s
         }
         machine::Kubelet::Silent { since } => {
             let since = since.map_or_else(|| "its registration".to_string(), |t| t.to_string());
+            let pod = if pod_confirms == Some(false) {
+                ". The slot's shutdown pod does not read the machine off, so its success confirms nothing here: if it exits 0 only once the machine is off, set spec.shutdownPodSpec.confirmsPowerState: true"
+            } else {
+                ""
+            };
             (
                 false,
                 "Silent",
                 format!(
-                    "the kubelet of node {node_name} has been silent since {since}. The node is kept until a shutdown Job of the slot confirms the machine off, because a kubelet that is running but cut off from the API server never registers a deleted node again. If no shutdown reaches the machine and it is off: kubectl delete node {node_name}. If it is on: restore its network, and its kubelet takes the node back"
+                    "the kubelet of node {node_name} has been silent since {since}. The node is kept until a shutdown Job of the slot confirms the machine off, because a kubelet that is running but cut off from the API server never registers a deleted node again. If no shutdown reaches the machine and it is off: kubectl delete node {node_name}. If it is on: restore its network, and its kubelet takes the node back{pod}"
                 ),
             )
         }
@@ -432,14 +443,17 @@ mod tests {
             ("silent", Some(node(Some("Unknown"))), false, "Silent"),
         ];
         for (name, node, ok, reason) in table {
-            let (got_ok, got_reason, message) = node_reporting("m1", node.as_ref());
+            let (got_ok, got_reason, message) = node_reporting("m1", node.as_ref(), None);
             assert_eq!((got_ok, got_reason), (ok, reason), "{name}: {message}");
         }
-        let (_, _, message) = node_reporting("m1", Some(&node(Some("Unknown"))));
+        let (_, _, message) = node_reporting("m1", Some(&node(Some("Unknown"))), Some(true));
         assert!(message.contains("since 2026-03-04T09:00:00Z"), "{message}");
+        assert!(!message.contains("confirmsPowerState"), "{message}");
         assert!(message.contains("kubectl delete node m1"), "{message}");
         assert!(message.contains("restore its network"), "{message}");
-        let (_, _, message) = node_reporting("m1", Some(&node(Some("False"))));
+        let (_, _, message) = node_reporting("m1", Some(&node(Some("Unknown"))), Some(false));
+        assert!(message.contains("set spec.shutdownPodSpec.confirmsPowerState: true"), "{message}");
+        let (_, _, message) = node_reporting("m1", Some(&node(Some("False"))), None);
         assert!(message.contains("not been Ready since 2026-03-04T09:00:00Z"), "{message}");
         assert!(message.contains("The machine is on"), "{message}");
     }

@@ -279,7 +279,12 @@ impl Lab {
         let mut names = Vec::new();
         for i in 0..slots {
             let name = format!("{}-m{i}", self.ns);
-            let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": self.ns } });
+            // The simulator powers the machine off when the shutdown pod runs: it confirms it off.
+            let pod = json!({
+                "image": "registry.invalid/power:1",
+                "nodeSelector": { "homelab.test/lab": self.ns },
+                "confirmsPowerState": true,
+            });
             let slot: Node = serde_json::from_value(json!({
                 "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
                 "metadata": { "name": name, "labels": { "group": "pool" } },

@@ -119,6 +119,8 @@ struct Inner {
     mains_now: AtomicBool,
     /// Every change of the power state, in order.
     history: std::sync::Mutex<Vec<PowerEvent>>,
+    /// When an SSH command was lost with the link ([`Machine::lose_next_ssh_command`]).
+    lost_at: std::sync::Mutex<Option<Instant>>,
     board: Board,
     link: Link,
     _janitor: Janitor,
@@ -204,6 +206,7 @@ impl Machine {
                 on_now: AtomicBool::new(false),
                 mains_now: AtomicBool::new(true),
                 history: std::sync::Mutex::new(Vec::new()),
+                lost_at: std::sync::Mutex::new(None),
                 board,
                 link,
                 _janitor: janitor,
@@ -239,11 +242,34 @@ impl Machine {
             WakeListener::start(self.netns(), mac, press(weak.clone(), runtime.clone(), true))?;
         *self.inner.wake.lock().map_err(|_| anyhow::anyhow!("wake lock poisoned"))? = Some(wake);
         if self.inner.board.ssh.is_some() {
-            let line = PowerButtonLine::start(button, press(weak, runtime, false))?;
+            let cut = weak.clone();
+            let lost = move || {
+                let Some(inner) = cut.upgrade() else { return };
+                if let Err(error) = inner.link.cut() {
+                    eprintln!("machine {}: cutting the link: {error:#}", inner.board.name);
+                }
+                if let Ok(mut at) = inner.lost_at.lock() {
+                    *at = Some(Instant::now());
+                }
+            };
+            let line = PowerButtonLine::start(button, press(weak, runtime, false), lost)?;
             *self.inner.button.lock().map_err(|_| anyhow::anyhow!("button lock poisoned"))? =
                 Some(line);
         }
         Ok(())
+    }
+
+    /// The next SSH command is lost: the link drops right after it is sent (the test process
+    /// cuts the cable) and the machine never acts on it. [`Self::ssh_command_lost_at`] says when.
+    pub fn lose_next_ssh_command(&self) -> Result<()> {
+        let Some(ssh) = &self.inner.board.ssh else { bail!("machine {} has no sshd", self.name()) };
+        let marker = ssh.dir().join(ssh::LOSE_NEXT);
+        std::fs::write(&marker, "").with_context(|| format!("writing {}", marker.display()))
+    }
+
+    /// When an SSH command was lost with the link, if one was.
+    pub fn ssh_command_lost_at(&self) -> Option<Instant> {
+        self.inner.lost_at.lock().ok().and_then(|at| *at)
     }
 
     /// Its network card's MAC address (what a Wake-on-LAN packet names).

@@ -4,6 +4,11 @@
 //! `systemctl poweroff` does here: it tells the machine's power button line (a FIFO the test
 //! process reads) to shut the machine down, and returns. The host key is made once, so it stays
 //! the same across boots, as a real machine's does.
+//!
+//! A test may have the next command lost ([`LOSE_NEXT`]): the link drops right after the command
+//! is sent and the machine never acts on it. The session then hangs with no exit status, as it
+//! does when a switch drops the link mid-session, and the line tells the test process to cut the
+//! machine's cable.
 
 use std::fs;
 use std::io::Write;
@@ -22,6 +27,10 @@ use crate::power_peers::require;
 pub const SSH_PORT: u16 = 22;
 /// What the line carries for a shutdown.
 const POWEROFF: &str = "poweroff";
+/// What the line carries for a command that is lost with the link.
+const LOST: &str = "lost";
+/// The file in the sshd's directory that makes the next command a lost one (removed by it).
+pub(crate) const LOSE_NEXT: &str = "lose-next";
 
 /// The sshd of a machine: its configuration and keys on the machine's disk.
 pub(crate) struct SshServer {
@@ -51,6 +60,18 @@ impl SshServer {
         fs::write(&authorized, format!("{}\n", authorized_key.trim()))
             .with_context(|| format!("writing {}", authorized.display()))?;
         fs::set_permissions(&authorized, fs::Permissions::from_mode(0o600))?;
+        let command = dir.join("command.sh");
+        let lose_next = dir.join(LOSE_NEXT);
+        fs::write(
+            &command,
+            format!(
+                "if [ -e {lose} ]; then rm -f {lose}; echo {LOST} > {button}; exec sleep 600; fi\n\
+                 echo {POWEROFF} > {button}\n",
+                lose = lose_next.display(),
+                button = button.display(),
+            ),
+        )
+        .with_context(|| format!("writing {}", command.display()))?;
         // sshd needs its privilege-separation directory on the host.
         fs::create_dir_all("/run/sshd").context("creating /run/sshd")?;
         let config = format!(
@@ -58,14 +79,19 @@ impl SshServer {
              AuthorizedKeysFile {authorized}\nPubkeyAuthentication yes\n\
              PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
              StrictModes no\nPermitRootLogin prohibit-password\n\
-             ForceCommand echo {POWEROFF} > {button}\n",
+             ForceCommand /bin/sh {command}\n",
             host = host_key.display(),
             pid = dir.join("sshd.pid").display(),
             authorized = authorized.display(),
-            button = button.display(),
+            command = command.display(),
         );
         fs::write(dir.join("sshd_config"), config).context("writing sshd_config")?;
         Ok(Self { dir: dir.to_owned() })
+    }
+
+    /// Where its configuration and keys are.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The host key as a known-hosts line holds it: `ssh-ed25519 AAAA…`.
@@ -84,7 +110,8 @@ impl SshServer {
 }
 
 /// The line from the OS to the power supply: a FIFO read by a thread of the test process, which
-/// presses "shut down" when a `poweroff` arrives. Dropping it stops the thread.
+/// presses "shut down" when a `poweroff` arrives, and calls `lost` for a lost command. Dropping
+/// it stops the thread.
 pub(crate) struct PowerButtonLine {
     fifo: PathBuf,
     stopping: Arc<AtomicBool>,
@@ -92,7 +119,11 @@ pub(crate) struct PowerButtonLine {
 }
 
 impl PowerButtonLine {
-    pub(crate) fn start(fifo: &Path, shut_down: impl Fn() + Send + 'static) -> Result<Self> {
+    pub(crate) fn start(
+        fifo: &Path,
+        shut_down: impl Fn() + Send + 'static,
+        lost: impl Fn() + Send + 'static,
+    ) -> Result<Self> {
         let status = Command::new("mkfifo")
             .arg("-m")
             .arg("0600")
@@ -111,8 +142,13 @@ impl PowerButtonLine {
                     // Each open waits for a writer; the text is whole once it closes.
                     while !stopping.load(Ordering::SeqCst) {
                         let Ok(text) = fs::read_to_string(&fifo) else { return };
-                        if !stopping.load(Ordering::SeqCst) && text.contains(POWEROFF) {
+                        if stopping.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        if text.contains(POWEROFF) {
                             shut_down();
+                        } else if text.contains(LOST) {
+                            lost();
                         }
                     }
                 })
