@@ -397,14 +397,25 @@ if [[ $kube_version == "$kube_pin" ]]; then
   echo "$bin"
 else
   # The directory the harness reads: every program of $bin but the Kubernetes ones, which are
-  # this release's (one not built for this profile is left out). Links are only ever added, so
-  # a suite of another run reading the view never finds it half made.
+  # this release's (one not built for this profile is left out). Links are only added (a
+  # directory becomes a directory of links), so a suite reading the view never finds it half made.
   view=$cache/kube-$kube_version/view
   make_view() {
-    local f
+    local f g name
     mkdir -p "$view"
     for f in "$bin"/*; do
-      if [[ " ${kube_programs[*]} " != *" ${f##*/} "* && ! -L $view/${f##*/} ]]; then ln -s "$f" "$view/"; fi
+      name=${f##*/}
+      [[ " ${kube_programs[*]} " == *" $name "* ]] && continue
+      if [[ -d $f ]]; then
+        # A directory of links, not a link: `kubectl apply -f DIR` follows no link to a directory.
+        [[ -L $view/$name ]] && rm -f "$view/$name"
+        mkdir -p "$view/$name"
+        for g in "$f"/*; do
+          if [[ ! -L $view/$name/${g##*/} ]]; then ln -s "$g" "$view/$name/"; fi
+        done
+      elif [[ ! -L $view/$name ]]; then
+        ln -s "$f" "$view/"
+      fi
     done
     for f in "${kube_programs[@]}"; do
       if [[ -x $kube_bin/$f && ! -L $view/$f ]]; then ln -s "$kube_bin/$f" "$view/"; fi
