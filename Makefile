@@ -4,6 +4,12 @@
 CACHE ?= $(HOME)/.cache/homelab-autoscaler
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 export HOMELAB_TEST_CACHE ?= $(CACHE)
+# KUBE_VERSION=1.34.4: the control plane, kubelet and kubectl of `make test`, `make demo` and
+# `make bench` at another Kubernetes release than the pinned one (tests/harness/go/k8s), built
+# beside the pinned binaries, never over them (docs/install.md has the supported window).
+ifdef KUBE_VERSION
+export HOMELAB_KUBE_VERSION := $(KUBE_VERSION)
+endif
 
 .PHONY: test test-fast demo bench manifests lint image reliability-long
 
@@ -51,10 +57,13 @@ bench:
 manifests:
 	cargo run --locked -q -- manifests write
 
-## lint: formatting and clippy, as CI runs them. Clippy keeps its own target dir, so that it can
-## run beside `make test` (as .ci/run does) without waiting on the test build's lock.
+## lint: formatting, the workflows (actionlint, built by build-binaries.sh under its lock, and
+## a check that every repository command they call exists) and clippy, as CI runs them. Clippy
+## keeps its own target dir, so that it can run beside `make test` (as .ci/run does) without
+## waiting on the test build's lock.
 lint:
 	cargo fmt --all -- --check
+	tests/harness/lint-workflows.sh
 	CARGO_TARGET_DIR=$(CACHE)/lint-target cargo clippy --workspace --all-targets --locked -- -D warnings
 
 ## reliability-long: the long runs of the crash-injection and fuzz suites (not in CI; the figures

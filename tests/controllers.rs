@@ -209,7 +209,13 @@ async fn a_claim_boots_its_machine_and_a_scale_down_powers_it_off() {
         booting.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER),
         "the finalizer arrives with the boot"
     );
-    let job = lab.jobs().get("c1-startup").await.expect("startup Job");
+    // The Job follows the Booting commit (D35): under load it may not be there yet.
+    let jobs = lab.jobs();
+    let job = eventually("the startup Job", ACT, || async {
+        jobs.get("c1-startup").await.context("reading Job c1-startup")
+    })
+    .await
+    .expect("startup Job");
     let owners = job.metadata.owner_references.clone().unwrap_or_default();
     assert_eq!(
         owners.iter().find(|o| o.controller == Some(true)).map(|o| o.kind.as_str()),

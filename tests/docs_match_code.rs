@@ -27,7 +27,11 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
             "--show-managed-fields",
         ],
     ),
-    ("helm", &["--set", "--install", "--create-namespace", "--reuse-values", "--strict"]),
+    (
+        "helm",
+        &["--set", "--install", "--create-namespace", "--reuse-values", "--strict", "--version"],
+    ),
+    ("gh", &["--owner"]),
     (
         "cargo",
         &[

@@ -131,8 +131,9 @@ impl AutoscalerRestart {
         };
         let stamped = deployment
             .spec
+            .template
+            .metadata
             .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
             .and_then(|m| m.annotations.as_ref())
             .and_then(|a| a.get(CERTIFICATE_DIGEST));
         if stamped == Some(&digest) {

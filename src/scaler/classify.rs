@@ -204,7 +204,7 @@ fn workloads(
         (kind, meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
     };
     for d in view.deployments.iter().filter(|d| d.metadata.deletion_timestamp.is_none()) {
-        let Some(spec) = d.spec.as_ref() else { continue };
+        let spec = &d.spec;
         found.push((
             key("Deployment", &d.metadata),
             spec.replicas.unwrap_or(1),
@@ -212,7 +212,7 @@ fn workloads(
         ));
     }
     for s in view.stateful_sets.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
-        let Some(spec) = s.spec.as_ref() else { continue };
+        let spec = &s.spec;
         found.push((
             key("StatefulSet", &s.metadata),
             spec.replicas.unwrap_or(1),
@@ -225,11 +225,10 @@ fn workloads(
             rs.metadata.namespace.clone().unwrap_or_default(),
             rs.metadata.name.clone().unwrap_or_default(),
         );
-        let Some(spec) =
-            rs.spec.as_ref().filter(|_| !owned && !deployments_of.contains_key(&named))
-        else {
+        if owned || deployments_of.contains_key(&named) {
             continue;
-        };
+        }
+        let spec = &rs.spec;
         let template = spec.template.as_ref().and_then(|t| t.spec.as_ref());
         found.push((key("ReplicaSet", &rs.metadata), spec.replicas.unwrap_or(1), template));
     }

@@ -3,10 +3,13 @@
 # modules beside this script, into a cache outside the repository. Idempotent: a binary is
 # rebuilt only when its wrapper's go.mod/go.sum change. Prints the binary directory last.
 #
-#   build-binaries.sh [integration|cluster|autoscaler|storage|e2e|machines|all]   (default: cluster)
+#   build-binaries.sh [integration|cluster|autoscaler|storage|e2e|machines|all|lint|release]
+#                                                                        (default: cluster)
 #
 # `machines` is `e2e` plus the programs of the harness's real machines (kubelet, containerd,
-# runc, CNI plugins, our pause); no other profile builds those.
+# runc, CNI plugins, our pause); no other profile builds those. `lint` is actionlint alone (for
+# `make lint`), `release` helm and crane alone (for .github/workflows/release.yml); neither
+# builds a control plane.
 #
 # Environment:
 #   HOMELAB_TEST_ASSETS  a directory of prebuilt binaries (as envtest's KUBEBUILDER_ASSETS);
@@ -16,6 +19,11 @@
 #                        default: ../shared/upstream/cluster-autoscaler/, else a git clone.
 #   HOMELAB_CERT_MANAGER_SOURCE  cert-manager's cmd source tarball (controller/, cainjector/,
 #                        crds/); default: ../shared/upstream/cert-manager/, else a git clone.
+#   HOMELAB_KUBE_VERSION another Kubernetes release for the control plane, the kubelet and
+#                        kubectl (`make test KUBE_VERSION=1.34.4`): built from wrappers generated
+#                        from go/k8s and go/kubelet into $HOMELAB_TEST_CACHE/kube-vX.Y.Z/, never
+#                        over the pinned ones; the directory printed is then a view of bin/ with
+#                        that release's programs in place of the pinned ones.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,55 +32,64 @@ bin="$cache/bin"
 mkdir -p "$bin"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 
-kube_version=v1.36.3
+# The release the wrappers go/k8s and go/kubelet pin; HOMELAB_KUBE_VERSION picks another.
+kube_pin=v1.37.2
+kube_version=${HOMELAB_KUBE_VERSION:-$kube_pin}
+kube_version=v${kube_version#v}
+[[ $kube_version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || { echo "HOMELAB_KUBE_VERSION=$kube_version is not 1.MINOR.PATCH" >&2; exit 2; }
+kube_minor=$(cut -d. -f2 <<<"$kube_version")
 kube_ld=""
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ld+=" -X $p.gitVersion=$kube_version -X $p.gitMajor=1 -X $p.gitMinor=36"
+  kube_ld+=" -X $p.gitVersion=$kube_version -X $p.gitMajor=1 -X $p.gitMinor=$kube_minor"
   kube_ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 helm_ld="-X helm.sh/helm/v3/internal/version.version=v3.21.4"
 for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
-  helm_ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=36"
+  helm_ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=37"
 done
 
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 
-# wrapper_key DIR: a hash of what pins the build, so a changed pin rebuilds.
+# wrapper_key DIR [LDFLAGS]: a hash of what pins the build, so a changed pin rebuilds: the
+# wrapper's go.mod and go.sum, and the version stamps (-X) of LDFLAGS (helm's Kubernetes minor).
 # A wrapper whose go.sum is not written yet (GOFLAGS=-mod=mod writes it) hashes its go.mod alone.
+# GO_DIR (default: go/ beside this script) holds the wrapper, BIN_DIR (default: $bin) the binaries.
 wrapper_key() {
-  { cat "$here/go/$1/go.mod"; cat "$here/go/$1/go.sum" 2>/dev/null || true; } | sha256sum | cut -c1-16
+  local dir=${GO_DIR:-$here/go}/$1
+  { cat "$dir/go.mod"; cat "$dir/go.sum" 2>/dev/null || true
+    if [[ ${2:-} == *-X* ]]; then echo "$2"; fi; } | sha256sum | cut -c1-16
 }
 
 # key_file NAME: where the key of binary NAME is kept (NAME may be in a subdirectory: cni/bridge).
-key_file() { echo "$bin/$(dirname "$1")/.$(basename "$1").key"; }
+key_file() { echo "${BIN_DIR:-$bin}/$(dirname "$1")/.$(basename "$1").key"; }
 
 # build WRAPPER "LDFLAGS" "TAGS" NAME=PACKAGE...
 build() {
   local wrapper=$1 ldflags=$2 tags=$3; shift 3
-  local key missing=() pkgs=() names=()
-  key=$(wrapper_key "$wrapper")
+  local key missing=() pkgs=() names=() dest=${BIN_DIR:-$bin}
+  key=$(wrapper_key "$wrapper" "$ldflags")
   for pair in "$@"; do
     local name=${pair%%=*} pkg=${pair#*=}
     if [[ -n "${HOMELAB_TEST_ASSETS:-}" && -x "$HOMELAB_TEST_ASSETS/$name" ]]; then
-      ln -sf "$HOMELAB_TEST_ASSETS/$name" "$bin/$name"; echo "prebuilt" > "$(key_file "$name")"
+      ln -sf "$HOMELAB_TEST_ASSETS/$name" "$dest/$name"; echo "prebuilt" > "$(key_file "$name")"
       log "$name: prebuilt from HOMELAB_TEST_ASSETS"; continue
     fi
-    if [[ -x "$bin/$name" && "$(cat "$(key_file "$name")" 2>/dev/null)" == "$key" ]]; then
+    if [[ -x "$dest/$name" && "$(cat "$(key_file "$name")" 2>/dev/null)" == "$key" ]]; then
       log "$name: cached"; continue
     fi
     missing+=("$name"); pkgs+=("$pkg"); names+=("$name")
   done
   ((${#missing[@]})) || return 0
-  log "building ${missing[*]} from go/$wrapper (this is slow the first time; Go's caches make it fast after)"
+  log "building ${missing[*]} from ${GO_DIR:-go}/$wrapper (this is slow the first time; Go's caches make it fast after)"
   local out start; out=$(mktemp -d "$cache/build.XXXXXX"); start=$(date +%s)
-  (cd "$here/go/$wrapper" && go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags -s -w" -o "$out/" "${pkgs[@]}")
+  (cd "${GO_DIR:-$here/go}/$wrapper" && go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags -s -w" -o "$out/" "${pkgs[@]}")
   local i
   for i in "${!names[@]}"; do
     # go build names a binary after the package path's last element, skipping a /vN suffix.
     local elem; elem=$(basename "${pkgs[$i]}")
     [[ $elem =~ ^v[0-9]+$ ]] && elem=$(basename "$(dirname "${pkgs[$i]}")")
     local built="$out/$elem"
-    mv -f "$built" "$bin/${names[$i]}"
+    mv -f "$built" "$dest/${names[$i]}"
     echo "$key" > "$(key_file "${names[$i]}")"
   done
   rm -rf "$out"
@@ -201,8 +218,8 @@ build_pause_image() {
 
 want=${1:-cluster}
 case "$want" in
-  integration|cluster|autoscaler|storage|e2e|machines|all) ;;
-  *) echo "usage: $0 [integration|cluster|autoscaler|storage|e2e|machines|all]" >&2; exit 2 ;;
+  integration|cluster|autoscaler|storage|e2e|machines|all|lint|release) ;;
+  *) echo "usage: $0 [integration|cluster|autoscaler|storage|e2e|machines|all|lint|release]" >&2; exit 2 ;;
 esac
 
 # Each program is built under a lock of its own, so two runs on one cache (the test runner's
@@ -245,13 +262,62 @@ inherit_priority() {
   fi
 }
 
+# The profiles that need no control plane: the workflow linter of `make lint` (under its own
+# lock like every program here, so a `make lint` beside `make test`, as .ci/run runs them, never
+# builds it twice or into a half-written file), and the release workflow's publishing tools.
+if [[ $want == lint ]]; then
+  locked actionlint build actionlint "" "" actionlint=github.com/rhysd/actionlint/cmd/actionlint
+  echo "$bin"; exit 0
+fi
+if [[ $want == release ]]; then
+  locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
+  locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
+  echo "$bin"; exit 0
+fi
+
+# Another Kubernetes release (HOMELAB_KUBE_VERSION): go/k8s and go/kubelet are rewritten for it
+# into $cache/kube-$kube_version/go/ (their headers and replace blocks with its version; `go mod
+# tidy` then takes every other requirement from that release's own go.mod), and its programs are
+# built into $cache/kube-$kube_version/bin/, keyed like the pinned ones. The pinned binaries in
+# $bin are never touched, so a later run without HOMELAB_KUBE_VERSION finds them as they were.
+kube_go=$here/go kube_bin=$bin
+kube_programs=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet)
+if [[ $kube_version != "$kube_pin" ]]; then
+  kube_go=$cache/kube-$kube_version/go kube_bin=$cache/kube-$kube_version/bin
+  mkdir -p "$kube_bin"
+fi
+# kube_wrapper NAME: writes the wrapper go/NAME for $kube_version into $kube_go (once per pinned
+# go.mod: the pin's hash is kept beside it).
+kube_wrapper() {
+  local name=$1 dir=$kube_go/$1 pin_key staging=${kube_version/#v1./v0.}
+  pin_key=$(sha256sum "$here/go/$name/go.mod" | cut -c1-16)
+  [[ -f $dir/go.sum && "$(cat "$dir/.pin" 2>/dev/null)" == "$pin_key" ]] && return 0
+  log "writing go/$name for Kubernetes $kube_version (go mod tidy)"
+  rm -rf "$dir"; mkdir -p "$dir"
+  # The pinned go.mod without its require blocks, every version in its replace block rewritten.
+  awk -v k="$kube_version" -v s="$staging" '
+    /^require[ (]/ { skip = ($0 ~ /\($/); next }
+    skip { if ($0 ~ /^\)/) skip = 0; next }
+    /^replace \($/ { print "require k8s.io/kubernetes " k "\n"; inrep = 1; print; next }
+    inrep && /^\)/ { inrep = 0 }
+    inrep { sub(/v0\.[0-9]+\.[0-9]+$/, s) }
+    { print }' "$here/go/$name/go.mod" >"$dir/go.mod"
+  (cd "$dir" && go mod tidy)
+  echo "$pin_key" >"$dir/.pin"
+}
+
 locked etcd build etcd "" "" etcd=go.etcd.io/etcd/server/v3
 kube=(kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl)
 if [[ $want != integration ]]; then
   kube+=(kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
          kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler)
 fi
-locked k8s build k8s "$kube_ld" "" "${kube[@]}"
+if [[ $kube_version == "$kube_pin" ]]; then
+  locked k8s build k8s "$kube_ld" "" "${kube[@]}"
+else
+  locked "k8s-$kube_version" kube_wrapper k8s
+  GO_DIR=$kube_go BIN_DIR=$kube_bin locked "k8s-$kube_version" build k8s "$kube_ld" "" "${kube[@]}"
+fi
 if [[ $want != integration ]]; then
   locked kwok build kwok "" "" kwok=sigs.k8s.io/kwok/cmd/kwok
 fi
@@ -308,7 +374,13 @@ build_runc() {
   CGO_ENABLED=1 build runc "-extldflags=-static" "seccomp netgo osusergo" runc=github.com/opencontainers/runc
 }
 if [[ $want == machines ]]; then
-  locked kubelet build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
+  if [[ $kube_version == "$kube_pin" ]]; then
+    locked kubelet build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
+  else
+    locked "kubelet-$kube_version" kube_wrapper kubelet
+    GO_DIR=$kube_go BIN_DIR=$kube_bin locked "kubelet-$kube_version" build kubelet "$kube_ld" "" \
+      kubelet=k8s.io/kubernetes/cmd/kubelet
+  fi
   locked containerd build containerd "" "no_btrfs,no_devmapper,no_zfs" \
     containerd=github.com/containerd/containerd/v2/cmd/containerd \
     containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
@@ -321,4 +393,34 @@ if [[ $want == machines ]]; then
   locked pause build pause "" "" pause=homelab-autoscaler.invalid/harness/pause
   locked pause-image build_pause_image
 fi
-echo "$bin"
+if [[ $kube_version == "$kube_pin" ]]; then
+  echo "$bin"
+else
+  # The directory the harness reads: every program of $bin but the Kubernetes ones, which are
+  # this release's (one not built for this profile is left out). Links are only added (a
+  # directory becomes a directory of links), so a suite reading the view never finds it half made.
+  view=$cache/kube-$kube_version/view
+  make_view() {
+    local f g name
+    mkdir -p "$view"
+    for f in "$bin"/*; do
+      name=${f##*/}
+      [[ " ${kube_programs[*]} " == *" $name "* ]] && continue
+      if [[ -d $f ]]; then
+        # A directory of links, not a link: `kubectl apply -f DIR` follows no link to a directory.
+        [[ -L $view/$name ]] && rm -f "$view/$name"
+        mkdir -p "$view/$name"
+        for g in "$f"/*; do
+          if [[ ! -L $view/$name/${g##*/} ]]; then ln -s "$g" "$view/$name/"; fi
+        done
+      elif [[ ! -L $view/$name ]]; then
+        ln -s "$f" "$view/"
+      fi
+    done
+    for f in "${kube_programs[@]}"; do
+      if [[ -x $kube_bin/$f && ! -L $view/$f ]]; then ln -s "$kube_bin/$f" "$view/"; fi
+    done
+  }
+  locked "view-$kube_version" make_view
+  echo "$view"
+fi

@@ -189,7 +189,7 @@ pub async fn deployment_args(client: &Client, namespace: &str) -> Result<Vec<Str
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let deployment =
         deployments.get("homelab-autoscaler").await.context("reading the installed Deployment")?;
-    let containers = deployment.spec.and_then(|s| s.template.spec).map(|s| s.containers);
+    let containers = deployment.spec.template.spec.map(|s| s.containers);
     let operator = containers
         .into_iter()
         .flatten()
@@ -506,9 +506,9 @@ pub async fn certificate_stamp(
     name: &str,
 ) -> Result<Option<String>> {
     let deployment = deployments.get(name).await?;
-    Ok(deployment.spec.and_then(|s| s.template.metadata).and_then(|m| m.annotations).and_then(
-        |mut a| a.remove(homelab_autoscaler::operator::autoscaler_restart::CERTIFICATE_DIGEST),
-    ))
+    Ok(deployment.spec.template.metadata.and_then(|m| m.annotations).and_then(|mut a| {
+        a.remove(homelab_autoscaler::operator::autoscaler_restart::CERTIFICATE_DIGEST)
+    }))
 }
 
 /// How many times `needle` occurs in the files `logs` (a missing file counts none): which of
