@@ -13,13 +13,13 @@ use homelab_autoscaler::api::{
 };
 use homelab_autoscaler::claim::FINALIZER;
 use homelab_autoscaler::controller::MachineSettings;
+use homelab_autoscaler::job_outcome::{JobOutcome, outcome};
 use homelab_autoscaler::simulator::{BEHAVIOUR_ANNOTATION, NOT_READY_FOR_ANNOTATION};
 use homelab_harness::claims::{phase, provider_claim_for, reason};
 use homelab_harness::http::ShellyMeter;
 use homelab_harness::lab::{self, Lab, With};
 use homelab_harness::slots::{self, node_reporting};
 use homelab_harness::{Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, stays};
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -934,7 +934,7 @@ async fn booted_without_drain_timeout(prefix: &str) -> (Lab, String) {
 
 /// A machine silent before its shutdown (here: no claim, past the grace) is powered off to
 /// confirm it, and the slot's shutdown is a pod spec that does not say it reads the machine off:
-/// its exit 0 only says the pod ran (a `curl` without `--fail`, an `ssh ... || true`). Its
+/// its exit 0 only says the pod ran (a `curl` that ignores an HTTP error, an `ssh ... || true`). Its
 /// success confirms nothing, so the Node stays and the slot says why and what to set. Once the
 /// slot says its pod confirms (`confirmsPowerState`), the next shutdown's success removes the Node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -956,7 +956,8 @@ async fn a_shutdown_pod_that_does_not_confirm_off_keeps_a_silent_node() {
 
     eventually("a shutdown Job to confirm the silent machine off, succeeded", ACT, || async {
         let jobs = lab.lifecycle_jobs("shutdown").await?;
-        ensure!(jobs.iter().any(succeeded), "{} shutdown Jobs, none succeeded yet", jobs.len());
+        let succeeded = jobs.iter().any(|j| matches!(outcome(j), JobOutcome::Succeeded { .. }));
+        ensure!(succeeded, "{} shutdown Jobs, none succeeded yet", jobs.len());
         Ok(())
     })
     .await
@@ -987,11 +988,6 @@ async fn a_shutdown_pod_that_does_not_confirm_off_keeps_a_silent_node() {
         .await
         .expect("patch slot");
     lab.node_gone(&slot).await;
-}
-
-fn succeeded(job: &Job) -> bool {
-    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
 }
 
 /// A machine's kubelet goes silent (a crash, a cut cable) while a budget covers its one pod:

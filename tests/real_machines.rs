@@ -237,21 +237,39 @@ async fn a_machine_cut_off_past_the_grace_keeps_its_node_and_is_never_stranded()
     // kubelet may report on its Node first, or not), and then the Node goes. Until then the
     // Node is the one the kubelet registered: never removed and never replaced under it.
     m1.link().restore().expect("restore");
-    eventually("the machine off and its Node removed", ACT * 2, || async {
-        stranded.assert_never(&slot);
-        if let Some(node) = nodes.get_opt(&slot).await? {
-            assert_eq!(node.metadata.uid, registered.metadata.uid, "the Node was replaced");
-        }
-        ensure!(m1.power_state().await == PowerState::Off, "the machine is still on");
-        ensure!(nodes.get_opt(&slot).await?.is_none(), "Node {slot} still there");
+    off_and_node_removed(m1, &nodes, &stranded, &registered).await;
+    // Published just after the delete the wait above saw.
+    eventually("the NodeRemoved event", ACT, || async {
         let reasons = event_reasons(&client, &ns, &slot).await?;
         ensure!(reasons.iter().any(|r| r == "NodeRemoved"), "events {reasons:?}");
         Ok(())
     })
     .await
-    .expect("off");
-    stranded.assert_never(&slot);
+    .expect("NodeRemoved");
     one.operator.cancel();
+}
+
+/// Waits until `machine` is off and its Node gone. Until then the Node is the one the kubelet
+/// registered (`registered`): never removed under a running kubelet, never replaced under it.
+async fn off_and_node_removed(
+    machine: &Machine,
+    nodes: &Api<CoreNode>,
+    stranded: &Stranding,
+    registered: &CoreNode,
+) {
+    let name = machine.name();
+    eventually("the machine off and its Node removed", ACT * 2, || async {
+        stranded.assert_never(name);
+        if let Some(node) = nodes.get_opt(name).await? {
+            assert_eq!(node.metadata.uid, registered.metadata.uid, "the Node was replaced");
+        }
+        ensure!(machine.power_state().await == PowerState::Off, "the machine is still on");
+        ensure!(nodes.get_opt(name).await?.is_none(), "Node {name} still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    stranded.assert_never(name);
 }
 
 /// How long the link stays down after a lost SSH command: past the SSH session's 30 s of
@@ -301,18 +319,7 @@ async fn a_shutdown_lost_with_the_link_keeps_the_node_until_the_machine_is_off()
     assert_eq!(m1.power_state().await, PowerState::On, "the machine never got the command");
 
     m1.link().restore().expect("restore");
-    eventually("the machine off and its Node removed", ACT * 2, || async {
-        stranded.assert_never(&slot);
-        if let Some(node) = nodes.get_opt(&slot).await? {
-            assert_eq!(node.metadata.uid, registered.metadata.uid, "the Node was replaced");
-        }
-        ensure!(m1.power_state().await == PowerState::Off, "the machine is still on");
-        ensure!(nodes.get_opt(&slot).await?.is_none(), "Node {slot} still there");
-        Ok(())
-    })
-    .await
-    .expect("off");
-    stranded.assert_never(&slot);
+    off_and_node_removed(m1, &nodes, &stranded, &registered).await;
     one.operator.cancel();
 }
 

@@ -183,15 +183,16 @@ fn copy_driver(
     }
 }
 
-/// Whether the success of a shutdown through `slot`'s off path confirms the machine off. Every
-/// typed driver's does: a BMC reads the state back, a plug cuts the power at the outlet, and SSH
-/// saw the command exit 0 or the host fall silent after it. A pod spec's only when it says so
-/// (`confirmsPowerState`): its exit 0 may only mean that a request went out.
-pub fn shutdown_confirms_off(slot: &Node) -> bool {
-    match source(slot, Lifecycle::Shutdown) {
-        Ok(Source::Pod(spec)) => spec.confirms_power_state,
-        Ok(Source::Power { .. }) => true,
-        Err(_) => false,
+impl Source<'_> {
+    /// Whether the pod's success means the machine reports the state it was asked for. Every
+    /// typed driver's does: a BMC reads the state back, a plug cuts the power at the outlet, and
+    /// SSH saw the command exit 0 or the host fall silent after it. A pod spec's only when it
+    /// says so (`confirmsPowerState`): its exit 0 may only mean that a request went out.
+    fn confirms_state(&self) -> bool {
+        match self {
+            Source::Pod(spec) => spec.confirms_power_state,
+            Source::Power { .. } => true,
+        }
     }
 }
 
@@ -226,6 +227,7 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
         env_var("HOMELAB_ATTEMPT", &attempt.to_string()),
         env_var("HOMELAB_LIFECYCLE", ctx.lifecycle.as_str()),
     ];
+    let confirms_off = ctx.lifecycle == Lifecycle::Shutdown && source.confirms_state();
     let (mut pod, run) = match source {
         Source::Pod(spec) => (pod_from_spec(ctx, spec, env), JobRun::of(spec)),
         Source::Power { spec, kind, action } => {
@@ -234,7 +236,6 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
     };
     pod.priority_class_name = ctx.priority_class.map(str::to_string);
 
-    let confirms_off = ctx.lifecycle == Lifecycle::Shutdown && shutdown_confirms_off(ctx.slot);
     let annotations = confirms_off
         .then(|| BTreeMap::from([(ANNOTATION_CONFIRMS_OFF.to_string(), "true".to_string())]));
     let ceiling = i64::try_from(ctx.max_run_time.as_secs()).unwrap_or(i64::MAX).max(1);
