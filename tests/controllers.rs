@@ -756,13 +756,7 @@ async fn a_plug_meter_is_read_into_the_slot_and_counted_by_the_energy_report() {
         .patch("pool", &PatchParams::default(), &Patch::Merge(&tariff))
         .await
         .expect("tariff");
-    let metered = json!({ "spec": { "power": {
-        "watts": { "whenOn": 95, "whenOff": 4 },
-        "http": { "meter": {
-            "request": { "url": format!("{}{}", meter.base, ShellyMeter::STATUS) },
-            "wattsPointer": "/apower",
-        } },
-    } } });
+    let metered = metered_by(&meter, 95.0, 4.0);
     lab.slots()
         .patch(&slot, &PatchParams::default(), &Patch::Merge(&metered))
         .await
@@ -988,6 +982,73 @@ async fn a_shutdown_pod_that_does_not_confirm_off_keeps_a_silent_node() {
         .await
         .expect("patch slot");
     lab.node_gone(&slot).await;
+}
+
+/// A slot patch that puts the slot's machine behind `meter` (a Shelly plug the operator reads)
+/// and declares its running and standby draw.
+fn metered_by(meter: &ShellyMeter, when_on: f64, when_off: f64) -> serde_json::Value {
+    json!({ "spec": { "power": {
+        "watts": { "whenOn": when_on, "whenOff": when_off },
+        "http": { "meter": {
+            "request": { "url": format!("{}{}", meter.base, ShellyMeter::STATUS) },
+            "wattsPointer": "/apower",
+        } },
+    } } })
+}
+
+/// A machine on a metering plug runs with no Node: one deleted under its running kubelet, which
+/// never registers it again. Its plug reads it drawing power, which is all that shows it is on.
+/// With no claim wanting it, the slot says so (`NodeReporting` `OnWithoutNode`, an
+/// `OnWithoutNode` warning) and its shutdown powers it off: at its next boot the kubelet
+/// registers afresh. Once the plug reads standby, nothing more is sent. Reading "no Node" as
+/// "off" left such a machine on for good, its pods gone and no scaler counting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_its_plug_reads_on_with_no_node_is_powered_off() {
+    let lab = Lab::start("ctl-nodeless", With::Controllers).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let meter = ShellyMeter::start(32.0).await.expect("meter");
+    let metered = metered_by(&meter, 32.0, 1.4);
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&metered))
+        .await
+        .expect("meter");
+
+    eventually("a shutdown for the machine that runs without its Node", ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        ensure!(!jobs.is_empty(), "no shutdown Job");
+        let reasons = slots::event_reasons(&lab.client, &lab.ns, &slot).await?;
+        ensure!(reasons.iter().any(|r| r == "OnWithoutNode"), "events {reasons:?}");
+        Ok(())
+    })
+    .await
+    .expect("powered off");
+    let said = lab
+        .slot_until(&slot, "NodeReporting=False (OnWithoutNode)", |s| {
+            node_reporting(s).is_some_and(|(ok, message)| {
+                !ok && message.contains("plug reads the machine drawing power")
+                    && message.contains("systemctl restart kubelet")
+            })
+        })
+        .await;
+    let reason = said.status.as_ref().and_then(|s| {
+        s.conditions.iter().find(|c| c.type_ == "NodeReporting").map(|c| c.reason.clone())
+    });
+    assert_eq!(reason.as_deref(), Some("OnWithoutNode"));
+
+    // The machine went off: its plug reads standby, and the slot reads "no node" again.
+    meter.set(1.4);
+    lab.slot_until(&slot, "NodeReporting=True (NoNode)", |s| {
+        node_reporting(s).is_some_and(|(ok, _)| ok)
+    })
+    .await;
+    let sent = lab.lifecycle_jobs("shutdown").await.expect("jobs").len();
+    stays("no further shutdown for a machine that is off", Duration::from_secs(10), || async {
+        let now = lab.lifecycle_jobs("shutdown").await?.len();
+        ensure!(now == sent, "{now} shutdown Jobs, {sent} before the plug read standby");
+        Ok(())
+    })
+    .await
+    .expect("quiet");
 }
 
 /// A machine's kubelet goes silent (a crash, a cut cable) while a budget covers its one pod:

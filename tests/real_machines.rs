@@ -22,8 +22,8 @@ use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::machine::{Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, clear_taint, machine_settings, operator_image, pool_machine,
-    scenario, secret, start_operator, timeouts, wake_and_ssh_power,
+    ACT, HUB_ROLE, Stranding, claim_ready, clear_taint, machine_settings, operator_image,
+    pool_machine, scenario, secret, start_operator, timeouts, wake_and_ssh_power,
 };
 use homelab_harness::slots::{condition, event_reasons, node_reporting};
 use homelab_harness::{ControlPlane, TestNamespace, eventually, ready_status, stays};
@@ -109,23 +109,6 @@ async fn one_machine(prefix: &str, settings: MachineSettings) -> OneMachine {
     let operator = start_operator(space.plane, &space.ns, &image, settings).await;
     apply_pool(space.plane, &space.ns, None, &[(&m1, &key)]).await.expect("pool");
     OneMachine { _m1_logs: m1_logs, _hub_logs: hub_logs, m1, operator, _hub: hub, _lan: lan, space }
-}
-
-/// A claim for `slot` as the provider makes one, created; then waited on until ready.
-async fn claim_ready(client: &kube::Client, ns: &str, name: &str, slot: &str) {
-    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), ns);
-    let slots: Api<Node> = Api::namespaced(client.clone(), ns);
-    let groups: Api<Group> = Api::namespaced(client.clone(), ns);
-    let claim =
-        provider_claim_for(name, slot, &slots, &groups, timeouts(), "test").await.expect("claim");
-    claims.create(&PostParams::default(), &claim).await.expect("create claim");
-    eventually(&format!("claim {name} ready on the real machine"), ACT, || async {
-        let claim = claims.get(name).await?;
-        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", claim.status);
-        Ok(())
-    })
-    .await
-    .expect("ready");
 }
 
 /// Releases a claim as a scaler does: marked for scale-down, then deleted.

@@ -18,14 +18,14 @@ use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::machine::plug::{ON_WATTS, STANDBY_WATTS};
 use homelab_harness::machine::{
-    Bmc, Machine, MachineSpec, PAUSE_IMAGE, Plug, PowerCause, PowerState,
+    Bmc, Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, Plug, PowerCause, PowerState,
 };
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, first_seen, hosts_running, machine_settings, operator_image,
-    pool_machine, scenario, secret, start_operator, timeouts,
+    ACT, HUB_ROLE, Stranding, claim_ready, first_seen, hosts_running, machine_settings,
+    operator_image, pool_machine, scenario, secret, start_operator, timeouts,
 };
 use homelab_harness::slots::event_reasons;
-use homelab_harness::{ControlPlane, eventually};
+use homelab_harness::{ControlPlane, TestNamespace, eventually};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -301,66 +301,57 @@ async fn the_builtin_scaler_powers_a_pool_up_and_down_through_redfish() {
     operator.cancel();
 }
 
+/// One machine behind a metering smart plug (its BIOS powers on when AC returns), the relay
+/// open, on the scenario's lan with its hub. Fields drop in order: the log guards first, while
+/// the machines and the lan still exist.
+struct PlugMachine {
+    _m1_logs: MachineLogs,
+    _hub_logs: MachineLogs,
+    plug: Plug,
+    m1: Machine,
+    /// The machine's SSH key, for a slot that shuts it down over SSH.
+    key: String,
+    _hub: Machine,
+    _lan: Lan,
+    space: TestNamespace,
+}
+
+async fn plug_machine(prefix: &str) -> PlugMachine {
+    let (space, lan, hub) = scenario(prefix).await;
+    let hub_logs = hub.logs_on_failure();
+    let name = format!("{}-p1", space.ns);
+    let spec = MachineSpec { power_on_with_ac: true, ..MachineSpec::named(&name) };
+    let (m1, key) = pool_machine(space.plane, &lan, spec).await.expect("machine");
+    let m1_logs = m1.logs_on_failure();
+    let plug = Plug::start(&m1, &lan).await.expect("plug");
+    PlugMachine {
+        _m1_logs: m1_logs,
+        _hub_logs: hub_logs,
+        plug,
+        m1,
+        key,
+        _hub: hub,
+        _lan: lan,
+        space,
+    }
+}
+
 /// A slot on a metering smart plug, booted by closing the relay (the BIOS powers on when AC
 /// returns) and shut down by its off sequence: SSH shutdown, then the relay cut once the draw has
 /// stayed under the threshold. The relay opens only after the OS has halted, at the standby
 /// draw: never while the OS runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut() {
-    let (space, lan, hub) = scenario("real-plug").await;
-    let (plane, client, ns) = (space.plane, space.client.clone(), space.ns.clone());
-    let _hub_logs = hub.logs_on_failure();
-    let spec = MachineSpec { power_on_with_ac: true, ..MachineSpec::named(&format!("{ns}-p1")) };
-    let (m1, key) = pool_machine(plane, &lan, spec).await.expect("machine");
-    let _m1_logs = m1.logs_on_failure();
-    let plug = Plug::start(&m1, &lan).await.expect("plug");
+    let one = plug_machine("real-plug").await;
+    let (plane, client, ns) = (one.space.plane, one.space.client.clone(), one.space.ns.clone());
+    let (m1, plug, key) = (&one.m1, &one.plug, &one.key);
     assert!(!m1.has_mains(), "the relay starts open");
     let (_, image) = operator_image().await.expect("image");
     let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
     let slot = m1.name().to_owned();
-    let secret = secret(&format!("{slot}-ssh"), "ssh-privatekey", &key);
-    let manifest = format!(
-        r#"{secret}
----
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Group
-metadata:
-  name: lan
-spec:
-  driver: builtin
-  nodeReadinessTaints: []
----
-apiVersion: infra.homecluster.dev/v2alpha1
-kind: Node
-metadata:
-  name: {slot}
-  labels: {{ group: lan }}
-spec:
-  kubernetesNodeName: {slot}
-  power:
-    http:
-      onRequest: {{ method: GET, url: "{base}/rpc/Switch.Set?id=0&on=true" }}
-      offRequest: {{ method: GET, url: "{base}/rpc/Switch.Set?id=0&on=false" }}
-      meter:
-        request: {{ url: "{base}/rpc/Switch.GetStatus?id=0" }}
-        wattsPointer: /apower
-    ssh:
-      host: "{address}"
-      user: root
-      privateKey: {{ name: {slot}-ssh, key: ssh-privatekey }}
-      knownHostKey: "{host_key}"
-      command: poweroff
-    offSequence:
-      - driver: ssh
-      - {{ driver: http, afterDrawBelowWatts: {THRESHOLD}, drawSteadySeconds: {STEADY}, timeoutSeconds: 45 }}
-    nodeSelector: {{ "{HUB_ROLE}": "{ns}" }}
-"#,
-        base = plug.base(),
-        address = m1.address(),
-        host_key = m1.ssh_host_key().expect("host key"),
-    );
+    let manifest = plug_pool(&slot, &ns, plug, Some((m1, key)));
     let output = plane.kubectl_apply(&ns, &manifest).await.expect("kubectl");
     assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
 
@@ -422,6 +413,198 @@ spec:
     stranded.assert_never(&slot);
     eprintln!("[real-plug] the relay was cut {waited:.1?} after the OS halted");
     operator.cancel();
+}
+
+/// A serving machine on a metering smart plug is cut off from the API server for longer than a
+/// boot window (a switch port that died, a Wi-Fi drop): its kubelet is silent, but its plug, which
+/// the operator reaches over the house's network and not through the machine's cable, still reads
+/// it drawing power. That is a machine on and cut off, not off: its claim
+/// stays ready, the slot says why (`NodeReporting` `CutOff`), and nothing powers it off. Once
+/// the link is back its kubelet takes its Node back, serving under the same claim. Reading
+/// silence alone as "off" failed the claim `MachineGone` and powered the machine off on heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_cut_off_whose_plug_reads_it_on_keeps_its_claim() {
+    let one = plug_machine("real-plug-cut").await;
+    let (plane, client, ns) = (one.space.plane, one.space.client.clone(), one.space.ns.clone());
+    let (m1, plug) = (&one.m1, &one.plug);
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let slot = m1.name().to_owned();
+    let output = plane.kubectl_apply(&ns, &plug_pool(&slot, &ns, plug, None)).await;
+    let output = output.expect("kubectl");
+    assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
+    let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
+    claim_ready(&client, &ns, "serve", &slot).await;
+    let registered = nodes.get(&slot).await.expect("node");
+
+    let history_before_cut = m1.power_history().len();
+    m1.link().cut().expect("cut");
+    let slot_says = |reason: &'static str| {
+        let slots = slots.clone();
+        let slot = slot.clone();
+        async move {
+            let slot = slots.get(&slot).await?;
+            let conditions = slot.status.map(|s| s.conditions).unwrap_or_default();
+            let reporting = conditions.into_iter().find(|c| c.type_ == "NodeReporting");
+            let got = reporting.as_ref().map(|c| (c.reason.clone(), c.message.clone()));
+            ensure!(got.as_ref().is_some_and(|(r, _)| r == reason), "NodeReporting {got:?}");
+            anyhow::Ok(got.map(|(_, m)| m).unwrap_or_default())
+        }
+    };
+    let message =
+        eventually("the slot saying its machine is cut off, not off", ACT, || slot_says("CutOff"))
+            .await
+            .expect("cut off");
+    assert!(message.contains("plug"), "{message}");
+    // Past a whole boot window of silence, and a margin for the controllers to act on it.
+    let window = timeouts().budget() + Duration::from_secs(20);
+    homelab_harness::stays("the claim ready, the machine on", window, || async {
+        let claim = claims.get("serve").await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", claim.status);
+        ensure!(m1.power_state().await == PowerState::On, "the machine was powered off");
+        ensure!(m1.has_mains(), "the relay was opened");
+        Ok(())
+    })
+    .await
+    .expect("kept");
+
+    m1.link().restore().expect("restore");
+    eventually("the kubelet back on its own Node, the claim still ready", ACT, || async {
+        let node = nodes.get(&slot).await?;
+        ensure!(node.metadata.uid == registered.metadata.uid, "the Node was replaced");
+        ensure!(homelab_harness::ready_status(&node) == Some("True"), "not Ready yet");
+        let claim = claims.get("serve").await?;
+        ensure!(phase(&claim) == NodeClaimPhase::Ready, "phase {:?}", claim.status);
+        Ok(())
+    })
+    .await
+    .expect("back");
+    let since_cut = m1.power_history().split_off(history_before_cut);
+    assert!(since_cut.is_empty(), "the machine's power never changed: {since_cut:?}");
+    let reasons = event_reasons(&client, &ns, "serve").await.expect("events");
+    assert!(reasons.iter().any(|r| r == "MachineCutOff"), "claim events {reasons:?}");
+    operator.cancel();
+}
+
+/// A machine on a metering plug runs with no Node. Someone switched its plug on by hand while
+/// the operator was down (the BIOS boots it as AC returns), and its Node was deleted under its
+/// running kubelet, which never registers it again (its Lease goes with the Node: the garbage
+/// collector removes it, and the kubelet makes no new one without a Node to own it). Only the
+/// plug still shows that the machine is on. Back, the operator reads the plug above the
+/// machine's standby, with no Node and nothing wanting the machine: the slot says
+/// `OnWithoutNode` and its shutdown opens the relay. Reading "no Node" as "off" left it running
+/// for good, invisible to both scalers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plug_switched_machine_running_without_its_node_is_powered_off() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let one = plug_machine("real-plug-nodeless").await;
+    let (plane, client, ns) = (one.space.plane, one.space.client.clone(), one.space.ns.clone());
+    let (m1, plug) = (&one.m1, &one.plug);
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let slot = m1.name().to_owned();
+    let output = plane.kubectl_apply(&ns, &plug_pool(&slot, &ns, plug, None)).await;
+    let output = output.expect("kubectl");
+    assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
+
+    // The operator is down; the plug is switched on by hand, the machine boots and registers.
+    let app = reqwest::Client::builder().no_proxy().build().expect("client");
+    let on = app.get(format!("{}/rpc/Switch.Set?id=0&on=true", plug.operator_base())).send();
+    assert!(on.await.expect("switch the plug on").status().is_success(), "the plug switched on");
+    eventually("the machine's Node registered", ACT, || async {
+        nodes.get_opt(&slot).await?.ok_or_else(|| anyhow::anyhow!("no Node yet"))
+    })
+    .await
+    .expect("registered");
+    nodes.delete(&slot, &DeleteParams::default()).await.expect("the Node deleted under it");
+    eventually("the Node and its Lease gone, the kubelet running on", ACT, || async {
+        ensure!(nodes.get_opt(&slot).await?.is_none(), "Node {slot} still there");
+        ensure!(leases.get_opt(&slot).await?.is_none(), "the Lease is still there");
+        ensure!(m1.kubelet_running().await, "the kubelet stopped");
+        Ok(())
+    })
+    .await
+    .expect("nodeless");
+
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(plane, &ns, &image, machine_settings()).await;
+    eventually("the machine off, its relay opened", ACT * 2, || async {
+        ensure!(m1.power_state().await == PowerState::Off, "the machine is still on");
+        ensure!(!m1.has_mains(), "the relay is still closed");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    assert!(
+        nodes.get_opt(&slot).await.expect("read node").is_none(),
+        "a running kubelet never registers its deleted Node again"
+    );
+    let reasons = event_reasons(&client, &ns, &slot).await.expect("events");
+    assert!(reasons.iter().any(|r| r == "OnWithoutNode"), "events {reasons:?}");
+    operator.cancel();
+}
+
+/// The pool of one slot on a metering smart plug, as a user writes it: booted by closing the
+/// relay, its Jobs on the test's hub. With `ssh` (the machine and its key) it is shut down by its
+/// off sequence: SSH, then the relay cut once the draw has stayed under [`THRESHOLD`]; the plug
+/// step reads the meter from the hub, so the meter is at the plug's lan address. Without, the
+/// relay is simply cut, and only the operator reads the meter, at its own route to the plug
+/// ([`Plug::operator_base`]), with the machine's running and standby draw declared.
+fn plug_pool(slot: &str, ns: &str, plug: &Plug, ssh: Option<(&Machine, &str)>) -> String {
+    let (secret, meter, off) = match ssh {
+        Some((m1, key)) => (
+            format!("{}\n---\n", secret(&format!("{slot}-ssh"), "ssh-privatekey", key)),
+            plug.base(),
+            format!(
+                r#"    ssh:
+      host: "{address}"
+      user: root
+      privateKey: {{ name: {slot}-ssh, key: ssh-privatekey }}
+      knownHostKey: "{host_key}"
+      command: poweroff
+    offSequence:
+      - driver: ssh
+      - {{ driver: http, afterDrawBelowWatts: {THRESHOLD}, drawSteadySeconds: {STEADY}, timeoutSeconds: 45 }}
+"#,
+                address = m1.address(),
+                host_key = m1.ssh_host_key().expect("host key"),
+            ),
+        ),
+        None => (
+            String::new(),
+            plug.operator_base(),
+            format!("    watts: {{ whenOn: {ON_WATTS}, whenOff: {STANDBY_WATTS} }}\n"),
+        ),
+    };
+    format!(
+        r#"{secret}apiVersion: infra.homecluster.dev/v2alpha1
+kind: Group
+metadata:
+  name: lan
+spec:
+  driver: builtin
+  nodeReadinessTaints: []
+---
+apiVersion: infra.homecluster.dev/v2alpha1
+kind: Node
+metadata:
+  name: {slot}
+  labels: {{ group: lan }}
+spec:
+  kubernetesNodeName: {slot}
+  power:
+    http:
+      onRequest: {{ method: GET, url: "{lan}/rpc/Switch.Set?id=0&on=true" }}
+      offRequest: {{ method: GET, url: "{lan}/rpc/Switch.Set?id=0&on=false" }}
+      meter:
+        request: {{ url: "{meter}/rpc/Switch.GetStatus?id=0" }}
+        wattsPointer: /apower
+{off}    nodeSelector: {{ "{HUB_ROLE}": "{ns}" }}
+"#,
+        lan = plug.base(),
+    )
 }
 
 /// The plug step's threshold, between the standby and the running draw.

@@ -6,6 +6,10 @@
 //! outage): that is not "off". It has a bound of its own, `--not-ready-grace`, counted from the
 //! Node's own transition to NotReady, and none at all under a pin, which a person holds on
 //! purpose (decisions.md, D36).
+//!
+//! A silent kubelet on a machine whose plug's meter reads it drawing power, in a reading taken
+//! since the silence began and still fresh, is a machine on and cut off from the API server: its
+//! claim is kept (decisions.md, D28, "Partitions").
 
 use std::time::Duration;
 
@@ -19,6 +23,56 @@ use crate::machine::Kubelet;
 pub const MACHINE_GONE: &str = "MachineGone";
 /// The reason of a claim whose machine's kubelet reported NotReady past `--not-ready-grace`.
 pub const MACHINE_NOT_READY: &str = "MachineNotReady";
+
+/// The reason of the event on a claim whose silent machine its plug reads on.
+pub const MACHINE_CUT_OFF: &str = "MachineCutOff";
+
+/// What the slot's plug meter last read, as the judge reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlugReading {
+    pub watts: f64,
+    pub read_at: Timestamp,
+    /// Above this the machine is on (see [`on_above`]).
+    pub on_above: f64,
+}
+
+/// How many meter intervals a plug reading counts for: a reading or two may be lost.
+pub const PLUG_READINGS_FRESH: u32 = 3;
+
+impl PlugReading {
+    /// The slot's plug meter's last reading (`status.draw`), with the draw above which it
+    /// reads the machine on; none for a slot without a meter or before its first reading.
+    pub fn of(slot: &crate::api::Node) -> Option<Self> {
+        let draw = slot.status.as_ref()?.draw.as_ref()?;
+        let declared = slot.spec.power.as_ref().and_then(|p| p.watts.as_ref());
+        Some(Self {
+            watts: draw.watts,
+            read_at: draw.read_at.0,
+            on_above: on_above(
+                declared.and_then(|w| w.when_off),
+                draw.when_on_watts.or(declared.map(|w| w.when_on)),
+            ),
+        })
+    }
+
+    /// Whether this reading shows the machine on since `since`: taken at or after it, no
+    /// older than `max_age`, and above the machine's standby. Pure.
+    pub fn reads_on(&self, since: Timestamp, now: Timestamp, max_age: Duration) -> bool {
+        self.read_at >= since && now < plus(self.read_at, max_age) && self.watts > self.on_above
+    }
+}
+
+/// The draw above which a machine counts as on: halfway between its standby draw (`whenOff`,
+/// 0 if not declared) and its running draw (the last one metered while it served, else
+/// `whenOn`), or 5 W above standby when no running draw is known. A machine halted on mains
+/// draws its power supply's standby rail (a watt or two); a running one tens of watts. Pure.
+pub fn on_above(standby: Option<f64>, running: Option<f64>) -> f64 {
+    let standby = standby.unwrap_or(0.0).max(0.0);
+    match running {
+        Some(on) if on > standby => standby + (on - standby) / 2.0,
+        _ => standby + 5.0,
+    }
+}
 
 /// What the claim controller knows when it judges a ready claim's machine.
 #[derive(Clone, Debug)]
@@ -34,6 +88,10 @@ pub struct ReadyMachine<'a> {
     pub off_grace: Duration,
     /// How long a kubelet may report NotReady before the claim fails (`--not-ready-grace`).
     pub not_ready_grace: Duration,
+    /// The slot's plug meter's last reading, if the slot has a meter.
+    pub plug: Option<PlugReading>,
+    /// How long a plug reading counts (a few meter intervals).
+    pub plug_max_age: Duration,
 }
 
 /// What to do with `status.machineObservedOff`.
@@ -53,6 +111,10 @@ pub enum Verdict {
     Keep { mark: OffMark, wake_at: Option<Timestamp> },
     /// The claim fails, for `reason`, said in `message`.
     Fail { reason: &'static str, message: String },
+    /// The kubelet is silent but the plug reads the machine on: cut off, not off. The claim
+    /// stays ready (any off mark is cleared); judge again at `wake_at`, when the reading goes
+    /// stale.
+    CutOff { mark: OffMark, message: String, wake_at: Timestamp },
 }
 
 fn keep(mark: OffMark, wake_at: Option<Timestamp>) -> Verdict {
@@ -87,6 +149,19 @@ pub fn judge(machine: &ReadyMachine<'_>) -> Verdict {
             }
         }
         Kubelet::NoNode | Kubelet::Registering | Kubelet::Silent { .. } => {
+            if let (Kubelet::Silent { since }, Some(plug)) = (kubelet, machine.plug) {
+                let silent_from = since.or(observed_off).unwrap_or(now);
+                let stale_at = plus(plug.read_at, machine.plug_max_age);
+                if plug.reads_on(silent_from, now, machine.plug_max_age) {
+                    // No reading in the message: it is the same while the cut lasts, so its
+                    // event is one series, not one event per meter read.
+                    let message = format!(
+                        "the kubelet of node {node_name} has been silent since {silent_from}, but its plug's meter reads it drawing power (above {:.1} W): the machine is on and cut off from the API server, not off. The claim is kept; the kubelet takes its node back when the network returns",
+                        plug.on_above
+                    );
+                    return Verdict::CutOff { mark: on_mark, message, wake_at: stale_at };
+                }
+            }
             let Some(marked) = observed_off else {
                 return keep(OffMark::Set, Some(plus(now, machine.off_grace)));
             };
@@ -126,6 +201,8 @@ mod tests {
             now: at(now),
             off_grace: Duration::from_secs(730),
             not_ready_grace: Duration::from_secs(3600),
+            plug: None,
+            plug_max_age: Duration::from_secs(180),
         })
     }
 
@@ -139,7 +216,101 @@ mod tests {
     fn fails(verdict: &Verdict) -> Option<&'static str> {
         match verdict {
             Verdict::Fail { reason, .. } => Some(reason),
-            Verdict::Keep { .. } => None,
+            Verdict::Keep { .. } | Verdict::CutOff { .. } => None,
+        }
+    }
+
+    /// A silent kubelet whose plug reads the machine on: kept, as long as the reading was
+    /// taken since the silence began, is fresh, and is above the machine's standby.
+    #[test]
+    fn a_silent_machine_its_plug_reads_on_is_cut_off_not_off() {
+        let judge_with = |observed_off: Option<&str>, plug: Option<(f64, &str)>, now: &str| {
+            let kubelet = Kubelet::Silent { since: Some(at("09:00:00")) };
+            judge(&ReadyMachine {
+                node_name: NODE,
+                kubelet: &kubelet,
+                observed_off: observed_off.map(at),
+                pin: false,
+                now: at(now),
+                off_grace: Duration::from_secs(730),
+                not_ready_grace: Duration::from_secs(3600),
+                plug: plug.map(|(watts, read)| PlugReading {
+                    watts,
+                    read_at: at(read),
+                    on_above: on_above(Some(1.4), Some(32.0)),
+                }),
+                plug_max_age: Duration::from_secs(180),
+            })
+        };
+        let cut_off = |verdict: &Verdict| match verdict {
+            Verdict::CutOff { mark, wake_at, message } => Some((*mark, *wake_at, message.clone())),
+            _ => None,
+        };
+        type Row<'a> = (&'a str, Option<&'a str>, Option<(f64, &'a str)>, &'a str, Option<OffMark>);
+        let rows: [Row; 7] = [
+            ("no plug: the silence counts", Some("09:00:05"), None, "09:05:00", None),
+            (
+                "on, read since the silence",
+                Some("09:00:05"),
+                Some((32.0, "09:04:00")),
+                "09:05:00",
+                Some(OffMark::Clear),
+            ),
+            (
+                "on, no off mark yet",
+                None,
+                Some((32.0, "09:00:30")),
+                "09:01:00",
+                Some(OffMark::Keep),
+            ),
+            (
+                "on, but read before the silence began",
+                Some("09:00:05"),
+                Some((32.0, "08:59:00")),
+                "09:01:00",
+                None,
+            ),
+            (
+                "on, but the reading is stale",
+                Some("09:00:05"),
+                Some((32.0, "09:01:00")),
+                "09:05:00",
+                None,
+            ),
+            ("at standby: off", Some("09:00:05"), Some((1.4, "09:04:00")), "09:05:00", None),
+            (
+                "past the window, still read on",
+                Some("09:00:05"),
+                Some((30.0, "09:14:00")),
+                "09:15:00",
+                Some(OffMark::Clear),
+            ),
+        ];
+        for (name, observed_off, plug, now, want) in rows {
+            let verdict = judge_with(observed_off, plug, now);
+            assert_eq!(cut_off(&verdict).map(|(mark, ..)| mark), want, "{name}: {verdict:?}");
+        }
+        // Without the plug, past the window, the same silence fails the claim.
+        assert_eq!(fails(&judge_with(Some("09:00:05"), None, "09:15:00")), Some(MACHINE_GONE));
+        let (_, wake_at, message) =
+            cut_off(&judge_with(None, Some((32.0, "09:00:30")), "09:01:00")).unwrap();
+        assert_eq!(wake_at, at("09:03:30"), "judged again when the reading goes stale");
+        assert!(message.contains("cut off from the API server, not off"), "{message}");
+        assert!(message.contains("above 16.7 W"), "{message}");
+    }
+
+    #[test]
+    fn a_machine_is_on_above_halfway_to_its_running_draw() {
+        let rows = [
+            ("standby and running known", Some(1.4), Some(32.0), 16.7),
+            ("no standby declared", None, Some(30.0), 15.0),
+            ("no running draw known", Some(2.0), None, 7.0),
+            ("nothing known", None, None, 5.0),
+            ("a running draw below standby is no guide", Some(10.0), Some(4.0), 15.0),
+        ];
+        for (name, standby, running, want) in rows {
+            let got = on_above(standby, running);
+            assert!((got - want).abs() < 1e-9, "{name}: {got} != {want}");
         }
     }
 

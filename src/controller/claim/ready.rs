@@ -10,12 +10,13 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::chokepoint::{self, PhaseMove};
 use super::expiry;
 use crate::api::{NodeClaim, NodeClaimPhase};
-use crate::claim::ready_bound::{self, OffMark, ReadyMachine, Verdict};
+use crate::claim::ready_bound::{self, OffMark, PlugReading, ReadyMachine, Verdict};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::field_manager::FieldManager;
@@ -46,6 +47,8 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
         now,
         off_grace: ctx.timeouts.budget(),
         not_ready_grace: ctx.not_ready_grace,
+        plug: PlugReading::of(&slot),
+        plug_max_age: ctx.meter_interval * ready_bound::PLUG_READINGS_FRESH,
     };
     match ready_bound::judge(&machine) {
         Verdict::Keep { mark, wake_at } => {
@@ -64,6 +67,19 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
                 .await?;
             }
             Ok(expiry::wake(ctx, claim, wake_at))
+        }
+        Verdict::CutOff { mark, message, wake_at } => {
+            if mark == OffMark::Clear {
+                chokepoint::patch_status(
+                    ctx,
+                    claim,
+                    FieldManager::ClaimController,
+                    json!({ "machineObservedOff": serde_json::Value::Null }),
+                )
+                .await?;
+            }
+            ctx.publish(claim, EventType::Warning, ready_bound::MACHINE_CUT_OFF, message).await;
+            Ok(expiry::wake(ctx, claim, Some(wake_at)))
         }
         Verdict::Fail { reason, message } => {
             let fail = PhaseMove::new(NodeClaimPhase::Failed, Writer::ClaimController)

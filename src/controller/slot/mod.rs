@@ -1,8 +1,9 @@
 //! The slot controller: the machine side. It powers a machine off when no claim wants it
-//! (`shutdown`), removes the node of a machine that is confirmed off and never one under a
-//! running kubelet (`node_removal`), keeps
-//! the Kubernetes node tied to its slot, carrying what the slot declares and cluster-autoscaler's
-//! marks while it boots or a person holds it (`crate::node_declaration`), reads the plug's meter (`meter`), and writes the slot's observed
+//! (`shutdown`, which also powers off a machine its plug reads on with no node), removes the
+//! node of a machine that is confirmed off and never one under a running kubelet
+//! (`node_removal`), keeps the Kubernetes node tied to its slot, carrying what the slot declares
+//! and cluster-autoscaler's marks while it boots or a person holds it
+//! (`crate::node_declaration`), reads the plug's meter (`meter`), and writes the slot's observed
 //! status and derived report (`observe`).
 
 mod drain;
@@ -21,6 +22,7 @@ use tracing::Instrument;
 
 use super::{Context, Result, SlotInputs};
 use crate::api::{LABEL_SLOT, Node};
+use crate::claim::ready_bound::{PLUG_READINGS_FRESH, PlugReading};
 use crate::{node_declaration, phase};
 
 /// Runs the slot controller until `shutdown`.
@@ -64,11 +66,12 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         let mut node = ctx.core_node(&slot.spec.kubernetes_node_name);
         let live = observe::live_claim(&ctx, &name);
         let mut recheck = None;
-        let mut silent_since = None;
+        let mut unseen = None;
+        let booting = live.as_deref().is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
         if let Some(current) = node.clone() {
             let removal = node_removal::decide_for(&ctx, &name, &current);
             if let node_removal::Removal::ConfirmOff { since } = removal {
-                silent_since = Some(since);
+                unseen = Some(shutdown::Unseen::Silent { since });
             }
             if let node_removal::Removal::Remove(why) = removal {
                 if node_removal::remove(&ctx, &slot, &current, why).await? {
@@ -77,7 +80,6 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             } else {
                 // One write for everything the slot side wants of the node.
                 let marks = node_declaration::marks::wanted(live.as_deref());
-                let booting = live.as_deref().is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
                 let want = |node: &_| node_declaration::patch(&slot, node, &marks, booting);
                 if observe::write_node(&ctx, &current, want).await? {
                     tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "node updated for its slot");
@@ -87,12 +89,23 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 recheck = Some(at);
             }
         }
-        let shutdown = shutdown::reconcile(&ctx, &slot, node.as_deref(), silent_since).await?;
+        // No node, and the slot's plug reads the machine drawing power: it runs without its
+        // node (deleted under a running kubelet, which never registers it again). A boot in its
+        // window is left to register (its own deadline fails it if it never does).
+        if node.is_none() && !booting {
+            let plug = PlugReading::of(&slot);
+            let max_age = ctx.meter_interval * PLUG_READINGS_FRESH;
+            if let Some(plug) = plug.filter(|p| p.reads_on(p.read_at, ctx.now(), max_age)) {
+                unseen = Some(shutdown::Unseen::OnWithoutNode { read_at: plug.read_at });
+            }
+        }
+        let shutdown = shutdown::reconcile(&ctx, &slot, node.as_deref(), unseen).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
         let seen = observe::Seen {
             reading: reading.as_ref(),
             hold: shutdown.hold.as_ref(),
             streak: shutdown.streak.as_ref(),
+            on_without_node: matches!(unseen, Some(shutdown::Unseen::OnWithoutNode { .. })),
         };
         observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), seen).await?;
         // A silent kubelet's grace and the next meter read are deadlines no event announces.

@@ -13,6 +13,7 @@ use super::drain::{self, DrainHold};
 use super::meter::{self, Reading};
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
+use crate::claim::ready_bound::{PLUG_READINGS_FRESH, PlugReading};
 use crate::controller::error::{KubeContext, Result, is_stale_write};
 use crate::controller::{Context, PublishedHold};
 use crate::field_manager::{FieldManager, apply_status_of};
@@ -143,6 +144,8 @@ pub struct Seen<'a> {
     pub hold: Option<&'a DrainHold>,
     /// The shutdown pass's new count of attempts no claim counts; `None` keeps the stored one.
     pub streak: Option<&'a crate::api::ShutdownStreak>,
+    /// The machine has no node, and its plug reads it drawing power.
+    pub on_without_node: bool,
 }
 
 pub async fn write_status(
@@ -158,7 +161,7 @@ pub async fn write_status(
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
     let shutdown_in_flight = ctx.shutdown_in_flight(&slot_name);
     let observed = MachineObservation {
-        powered_on: machine::powered_on(node),
+        powered_on: machine::powered_on(node) || seen.on_without_node,
         usable: machine::usable(node, &gate),
         shutdown_job_in_flight: shutdown_in_flight,
     };
@@ -259,7 +262,15 @@ pub async fn write_status(
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
     let pod_confirms = slot.spec.shutdown_pod_spec.as_ref().map(|p| p.confirms_power_state);
-    let (ok, reason, message) = node_reporting(&slot.spec.kubernetes_node_name, node, pod_confirms);
+    let plug = PlugReading::of(slot).map(|p| (p, ctx.meter_interval * PLUG_READINGS_FRESH));
+    let (ok, reason, message) = node_reporting(
+        &slot.spec.kubernetes_node_name,
+        node,
+        seen.on_without_node,
+        plug,
+        pod_confirms,
+        ctx.now(),
+    );
     conditions.push(condition(
         "NodeReporting",
         ok,
@@ -356,12 +367,26 @@ pub async fn write_status(
 
 /// Whether the node's kubelet reports in, and what a person does about a silent one: the
 /// operator never removes a node only because its kubelet went silent (`node_removal`).
+/// `on_without_node`: the machine has no node and its plug reads it drawing power.
+/// `plug`: the slot's plug meter's last reading and how long it counts.
 /// `pod_confirms`: whether the slot's shutdown pod, if it has one, reads the machine off.
 fn node_reporting(
     node_name: &str,
     node: Option<&CoreNode>,
+    on_without_node: bool,
+    plug: Option<(PlugReading, std::time::Duration)>,
     pod_confirms: Option<bool>,
+    now: jiff::Timestamp,
 ) -> (bool, &'static str, String) {
+    if node.is_none() && on_without_node {
+        return (
+            false,
+            "OnWithoutNode",
+            format!(
+                "node {node_name} is gone, but the slot's plug reads the machine drawing power: it is on, and a kubelet whose node was deleted while it ran never registers it again, so neither scaler sees it. The slot's shutdown powers it off; at its next boot the kubelet registers afresh. If the shutdown cannot reach it: systemctl restart kubelet on the machine"
+            ),
+        );
+    }
     match machine::Kubelet::of(node) {
         machine::Kubelet::NoNode => (true, "NoNode", "the machine is off and has no node".into()),
         machine::Kubelet::NotReady { since, says } => {
@@ -371,6 +396,17 @@ fn node_reporting(
                 "NotReady",
                 format!(
                     "the kubelet of node {node_name} reports, and the node has not been Ready since {since} (kubelet says: {says}). The machine is on: a ready claim is kept for --not-ready-grace, a pin for as long as it holds"
+                ),
+            )
+        }
+        machine::Kubelet::Silent { since: Some(since) }
+            if plug.is_some_and(|(p, max_age)| p.reads_on(since, now, max_age)) =>
+        {
+            (
+                false,
+                "CutOff",
+                format!(
+                    "the kubelet of node {node_name} has been silent since {since}, but the slot's plug reads the machine drawing power: it is on and cut off from the API server, not off. A ready claim keeps it, and the node is kept. Restore its network, and its kubelet takes the node back"
                 ),
             )
         }
@@ -426,6 +462,7 @@ mod tests {
 
     #[test]
     fn a_silent_node_says_why_it_is_kept_and_what_to_do() {
+        let now: jiff::Timestamp = "2026-03-04T09:10:00Z".parse().unwrap();
         let node = |ready: Option<&str>| -> CoreNode {
             let conditions = ready.map(|status| {
                 json!([{ "type": "Ready", "status": status, "lastTransitionTime": "2026-03-04T09:00:00Z" }])
@@ -443,19 +480,43 @@ mod tests {
             ("silent", Some(node(Some("Unknown"))), false, "Silent"),
         ];
         for (name, node, ok, reason) in table {
-            let (got_ok, got_reason, message) = node_reporting("m1", node.as_ref(), None);
+            let (got_ok, got_reason, message) =
+                node_reporting("m1", node.as_ref(), false, None, None, now);
             assert_eq!((got_ok, got_reason), (ok, reason), "{name}: {message}");
         }
-        let (_, _, message) = node_reporting("m1", Some(&node(Some("Unknown"))), Some(true));
+        let (_, _, message) =
+            node_reporting("m1", Some(&node(Some("Unknown"))), false, None, Some(true), now);
         assert!(message.contains("since 2026-03-04T09:00:00Z"), "{message}");
         assert!(!message.contains("confirmsPowerState"), "{message}");
         assert!(message.contains("kubectl delete node m1"), "{message}");
         assert!(message.contains("restore its network"), "{message}");
-        let (_, _, message) = node_reporting("m1", Some(&node(Some("Unknown"))), Some(false));
+        let (_, _, message) =
+            node_reporting("m1", Some(&node(Some("Unknown"))), false, None, Some(false), now);
         assert!(message.contains("set spec.shutdownPodSpec.confirmsPowerState: true"), "{message}");
-        let (_, _, message) = node_reporting("m1", Some(&node(Some("False"))), None);
+        let (_, _, message) =
+            node_reporting("m1", Some(&node(Some("False"))), false, None, None, now);
         assert!(message.contains("not been Ready since 2026-03-04T09:00:00Z"), "{message}");
         assert!(message.contains("The machine is on"), "{message}");
+        let (ok, reason, message) = node_reporting("m1", None, true, None, None, now);
+        assert_eq!((ok, reason), (false, "OnWithoutNode"), "{message}");
+        assert!(message.contains("plug reads the machine drawing power"), "{message}");
+        // A silent kubelet whose plug read the machine on since: cut off, not off.
+        let reading = |watts: f64, at: &str| PlugReading {
+            watts,
+            read_at: at.parse().unwrap(),
+            on_above: 16.7,
+        };
+        let fresh = std::time::Duration::from_secs(180);
+        let silent = node(Some("Unknown"));
+        let with =
+            |plug| node_reporting("m1", Some(&silent), false, Some((plug, fresh)), None, now);
+        let (ok, reason, said) = with(reading(32.0, "2026-03-04T09:09:00Z"));
+        assert_eq!((ok, reason), (false, "CutOff"), "{said}");
+        assert!(said.contains("cut off from the API server, not off"), "{said}");
+        assert_eq!(with(reading(1.4, "2026-03-04T09:09:00Z")).1, "Silent", "at standby");
+        assert_eq!(with(reading(32.0, "2026-03-04T08:59:00Z")).1, "Silent", "read before");
+        assert_eq!(with(reading(32.0, "2026-03-04T09:01:00Z")).1, "Silent", "stale");
+        assert!(message.contains("systemctl restart kubelet"), "{message}");
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! The shutdown path: a machine that no claim wants is cordoned, drained and powered off by a
 //! shutdown Job. It runs for a claim marked for scale-down once its machine is ready, for a
 //! failed boot (forced, whatever is observed: an overdue boot must not join later), for a
-//! machine observed up with no claim at all, and for one whose kubelet has been silent past the
+//! machine observed up with no claim at all, for one whose kubelet has been silent past the
 //! grace with no claim (it may be off, or on and cut off: the shutdown's success is what
-//! confirms it off, see `node_removal`). Shutdown Jobs are counted on the claim they serve, or,
-//! with no claim, in the slot's status (`unclaimedShutdowns`), bounded by three, with a
-//! 30-minute pause before the count restarts.
+//! confirms it off, see `node_removal`), and for one with no node whose plug reads it drawing
+//! power (a node deleted under a running kubelet: powering the machine off is the heal).
+//! Shutdown Jobs are counted on the claim they serve, or, with no claim, in the slot's status
+//! (`unclaimedShutdowns`), bounded by three, with a 30-minute pause before the count restarts.
+//!
+//! A pass gathers its [`Facts`], decides with the pure [`plan`], and carries the plan out.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node as CoreNode;
@@ -127,29 +130,169 @@ pub fn unclaimed_streak(
     (from_jobs.0.max(from_status.0), from_jobs.1.max(from_status.1))
 }
 
-/// Powers the machine off when no claim wants it. `silent_since`: the node's kubelet has been
-/// silent past the grace and nothing has confirmed the machine off yet.
-pub async fn reconcile(
-    ctx: &Context,
-    slot: &Node,
-    node: Option<&CoreNode>,
-    silent_since: Option<Timestamp>,
-) -> Result<Pass> {
-    let slot_name = slot.metadata.name.clone().unwrap_or_default();
-    let owned = ctx.claims_of_slot(&slot_name);
-    let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
-    let on = machine::powered_on(node) || silent_since.is_some();
-    let MachineFate::PowerOff { claim } = decide(&claims, on) else {
-        return Ok(Pass::default());
-    };
+/// A machine whose node does not show it up, though it may be on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unseen {
+    /// The node's kubelet has been silent past the grace, and nothing has confirmed the
+    /// machine off yet.
+    Silent { since: Timestamp },
+    /// The machine has no node, and its plug read it drawing power at `read_at`: it runs
+    /// without its node (one deleted under a running kubelet is never registered again).
+    /// Powering it off heals it: at its next boot the kubelet starts afresh and registers.
+    OnWithoutNode { read_at: Timestamp },
+}
 
-    let shutdown_jobs = ctx.lifecycle_jobs_of_slot(&slot_name, Lifecycle::Shutdown);
-    if shutdown_jobs.iter().any(|j| outcome(j) == JobOutcome::Running) {
-        return Ok(Pass::default());
+/// A shutdown Job of the slot, as the plan reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobSeen {
+    pub outcome: JobOutcome,
+    /// When it was made.
+    pub created: Option<Timestamp>,
+    /// It serves a claim (no claim: the slot's status counts it).
+    pub serves_claim: bool,
+}
+
+/// What a shutdown pass reads of one slot, gathered once by [`facts`].
+pub struct Facts<'a> {
+    pub slot_name: &'a str,
+    pub node_name: &'a str,
+    pub namespace: &'a str,
+    pub claims: &'a [&'a NodeClaim],
+    /// The node shows the machine up (its kubelet reports, Ready or NotReady).
+    pub powered_on: bool,
+    pub unseen: Option<Unseen>,
+    pub jobs: &'a [JobSeen],
+    /// The run of attempts no claim counts, as the slot's status keeps it.
+    pub stored_streak: Option<&'a ShutdownStreak>,
+    pub now: Timestamp,
+    /// How long a run of attempts counts (the pause after the last of three).
+    pub reset_grace: SignedDuration,
+    /// How long after a shutdown ends its machine may take to look off: the machine going down
+    /// (the registration timeout) and its node saying so (`--node-monitor-grace-period`).
+    pub settle: SignedDuration,
+}
+
+/// What a shutdown pass does, decided by [`plan`].
+#[derive(Debug, PartialEq)]
+pub enum Plan<'a> {
+    /// Nothing: the machine is wanted, off, or its shutdown is under way or landed.
+    Idle,
+    /// A shutdown is owed, but the last one may still be landing: look again then.
+    SettleUntil(Timestamp),
+    /// Three attempts did not power the machine off: say so (on the claim, else the slot)
+    /// and pause until `until`.
+    Paused { claim: Option<&'a NodeClaim>, note: String, until: Timestamp },
+    /// Drain the node, then make a shutdown Job.
+    PowerOff(PowerOff<'a>),
+}
+
+/// A shutdown attempt to make.
+#[derive(Debug, PartialEq)]
+pub struct PowerOff<'a> {
+    /// The claim the attempt is counted on (none: the slot's status counts it).
+    pub claim: Option<&'a NodeClaim>,
+    pub attempt: i32,
+    /// Who the Job is numbered for (the claim, else the slot and the time) and its number.
+    pub owner: String,
+    pub sequence: i32,
+    /// The previous attempt finished and the machine still looks on: warned about first.
+    pub not_observed: Option<String>,
+}
+
+impl PowerOff<'_> {
+    pub fn job_name(&self) -> String {
+        jobs::shutdown_job_name(&self.owner, self.sequence)
     }
-    let now = ctx.now();
-    let grace =
-        SignedDuration::try_from(SHUTDOWN_ATTEMPT_RESET_GRACE).unwrap_or(SignedDuration::MAX);
+
+    /// Who the attempt is for, as the events say it.
+    fn about(&self) -> String {
+        self.claim
+            .and_then(|c| c.metadata.name.clone())
+            .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"))
+    }
+
+    /// The event that announces the Job: a routine scale-down, or a warning that says why a
+    /// machine the node does not show up is powered off.
+    pub fn announcement(
+        &self,
+        unseen: Option<Unseen>,
+        node_name: &str,
+    ) -> (EventType, &'static str, String) {
+        let (about, job_name, attempt) = (self.about(), self.job_name(), self.attempt);
+        match unseen {
+            Some(Unseen::Silent { since }) => (
+                EventType::Warning,
+                "ConfirmingOff",
+                format!(
+                    "{about}, and the kubelet of node {node_name} has been silent since {since}: shutdown Job {job_name} (attempt {attempt}) powers the machine off, and the node is removed once it succeeds"
+                ),
+            ),
+            Some(Unseen::OnWithoutNode { read_at }) => (
+                EventType::Warning,
+                "OnWithoutNode",
+                format!(
+                    "{about}, and the machine of node {node_name} has no node but its plug read it drawing power at {read_at}: a kubelet whose node was deleted while it ran never registers it again, so the machine is invisible to both scalers. Shutdown Job {job_name} (attempt {attempt}) powers it off; at its next boot the kubelet registers afresh"
+                ),
+            ),
+            None => (
+                EventType::Normal,
+                "ScaleDownRequested",
+                format!("{about}: shutdown Job {job_name} (attempt {attempt})"),
+            ),
+        }
+    }
+}
+
+/// Gathers what [`plan`] reads from the caches. `jobs` is filled with the slot's shutdown Jobs.
+pub fn facts<'a>(
+    ctx: &'a Context,
+    slot: &'a Node,
+    claims: &'a [&'a NodeClaim],
+    node: Option<&CoreNode>,
+    unseen: Option<Unseen>,
+    jobs: &'a mut Vec<JobSeen>,
+) -> Facts<'a> {
+    let slot_name = slot.metadata.name.as_deref().unwrap_or_default();
+    jobs.extend(ctx.lifecycle_jobs_of_slot(slot_name, Lifecycle::Shutdown).iter().map(|j| {
+        JobSeen {
+            outcome: outcome(j),
+            created: j.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            serves_claim: j
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(LABEL_NODECLAIM)),
+        }
+    }));
+    Facts {
+        slot_name,
+        node_name: &slot.spec.kubernetes_node_name,
+        namespace: &ctx.namespace,
+        claims,
+        powered_on: machine::powered_on(node),
+        unseen,
+        jobs,
+        stored_streak: slot.status.as_ref().and_then(|s| s.unclaimed_shutdowns.as_ref()),
+        now: ctx.now(),
+        reset_grace: SignedDuration::try_from(SHUTDOWN_ATTEMPT_RESET_GRACE)
+            .unwrap_or(SignedDuration::MAX),
+        settle: SignedDuration::try_from(ctx.timeouts.registration + ctx.node_monitor_grace)
+            .unwrap_or(SignedDuration::MAX),
+    }
+}
+
+/// Decides the shutdown pass: whether the machine is powered off, on which claim it is
+/// counted, and whether the count pauses it. Pure.
+pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
+    let Facts { slot_name, node_name, namespace, claims, powered_on, unseen, jobs, now, .. } =
+        *facts;
+    let on = powered_on || unseen.is_some();
+    let MachineFate::PowerOff { claim } = decide(claims, on) else {
+        return Plan::Idle;
+    };
+    if jobs.iter().any(|j| j.outcome == JobOutcome::Running) {
+        return Plan::Idle;
+    }
     let (mut attempts, last_at) = match claim {
         Some(c) => {
             let s = c.status.as_ref();
@@ -160,93 +303,146 @@ pub async fn reconcile(
         }
         None => {
             // Nothing asked for this machine: the slot keeps the count.
-            let unclaimed: Vec<Timestamp> = shutdown_jobs
-                .iter()
-                .filter(|j| {
-                    j.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(LABEL_NODECLAIM))
-                })
-                .filter_map(|j| j.metadata.creation_timestamp.as_ref().map(|t| t.0))
-                .collect();
-            let stored = slot.status.as_ref().and_then(|s| s.unclaimed_shutdowns.as_ref());
-            unclaimed_streak(stored, &unclaimed, now, grace)
+            let unclaimed: Vec<Timestamp> =
+                jobs.iter().filter(|j| !j.serves_claim).filter_map(|j| j.created).collect();
+            unclaimed_streak(facts.stored_streak, &unclaimed, now, facts.reset_grace)
         }
     };
     if attempts > 0 && !on && claim.is_some_and(|c| !awaits_forced_shutdown(c)) {
         // The last shutdown landed; the claim's release path takes it from here.
-        return Ok(Pass::default());
+        return Plan::Idle;
     }
     if attempts >= MAX_CONSECUTIVE_ATTEMPTS {
-        let pause_end = last_at.and_then(|t| t.checked_add(grace).ok()).unwrap_or(now);
-        if now < pause_end {
-            let reset = match claim {
-                Some(c) => format!(
-                    "kubectl patch nodeclaim {} -n {} --subresource=status --type=merge -p '{{\"status\":{{\"shutdownAttempts\":0,\"lastShutdownAttemptAt\":null}}}}'",
-                    c.metadata.name.as_deref().unwrap_or_default(),
-                    ctx.namespace
-                ),
-                // No claim carries the count: the slot's status does, and the Jobs still
-                // in the cache count too.
-                None => format!(
-                    "kubectl delete jobs -n {ns} -l {}={slot_name},{LABEL_LIFECYCLE}=shutdown && kubectl patch node.infra.homecluster.dev {slot_name} -n {ns} --subresource=status --type=merge -p '{{\"status\":{{\"unclaimedShutdowns\":null}}}}'",
-                    crate::api::LABEL_SLOT,
-                    ns = ctx.namespace,
-                ),
-            };
-            let node_name = &slot.spec.kubernetes_node_name;
-            let note = match silent_since {
-                Some(since) => format!(
-                    "{attempts} shutdown Jobs could not confirm node {node_name} off (its kubelet silent since {since}); the node is kept, because a kubelet that is running but cut off never registers a deleted node again. Pausing until {pause_end}. If the machine is off: kubectl delete node {node_name}. If it is on: restore its network, and its kubelet takes the node back. To retry now: {reset}"
-                ),
-                None => format!(
-                    "{attempts} shutdown Jobs did not power off node {node_name}; pausing until {pause_end}. To retry now: {reset}"
-                ),
-            };
-            match claim {
-                Some(c) => {
-                    ctx.publish(c, EventType::Warning, "ShutdownAttemptLimitReached", note).await
-                }
-                None => {
-                    ctx.publish(slot, EventType::Warning, "ShutdownAttemptLimitReached", note).await
-                }
-            }
-            let wait = pause_end.duration_since(now).as_secs().max(1);
-            return Ok(Pass::retry_in(std::time::Duration::from_secs(
-                u64::try_from(wait).unwrap_or(u64::MAX),
-            )));
+        let until = last_at.and_then(|t| t.checked_add(facts.reset_grace).ok()).unwrap_or(now);
+        if now < until {
+            let note = pause_note(claim, unseen, attempts, until, slot_name, node_name, namespace);
+            return Plan::Paused { claim, note, until };
         }
         attempts = 0;
     }
+    let mut not_observed = None;
     if attempts > 0 && on {
         // A machine takes a while to go down after its script returns (as long as a machine is
         // given to come up), and its node a while longer to say so: a powered-off kubelet just
         // goes silent, and its node stays Ready until kube-controller-manager's grace period
         // has passed. Only then does the attempt count as not landed.
-        let outcomes = shutdown_jobs.iter().map(|j| outcome(j));
-        if let Some(finished) = last_attempt_ended(outcomes, last_at, now) {
-            let settle =
-                SignedDuration::try_from(ctx.timeouts.registration + ctx.node_monitor_grace)
-                    .unwrap_or(SignedDuration::MAX);
-            let settled = finished.checked_add(settle).unwrap_or(Timestamp::MAX);
+        if let Some(finished) = last_attempt_ended(jobs.iter().map(|j| j.outcome), last_at, now) {
+            let settled = finished.checked_add(facts.settle).unwrap_or(Timestamp::MAX);
             if now < settled {
-                let wait = settled.duration_since(now).as_secs_f64().max(1.0);
-                return Ok(Pass::retry_in(std::time::Duration::from_secs_f64(wait)));
+                return Plan::SettleUntil(settled);
             }
         }
         let who = claim
             .and_then(|c| c.metadata.name.clone())
             .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
-        let node_name = &slot.spec.kubernetes_node_name;
-        let message = match silent_since {
-            Some(since) => format!(
+        not_observed = Some(match unseen {
+            Some(Unseen::Silent { since }) => format!(
                 "{who}: shutdown Job {attempts} did not confirm node {node_name} off; its kubelet has been silent since {since}"
+            ),
+            Some(Unseen::OnWithoutNode { read_at }) => format!(
+                "{who}: shutdown Job {attempts} finished, but the plug of node {node_name}'s machine still read it drawing power at {read_at}"
             ),
             None => {
                 format!("{who}: shutdown Job {attempts} finished but node {node_name} is still up")
             }
-        };
+        });
+    }
+    // Shutdown Jobs are numbered per claim, never reset: a pass that created the Job and then
+    // lost the status write to a conflict finds the same Job again and records the same
+    // numbers, and a reset streak starts a Job of its own.
+    let (owner, sequence) = match claim {
+        Some(c) => (
+            c.metadata.name.clone().unwrap_or_default(),
+            c.status.as_ref().and_then(|s| s.shutdown_jobs).unwrap_or(0) + 1,
+        ),
+        None => (format!("{slot_name}-{}", now.as_second()), attempts + 1),
+    };
+    Plan::PowerOff(PowerOff { claim, attempt: attempts + 1, owner, sequence, not_observed })
+}
+
+/// What the pause after three attempts says, with the command that retries now.
+fn pause_note(
+    claim: Option<&NodeClaim>,
+    unseen: Option<Unseen>,
+    attempts: i32,
+    until: Timestamp,
+    slot_name: &str,
+    node_name: &str,
+    namespace: &str,
+) -> String {
+    let reset = match claim {
+        Some(c) => format!(
+            "kubectl patch nodeclaim {} -n {namespace} --subresource=status --type=merge -p '{{\"status\":{{\"shutdownAttempts\":0,\"lastShutdownAttemptAt\":null}}}}'",
+            c.metadata.name.as_deref().unwrap_or_default(),
+        ),
+        // No claim carries the count: the slot's status does, and the Jobs still in the cache
+        // count too.
+        None => format!(
+            "kubectl delete jobs -n {namespace} -l {}={slot_name},{LABEL_LIFECYCLE}=shutdown && kubectl patch node.infra.homecluster.dev {slot_name} -n {namespace} --subresource=status --type=merge -p '{{\"status\":{{\"unclaimedShutdowns\":null}}}}'",
+            crate::api::LABEL_SLOT,
+        ),
+    };
+    match unseen {
+        Some(Unseen::Silent { since }) => format!(
+            "{attempts} shutdown Jobs could not confirm node {node_name} off (its kubelet silent since {since}); the node is kept, because a kubelet that is running but cut off never registers a deleted node again. Pausing until {until}. If the machine is off: kubectl delete node {node_name}. If it is on: restore its network, and its kubelet takes the node back. To retry now: {reset}"
+        ),
+        Some(Unseen::OnWithoutNode { read_at }) => format!(
+            "{attempts} shutdown Jobs did not power off the machine of node {node_name}, which runs without its node (its plug read it drawing power at {read_at}); pausing until {until}. Restart its kubelet (systemctl restart kubelet on the machine) or power it off by hand. To retry now: {reset}"
+        ),
+        None => format!(
+            "{attempts} shutdown Jobs did not power off node {node_name}; pausing until {until}. To retry now: {reset}"
+        ),
+    }
+}
+
+/// Powers the machine off when no claim wants it: gathers the facts, plans, and carries the plan
+/// out. `unseen`: a machine that may be on though its node does not say so.
+pub async fn reconcile(
+    ctx: &Context,
+    slot: &Node,
+    node: Option<&CoreNode>,
+    unseen: Option<Unseen>,
+) -> Result<Pass> {
+    let slot_name = slot.metadata.name.clone().unwrap_or_default();
+    let owned = ctx.claims_of_slot(&slot_name);
+    let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
+    let mut jobs = Vec::new();
+    let facts = facts(ctx, slot, &claims, node, unseen, &mut jobs);
+    let now = facts.now;
+    match plan(&facts) {
+        Plan::Idle => Ok(Pass::default()),
+        Plan::SettleUntil(at) => Ok(Pass::retry_in(until(at, now))),
+        Plan::Paused { claim, note, until: end } => {
+            let reason = "ShutdownAttemptLimitReached";
+            match claim {
+                Some(c) => ctx.publish(c, EventType::Warning, reason, note).await,
+                None => ctx.publish(slot, EventType::Warning, reason, note).await,
+            }
+            Ok(Pass::retry_in(until(end, now)))
+        }
+        Plan::PowerOff(power_off) => carry_out(ctx, slot, node, unseen, power_off).await,
+    }
+}
+
+/// How long from `now` until `at`, at least a second.
+fn until(at: Timestamp, now: Timestamp) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(at.duration_since(now).as_secs_f64().max(1.0))
+}
+
+/// Carries out a planned power-off: the warning about the attempt before, the drain (which a
+/// disruption budget may hold), the Job, and the count.
+async fn carry_out(
+    ctx: &Context,
+    slot: &Node,
+    node: Option<&CoreNode>,
+    unseen: Option<Unseen>,
+    power_off: PowerOff<'_>,
+) -> Result<Pass> {
+    let slot_name = slot.metadata.name.clone().unwrap_or_default();
+    let now = ctx.now();
+    if let Some(message) = power_off.not_observed.clone() {
         ctx.publish(slot, EventType::Warning, "ShutdownNotObserved", message).await;
     }
-
     if let Some(node) = node {
         drain::cordon(ctx, node).await?;
         // The hold runs from when it began, kept in the slot's status, with or without a claim;
@@ -278,61 +474,38 @@ pub async fn reconcile(
         }
     }
 
-    let attempt = attempts + 1;
-    // Shutdown Jobs are numbered per claim, never reset: a pass that created the Job and then
-    // lost the status write below to a conflict finds the same Job again and records the same
-    // numbers, and a reset streak starts a Job of its own.
-    let (owner, sequence) = match claim {
-        Some(c) => (
-            c.metadata.name.clone().unwrap_or_default(),
-            c.status.as_ref().and_then(|s| s.shutdown_jobs).unwrap_or(0) + 1,
-        ),
-        None => (format!("{slot_name}-{}", now.as_second()), attempt),
-    };
-    let job_name = jobs::shutdown_job_name(&owner, sequence);
+    let claim = power_off.claim;
+    let job_name = power_off.job_name();
     let group = slot.group().unwrap_or_default().to_owned();
     let job = jobs::build(&JobContext {
         slot,
         group: &group,
         claim,
         lifecycle: Lifecycle::Shutdown,
-        name: job_name.clone(),
+        name: job_name,
         max_run_time: ctx.timeouts.job_timeout,
         power_image: &ctx.power_image,
         priority_class: ctx.power_priority_class.as_deref(),
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
     let created = ctx.create_job(&job, FieldManager::SlotController).await?;
+    let attempt = power_off.attempt;
     if let Some(claim) = claim {
         chokepoint::patch_status(
             ctx,
             claim,
             FieldManager::SlotController,
-            json!({ "shutdownAttempts": attempt, "shutdownJobs": sequence, "lastShutdownAttemptAt": Time(now) }),
+            json!({ "shutdownAttempts": attempt, "shutdownJobs": power_off.sequence, "lastShutdownAttemptAt": Time(now) }),
         )
         .await?;
     }
     // With no claim the slot's status keeps the count (written with its status, see `observe`).
     let streak =
         claim.is_none().then_some(ShutdownStreak { attempts: attempt, last_attempt_at: Time(now) });
-    let about = claim
-        .and_then(|c| c.metadata.name.clone())
-        .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
-    if !created {
-        return Ok(Pass { streak, ..Pass::default() });
-    }
-    match silent_since {
-        Some(since) => {
-            let message = format!(
-                "{about}, and the kubelet of node {} has been silent since {since}: shutdown Job {job_name} (attempt {attempt}) powers the machine off, and the node is removed once it succeeds",
-                slot.spec.kubernetes_node_name
-            );
-            ctx.publish(slot, EventType::Warning, "ConfirmingOff", message).await;
-        }
-        None => {
-            let message = format!("{about}: shutdown Job {job_name} (attempt {attempt})");
-            ctx.publish(slot, EventType::Normal, "ScaleDownRequested", message).await;
-        }
+    if created {
+        let (type_, reason, message) =
+            power_off.announcement(unseen, &slot.spec.kubernetes_node_name);
+        ctx.publish(slot, type_, reason, message).await;
     }
     Ok(Pass { streak, ..Pass::default() })
 }
@@ -394,6 +567,188 @@ mod tests {
             MachineFate::Keep,
             "a newer claim wants it"
         );
+    }
+
+    /// The shutdown plan, one row per way a pass can go: the Job's number and count, the
+    /// settle before a second attempt, the pause after three, and what is said about a machine
+    /// the node does not show up.
+    #[test]
+    fn shutdown_plan_table() {
+        let ts = |s: &str| at(s).0;
+        let now = ts("2026-03-04T10:00:00Z");
+        let ready = claim_in("ready", "m1", Some(Ready), "2026-03-04T09:00:00Z");
+        let mut released = marked(ready.clone());
+        {
+            let status = released.status.as_mut().unwrap();
+            status.shutdown_attempts = Some(1);
+            status.shutdown_jobs = Some(2);
+            status.last_shutdown_attempt_at = Some(at("2026-03-04T09:59:00Z"));
+        }
+        let failed = committed_failure("failed");
+        let streak = |attempts, last: &str| ShutdownStreak { attempts, last_attempt_at: at(last) };
+        let three_recent = streak(3, "2026-03-04T09:50:00Z");
+        let three_stale = streak(3, "2026-03-04T09:20:00Z");
+        let one = streak(1, "2026-03-04T09:59:50Z");
+        let one_older = streak(1, "2026-03-04T09:58:00Z");
+        let job = |outcome, created: &str, serves_claim| JobSeen {
+            outcome,
+            created: Some(ts(created)),
+            serves_claim,
+        };
+        let running = [job(JobOutcome::Running, "2026-03-04T09:59:58Z", false)];
+        let ended_5s_ago = [job(
+            JobOutcome::Succeeded { at: Some(ts("2026-03-04T09:59:55Z")) },
+            "2026-03-04T09:59:50Z",
+            false,
+        )];
+        let ended_a_minute_ago = [job(
+            JobOutcome::Succeeded { at: Some(ts("2026-03-04T09:59:00Z")) },
+            "2026-03-04T09:58:00Z",
+            false,
+        )];
+        let silent = Some(Unseen::Silent { since: ts("2026-03-04T09:40:00Z") });
+        let nodeless = Some(Unseen::OnWithoutNode { read_at: ts("2026-03-04T09:59:55Z") });
+        fn facts<'a>(claims: &'a [&'a NodeClaim], now: Timestamp) -> Facts<'a> {
+            Facts {
+                slot_name: "m1",
+                node_name: "m1",
+                namespace: "homelab",
+                claims,
+                powered_on: true,
+                unseen: None,
+                jobs: &[],
+                stored_streak: None,
+                now,
+                reset_grace: SignedDuration::from_mins(30),
+                settle: SignedDuration::from_secs(38),
+            }
+        }
+        let (no_claim, wanted, releasing, forced): ([&NodeClaim; 0], _, _, _) =
+            ([], [&ready], [&released], [&failed]);
+        let first_unclaimed = |not_observed: Option<&str>, attempt: i32| {
+            Plan::PowerOff(PowerOff {
+                claim: None,
+                attempt,
+                owner: format!("m1-{}", now.as_second()),
+                sequence: attempt,
+                not_observed: not_observed.map(str::to_owned),
+            })
+        };
+        let rows: Vec<(&str, Facts<'_>, Plan<'_>)> = vec![
+            ("wanted: a ready claim", Facts { ..facts(&wanted, now) }, Plan::Idle),
+            ("up, nothing asked for it", facts(&no_claim, now), first_unclaimed(None, 1)),
+            ("a shutdown under way", Facts { jobs: &running, ..facts(&no_claim, now) }, Plan::Idle),
+            ("off and unclaimed", Facts { powered_on: false, ..facts(&no_claim, now) }, Plan::Idle),
+            (
+                "the released claim's shutdown landed",
+                Facts { powered_on: false, ..facts(&releasing, now) },
+                Plan::Idle,
+            ),
+            (
+                "the released claim's machine still up past the settle: Job 3, attempt 2",
+                facts(&releasing, now),
+                Plan::PowerOff(PowerOff {
+                    claim: Some(&released),
+                    attempt: 2,
+                    owner: "ready".into(),
+                    sequence: 3,
+                    not_observed: Some(
+                        "claim ready: shutdown Job 1 finished but node m1 is still up".into(),
+                    ),
+                }),
+            ),
+            (
+                "a forced shutdown owed, whatever is observed",
+                Facts { powered_on: false, ..facts(&forced, now) },
+                Plan::PowerOff(PowerOff {
+                    claim: Some(&failed),
+                    attempt: 1,
+                    owner: "failed".into(),
+                    sequence: 1,
+                    not_observed: None,
+                }),
+            ),
+            (
+                "the last attempt ended 5 s ago: settle",
+                Facts { jobs: &ended_5s_ago, stored_streak: Some(&one), ..facts(&no_claim, now) },
+                Plan::SettleUntil(ts("2026-03-04T10:00:33Z")),
+            ),
+            (
+                "settled and still up: attempt 2, warned first",
+                Facts {
+                    jobs: &ended_a_minute_ago,
+                    stored_streak: Some(&one_older),
+                    ..facts(&no_claim, now)
+                },
+                first_unclaimed(
+                    Some("no claim wants it: shutdown Job 1 finished but node m1 is still up"),
+                    2,
+                ),
+            ),
+            (
+                "three attempts within the pause: paused",
+                Facts { stored_streak: Some(&three_recent), ..facts(&no_claim, now) },
+                Plan::Paused {
+                    claim: None,
+                    note: pause_note(
+                        None,
+                        None,
+                        3,
+                        ts("2026-03-04T10:20:00Z"),
+                        "m1",
+                        "m1",
+                        "homelab",
+                    ),
+                    until: ts("2026-03-04T10:20:00Z"),
+                },
+            ),
+            (
+                "three attempts, the pause over: the count starts again",
+                Facts { stored_streak: Some(&three_stale), ..facts(&no_claim, now) },
+                first_unclaimed(None, 1),
+            ),
+            (
+                "silent past the grace, nothing confirms it off",
+                Facts { powered_on: false, unseen: silent, ..facts(&no_claim, now) },
+                first_unclaimed(None, 1),
+            ),
+            (
+                "no node, its plug reading it on",
+                Facts { powered_on: false, unseen: nodeless, ..facts(&no_claim, now) },
+                first_unclaimed(None, 1),
+            ),
+            (
+                "no node, its plug reading it on, a claim wants the machine",
+                Facts { powered_on: false, unseen: nodeless, ..facts(&wanted, now) },
+                Plan::Idle,
+            ),
+        ];
+        for (name, facts, want) in rows {
+            assert_eq!(plan(&facts), want, "{name}");
+        }
+
+        // What each kind of power-off says.
+        let power_off = PowerOff {
+            claim: None,
+            attempt: 1,
+            owner: "m1-1".into(),
+            sequence: 1,
+            not_observed: None,
+        };
+        let said = |unseen| power_off.announcement(unseen, "m1");
+        assert_eq!(said(None).1, "ScaleDownRequested");
+        assert_eq!(said(None).0, EventType::Normal);
+        let (kind, reason, message) = said(silent);
+        assert_eq!((kind, reason), (EventType::Warning, "ConfirmingOff"), "{message}");
+        let (kind, reason, message) = said(nodeless);
+        assert_eq!((kind, reason), (EventType::Warning, "OnWithoutNode"), "{message}");
+        assert!(message.contains("registers afresh"), "{message}");
+        let note = pause_note(None, nodeless, 3, now, "m1", "m1", "homelab");
+        assert!(note.contains("systemctl restart kubelet"), "{note}");
+        let note = pause_note(None, silent, 3, now, "m1", "m1", "homelab");
+        assert!(note.contains("kubectl delete node m1"), "{note}");
+        let note = pause_note(Some(&ready), None, 3, now, "m1", "m1", "homelab");
+        assert!(note.contains("kubectl patch nodeclaim ready -n homelab"), "{note}");
     }
 
     /// The race behind a claim that got two shutdown Jobs for one power-off: the slot's previous

@@ -270,6 +270,26 @@ pub async fn start_operator(
     stop
 }
 
+/// A claim for `slot` as the provider makes one, created; then waited on until ready.
+pub async fn claim_ready(client: &kube::Client, ns: &str, name: &str, slot: &str) {
+    use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
+    let claims: Api<NodeClaim> = Api::namespaced(client.clone(), ns);
+    let slots: Api<Node> = Api::namespaced(client.clone(), ns);
+    let groups: Api<Group> = Api::namespaced(client.clone(), ns);
+    let claim = crate::claims::provider_claim_for(name, slot, &slots, &groups, timeouts(), "test")
+        .await
+        .expect("claim");
+    claims.create(&Default::default(), &claim).await.expect("create claim");
+    crate::eventually(&format!("claim {name} ready on the real machine"), ACT, || async {
+        let claim = claims.get(name).await?;
+        let phase = crate::claims::phase(&claim);
+        ensure!(phase == NodeClaimPhase::Ready, "phase {:?}", claim.status);
+        Ok(())
+    })
+    .await
+    .expect("ready");
+}
+
 /// Every object of `api` ever seen, by uid, as first seen: claims are deleted once released,
 /// so a list at the end would miss them; and with a watch started before a Node exists, its
 /// first sight is the Node as the kubelet created it.

@@ -11,7 +11,10 @@
 //! (until a shutdown has completed), [`STANDBY_WATTS`] for a halted machine on mains (its power
 //! supply's standby rail), 0 with the relay open. It is wired to the lan's switch at an address
 //! of its own (on the lan's bridge, in the lan's namespace), port 80, no login, as such plugs
-//! ship. Every switch of the relay is recorded with the draw and the machine's state at that
+//! ship. The operator runs in the test process, in the root namespace, where the lan's addresses
+//! do not exist; in a cluster it reaches the plug over the house's network whatever the machine's
+//! own cable does. So the same device also answers on 127.0.0.1 ([`Plug::operator_base`]): the
+//! operator's route to the plug, which a cut of the machine's link leaves alone. Every switch of the relay is recorded with the draw and the machine's state at that
 //! instant, so a test can tell when the relay was cut relative to the OS halting.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -51,8 +54,10 @@ pub struct RelaySwitch {
 /// The plug; dropping it stops its RPC (the relay stays as it is).
 pub struct Plug {
     address: Ipv4Addr,
+    /// Where the operator (in the root namespace) reaches the same device.
+    operator_address: SocketAddr,
     switches: Arc<Mutex<Vec<RelaySwitch>>>,
-    server: tokio::task::JoinHandle<()>,
+    servers: [tokio::task::JoinHandle<()>; 2],
 }
 
 #[derive(Clone)]
@@ -78,10 +83,26 @@ impl Plug {
             .route("/rpc/Switch.GetStatus", get(status).post(status))
             .route("/rpc", post(json_rpc))
             .with_state(device);
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self { address, switches, server })
+        let operator_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("listening for the plug's RPC on 127.0.0.1")?;
+        let operator_address = operator_listener.local_addr()?;
+        let on_lan = app.clone();
+        let servers = [
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, on_lan).await;
+            }),
+            tokio::spawn(async move {
+                let _ = axum::serve(operator_listener, app).await;
+            }),
+        ];
+        Ok(Self { address, operator_address, switches, servers })
+    }
+
+    /// `http://127.0.0.1:<port>`: the same plug as the operator reaches it (a meter the operator
+    /// reads itself, a switch a person flips from an app). Not reachable from the lan.
+    pub fn operator_base(&self) -> String {
+        format!("http://{}", self.operator_address)
     }
 
     /// `http://<address>`: the base of the slot's `http` request URLs.
@@ -97,7 +118,9 @@ impl Plug {
 
 impl Drop for Plug {
     fn drop(&mut self) {
-        self.server.abort();
+        for server in &self.servers {
+            server.abort();
+        }
     }
 }
 
