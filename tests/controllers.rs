@@ -1030,9 +1030,7 @@ async fn a_machine_its_plug_reads_on_with_no_node_is_powered_off() {
             })
         })
         .await;
-    let reason = said.status.as_ref().and_then(|s| {
-        s.conditions.iter().find(|c| c.type_ == "NodeReporting").map(|c| c.reason.clone())
-    });
+    let reason = slots::condition_reason(&said, "NodeReporting");
     assert_eq!(reason.as_deref(), Some("OnWithoutNode"));
 
     // The machine went off: its plug reads standby, and the slot reads "no node" again.

@@ -24,7 +24,7 @@ use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, claim_ready, first_seen, hosts_running, machine_settings,
     operator_image, pool_machine, scenario, secret, start_operator, timeouts,
 };
-use homelab_harness::slots::event_reasons;
+use homelab_harness::slots::{condition_reason, event_reasons, node_reporting};
 use homelab_harness::{ControlPlane, TestNamespace, eventually};
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -316,6 +316,20 @@ struct PlugMachine {
     space: TestNamespace,
 }
 
+impl PlugMachine {
+    /// Applies [`plug_pool`] for the machine with kubectl, its off sequence over SSH when
+    /// `ssh_then_relay`; returns the slot's name.
+    async fn apply_pool(&self, ssh_then_relay: bool) -> String {
+        let (m1, ns) = (&self.m1, &self.space.ns);
+        let slot = m1.name().to_owned();
+        let ssh = ssh_then_relay.then_some((m1, self.key.as_str()));
+        let manifest = plug_pool(&slot, ns, &self.plug, ssh);
+        let output = self.space.plane.kubectl_apply(ns, &manifest).await.expect("kubectl");
+        assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
+        slot
+    }
+}
+
 async fn plug_machine(prefix: &str) -> PlugMachine {
     let (space, lan, hub) = scenario(prefix).await;
     let hub_logs = hub.logs_on_failure();
@@ -344,16 +358,13 @@ async fn plug_machine(prefix: &str) -> PlugMachine {
 async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut() {
     let one = plug_machine("real-plug").await;
     let (plane, client, ns) = (one.space.plane, one.space.client.clone(), one.space.ns.clone());
-    let (m1, plug, key) = (&one.m1, &one.plug, &one.key);
+    let (m1, plug) = (&one.m1, &one.plug);
     assert!(!m1.has_mains(), "the relay starts open");
     let (_, image) = operator_image().await.expect("image");
     let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
-    let slot = m1.name().to_owned();
-    let manifest = plug_pool(&slot, &ns, plug, Some((m1, key)));
-    let output = plane.kubectl_apply(&ns, &manifest).await.expect("kubectl");
-    assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
+    let slot = one.apply_pool(true).await;
 
     // On: the power Job on the hub closes the relay; the machine boots as mains returns.
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
@@ -426,14 +437,11 @@ async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut()
 async fn a_machine_cut_off_whose_plug_reads_it_on_keeps_its_claim() {
     let one = plug_machine("real-plug-cut").await;
     let (plane, client, ns) = (one.space.plane, one.space.client.clone(), one.space.ns.clone());
-    let (m1, plug) = (&one.m1, &one.plug);
+    let m1 = &one.m1;
     let (_, image) = operator_image().await.expect("image");
     let operator = start_operator(plane, &ns, &image, machine_settings()).await;
     let nodes: Api<CoreNode> = Api::all(client.clone());
-    let slot = m1.name().to_owned();
-    let output = plane.kubectl_apply(&ns, &plug_pool(&slot, &ns, plug, None)).await;
-    let output = output.expect("kubectl");
-    assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
+    let slot = one.apply_pool(false).await;
     let claims: Api<NodeClaim> = Api::namespaced(client.clone(), &ns);
     let slots: Api<Node> = Api::namespaced(client.clone(), &ns);
     claim_ready(&client, &ns, "serve", &slot).await;
@@ -441,22 +449,15 @@ async fn a_machine_cut_off_whose_plug_reads_it_on_keeps_its_claim() {
 
     let history_before_cut = m1.power_history().len();
     m1.link().cut().expect("cut");
-    let slot_says = |reason: &'static str| {
-        let slots = slots.clone();
-        let slot = slot.clone();
-        async move {
-            let slot = slots.get(&slot).await?;
-            let conditions = slot.status.map(|s| s.conditions).unwrap_or_default();
-            let reporting = conditions.into_iter().find(|c| c.type_ == "NodeReporting");
-            let got = reporting.as_ref().map(|c| (c.reason.clone(), c.message.clone()));
-            ensure!(got.as_ref().is_some_and(|(r, _)| r == reason), "NodeReporting {got:?}");
-            anyhow::Ok(got.map(|(_, m)| m).unwrap_or_default())
-        }
-    };
-    let message =
-        eventually("the slot saying its machine is cut off, not off", ACT, || slot_says("CutOff"))
-            .await
-            .expect("cut off");
+    let message = eventually("the slot saying its machine is cut off, not off", ACT, || async {
+        let said = slots.get(&slot).await?;
+        let reason = condition_reason(&said, "NodeReporting");
+        let (_, message) = node_reporting(&said).unwrap_or_default();
+        ensure!(reason.as_deref() == Some("CutOff"), "NodeReporting {reason:?}: {message}");
+        Ok(message)
+    })
+    .await
+    .expect("cut off");
     assert!(message.contains("plug"), "{message}");
     // Past a whole boot window of silence, and a margin for the controllers to act on it.
     let window = timeouts().budget() + Duration::from_secs(20);
@@ -504,10 +505,7 @@ async fn a_plug_switched_machine_running_without_its_node_is_powered_off() {
     let (m1, plug) = (&one.m1, &one.plug);
     let nodes: Api<CoreNode> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    let slot = m1.name().to_owned();
-    let output = plane.kubectl_apply(&ns, &plug_pool(&slot, &ns, plug, None)).await;
-    let output = output.expect("kubectl");
-    assert!(output.status.success(), "{}", fail(&output, "kubectl apply"));
+    let slot = one.apply_pool(false).await;
 
     // The operator is down; the plug is switched on by hand, the machine boots and registers.
     let app = reqwest::Client::builder().no_proxy().build().expect("client");

@@ -318,4 +318,20 @@ impl Node {
     pub fn group(&self) -> Option<&str> {
         self.metadata.labels.as_ref()?.get(super::POOL_MEMBERSHIP_LABEL).map(String::as_str)
     }
+
+    /// The machine's running draw: what its meter read while it served, else its declared
+    /// `whenOn`.
+    pub fn running_watts(&self) -> Option<f64> {
+        let measured = self.status.as_ref().and_then(|s| s.draw.as_ref()?.when_on_watts);
+        measured.or(self.declared_watts().map(|w| w.when_on))
+    }
+
+    /// The machine's declared standby draw (`whenOff`), if any.
+    pub fn standby_watts(&self) -> Option<f64> {
+        self.declared_watts().and_then(|w| w.when_off)
+    }
+
+    fn declared_watts(&self) -> Option<&super::PowerWatts> {
+        self.spec.power.as_ref().and_then(|p| p.watts.as_ref())
+    }
 }

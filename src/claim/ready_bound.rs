@@ -36,29 +36,27 @@ pub struct PlugReading {
     pub on_above: f64,
 }
 
-/// How many meter intervals a plug reading counts for: a reading or two may be lost.
-pub const PLUG_READINGS_FRESH: u32 = 3;
-
 impl PlugReading {
     /// The slot's plug meter's last reading (`status.draw`), with the draw above which it
     /// reads the machine on; none for a slot without a meter or before its first reading.
     pub fn of(slot: &crate::api::Node) -> Option<Self> {
         let draw = slot.status.as_ref()?.draw.as_ref()?;
-        let declared = slot.spec.power.as_ref().and_then(|p| p.watts.as_ref());
         Some(Self {
             watts: draw.watts,
             read_at: draw.read_at.0,
-            on_above: on_above(
-                declared.and_then(|w| w.when_off),
-                draw.when_on_watts.or(declared.map(|w| w.when_on)),
-            ),
+            on_above: on_above(slot.standby_watts(), slot.running_watts()),
         })
     }
 
-    /// Whether this reading shows the machine on since `since`: taken at or after it, no
-    /// older than `max_age`, and above the machine's standby. Pure.
+    /// Whether this reading shows the machine on now: no older than `max_age`, and above the
+    /// machine's standby. Pure.
+    pub fn is_on(&self, now: Timestamp, max_age: Duration) -> bool {
+        now < plus(self.read_at, max_age) && self.watts > self.on_above
+    }
+
+    /// [`Self::is_on`], in a reading taken at or after `since`. Pure.
     pub fn reads_on(&self, since: Timestamp, now: Timestamp, max_age: Duration) -> bool {
-        self.read_at >= since && now < plus(self.read_at, max_age) && self.watts > self.on_above
+        self.read_at >= since && self.is_on(now, max_age)
     }
 }
 

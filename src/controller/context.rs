@@ -47,6 +47,11 @@ impl Clients {
     }
 }
 
+/// A meter reading older than this many meter intervals is stale: the plug stopped answering.
+/// The savings report falls back to the declared watts, and the plug no longer tells whether the
+/// machine is on.
+pub const METER_READINGS_FRESH: u32 = 3;
+
 /// What the controllers share.
 pub struct Context {
     pub client: Client,
@@ -246,6 +251,19 @@ impl Context {
             drain_holds: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))
+    }
+
+    /// How long a plug meter's reading counts: [`METER_READINGS_FRESH`] meter intervals.
+    pub fn meter_reading_max_age(&self) -> Duration {
+        self.meter_interval * METER_READINGS_FRESH
+    }
+
+    /// How long after a shutdown ends its machine may take to look off: the machine going down
+    /// (the registration timeout, as long as one is given to come up) and its node saying so
+    /// (`--node-monitor-grace-period`).
+    pub fn shutdown_settle(&self) -> jiff::SignedDuration {
+        jiff::SignedDuration::try_from(self.timeouts.registration + self.node_monitor_grace)
+            .unwrap_or(jiff::SignedDuration::MAX)
     }
 
     /// Whether `slot`'s meter is due a read (none within `meter_interval`); if so, the read

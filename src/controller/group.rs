@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::error::{KubeContext, Result};
-use super::{Context, GroupInputs};
+use super::{Context, GroupInputs, METER_READINGS_FRESH};
 use crate::api::{
     Group, GroupClaimCounts, Node, NodeClaim, NodeClaimPhase, ObservedPower, SlotPhase,
 };
@@ -69,10 +69,6 @@ pub const SAVINGS_STEP: Duration = Duration::from_secs(60);
 /// The condition that says whether a pool has slots at all.
 pub const CONDITION_HAS_SLOTS: &str = "HasSlots";
 
-/// A meter reading older than this many meter intervals is stale: the plug stopped answering,
-/// and the report falls back to the declared watts.
-const READINGS_KEPT_FRESH: u32 = 3;
-
 /// What the slot contributes to its pool's savings report. Its on-draw is what its meter read
 /// while it was ready, else its declared `whenOn`; its draw now is a fresh reading, if any.
 fn savings_sample(
@@ -87,15 +83,14 @@ fn savings_sample(
             status.and_then(|s| s.phase),
             Some(SlotPhase::Booting | SlotPhase::Ready | SlotPhase::Draining)
         );
-    let declared = slot.spec.power.as_ref().and_then(|p| p.watts.as_ref());
     let draw = status.and_then(|s| s.draw.as_ref());
-    let fresh_for = (meter_interval * READINGS_KEPT_FRESH).as_secs_f64();
-    let on = draw.and_then(|d| d.when_on_watts).or(declared.map(|w| w.when_on));
+    let fresh_for = (meter_interval * METER_READINGS_FRESH).as_secs_f64();
+    let on = slot.running_watts();
     SlotSample {
         name: slot.metadata.name.clone().unwrap_or_default(),
         powered,
         hourly_rate: pricing_of(&slot.spec, &group.spec).map_or(0.0, |p| p.hourly_rate),
-        watts: on.map(|on| Watts { on, off: declared.and_then(|w| w.when_off).unwrap_or(0.0) }),
+        watts: on.map(|on| Watts { on, off: slot.standby_watts().unwrap_or(0.0) }),
         measured_watts: draw
             .filter(|d| now.duration_since(d.read_at.0).as_secs_f64() <= fresh_for)
             .map(|d| d.watts),

@@ -15,8 +15,8 @@ pub mod schedule;
 pub mod slot;
 
 pub use context::{
-    ClaimInputs, Clients, Context, GroupInputs, MachineSettings, PowerPods, PublishedHold,
-    SlotInputs, Subscriptions,
+    ClaimInputs, Clients, Context, GroupInputs, METER_READINGS_FRESH, MachineSettings, PowerPods,
+    PublishedHold, SlotInputs, Subscriptions,
 };
 pub use error::{Error, Result};
 

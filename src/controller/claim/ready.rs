@@ -48,7 +48,7 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
         off_grace: ctx.timeouts.budget(),
         not_ready_grace: ctx.not_ready_grace,
         plug: PlugReading::of(&slot),
-        plug_max_age: ctx.meter_interval * ready_bound::PLUG_READINGS_FRESH,
+        plug_max_age: ctx.meter_reading_max_age(),
     };
     match ready_bound::judge(&machine) {
         Verdict::Keep { mark, wake_at } => {

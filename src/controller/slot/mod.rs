@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Context, Result, SlotInputs};
-use crate::api::{LABEL_SLOT, Node};
-use crate::claim::ready_bound::{PLUG_READINGS_FRESH, PlugReading};
+use crate::api::{LABEL_SLOT, Node, NodeClaim};
+use crate::claim::ready_bound::PlugReading;
 use crate::{node_declaration, phase};
 
 /// Runs the slot controller until `shutdown`.
@@ -65,11 +65,15 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         }
         let mut node = ctx.core_node(&slot.spec.kubernetes_node_name);
         let live = observe::live_claim(&ctx, &name);
+        // The slot's claims and shutdown Jobs, read once for the node's removal and the shutdown.
+        let owned = ctx.claims_of_slot(&name);
+        let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
+        let shutdowns = node_removal::ShutdownJob::of_slot(&ctx, &name);
         let mut recheck = None;
         let mut unseen = None;
         let booting = live.as_deref().is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
         if let Some(current) = node.clone() {
-            let removal = node_removal::decide_for(&ctx, &name, &current);
+            let removal = node_removal::decide_for(&ctx, &claims, &shutdowns, &current);
             if let node_removal::Removal::ConfirmOff { since } = removal {
                 unseen = Some(shutdown::Unseen::Silent { since });
             }
@@ -94,12 +98,13 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         // window is left to register (its own deadline fails it if it never does).
         if node.is_none() && !booting {
             let plug = PlugReading::of(&slot);
-            let max_age = ctx.meter_interval * PLUG_READINGS_FRESH;
-            if let Some(plug) = plug.filter(|p| p.reads_on(p.read_at, ctx.now(), max_age)) {
+            let max_age = ctx.meter_reading_max_age();
+            if let Some(plug) = plug.filter(|p| p.is_on(ctx.now(), max_age)) {
                 unseen = Some(shutdown::Unseen::OnWithoutNode { read_at: plug.read_at });
             }
         }
-        let shutdown = shutdown::reconcile(&ctx, &slot, node.as_deref(), unseen).await?;
+        let shutdown =
+            shutdown::reconcile(&ctx, &slot, &claims, &shutdowns, node.as_deref(), unseen).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
         let seen = observe::Seen {
             reading: reading.as_ref(),

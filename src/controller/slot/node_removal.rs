@@ -29,7 +29,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 
 use super::undeclared;
-use crate::api::{ANNOTATION_CONFIRMS_OFF, Node, NodeClaim};
+use crate::api::{ANNOTATION_CONFIRMS_OFF, LABEL_NODECLAIM, Node, NodeClaim};
 use crate::controller::Context;
 use crate::controller::claim::release::awaits_forced_shutdown;
 use crate::controller::error::{KubeContext, Result, is_not_found, is_stale_write};
@@ -62,7 +62,7 @@ pub enum Removal {
     },
 }
 
-/// A shutdown Job of the slot, as the decision reads it.
+/// A shutdown Job of the slot, as the node removal and the shutdown plan read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShutdownJob {
     pub outcome: JobOutcome,
@@ -70,18 +70,31 @@ pub struct ShutdownJob {
     pub created: Option<Timestamp>,
     /// Its success reads the machine off ([`ANNOTATION_CONFIRMS_OFF`]).
     pub confirms_off: bool,
+    /// It serves a claim (no claim: the slot's status counts it).
+    pub serves_claim: bool,
 }
 
 impl ShutdownJob {
     pub fn of(job: &Job) -> Self {
-        let annotations = job.metadata.annotations.as_ref();
+        let meta = &job.metadata;
         Self {
             outcome: outcome(job),
-            created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            confirms_off: annotations
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            confirms_off: meta
+                .annotations
+                .as_ref()
                 .and_then(|a| a.get(ANNOTATION_CONFIRMS_OFF))
                 .is_some_and(|v| v == "true"),
+            serves_claim: meta.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NODECLAIM)),
         }
+    }
+
+    /// The slot's shutdown Jobs in the cache.
+    pub fn of_slot(ctx: &Context, slot_name: &str) -> Vec<Self> {
+        ctx.lifecycle_jobs_of_slot(slot_name, Lifecycle::Shutdown)
+            .iter()
+            .map(|j| Self::of(j))
+            .collect()
     }
 }
 
@@ -155,24 +168,21 @@ pub fn decide(facts: &Facts) -> Removal {
     }
 }
 
-/// The facts of a slot from the caches, and the decision.
-pub fn decide_for(ctx: &Context, slot_name: &str, node: &CoreNode) -> Removal {
-    let owned = ctx.claims_of_slot(slot_name);
-    let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
-    let shutdowns: Vec<ShutdownJob> = ctx
-        .lifecycle_jobs_of_slot(slot_name, Lifecycle::Shutdown)
-        .iter()
-        .map(|j| ShutdownJob::of(j))
-        .collect();
-    let duration =
-        |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+/// The decision on the slot's node, with the slot's claims and shutdown Jobs as the pass read
+/// them and the rest from the context.
+pub fn decide_for(
+    ctx: &Context,
+    claims: &[&NodeClaim],
+    shutdowns: &[ShutdownJob],
+    node: &CoreNode,
+) -> Removal {
     decide(&Facts {
-        claims: &claims,
+        claims,
         node,
-        shutdowns: &shutdowns,
+        shutdowns,
         now: ctx.now(),
-        grace: duration(ctx.off_node_grace),
-        settle: duration(ctx.timeouts.registration + ctx.node_monitor_grace),
+        grace: SignedDuration::try_from(ctx.off_node_grace).unwrap_or(SignedDuration::MAX),
+        settle: ctx.shutdown_settle(),
     })
 }
 
@@ -277,12 +287,18 @@ mod tests {
             outcome: shut_down,
             created: Some(ts("2026-03-04T09:55:00Z")),
             confirms_off: false,
+            serves_claim: false,
         };
         let confirming = ShutdownJob { confirms_off: true, ..unconfirmed };
         type Row<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<ShutdownJob>, Removal);
         let confirm = Removal::ConfirmOff { since: ts(long_ago) };
         // Typed drivers' Jobs, which read the machine off, with no creation time.
-        let typed = |outcome| ShutdownJob { outcome, created: None, confirms_off: true };
+        let typed = |outcome| ShutdownJob {
+            outcome,
+            created: None,
+            confirms_off: true,
+            serves_claim: false,
+        };
         type OutcomeRow<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<JobOutcome>, Removal);
         let rows: Vec<OutcomeRow> = vec![
             (
@@ -428,12 +444,13 @@ mod tests {
             ("never reported", vec![], node(None), vec![], Removal::Keep),
             ("already being deleted", vec![], deleting, vec![shut_down], Removal::Keep),
         ];
-        let table: Vec<Row> = rows
+        let mut table: Vec<Row> = rows
             .into_iter()
-        .map(|(name, claims, node, outcomes, want)| {
-            (name, claims, node, outcomes.into_iter().map(typed).collect(), want)
-        })
-        .chain([
+            .map(|(name, claims, node, outcomes, want)| {
+                (name, claims, node, outcomes.into_iter().map(typed).collect(), want)
+            })
+            .collect();
+        table.extend([
             (
                 "silent before a shutdown pod that cannot read the machine off: nothing confirmed",
                 vec![],
@@ -469,8 +486,7 @@ mod tests {
                 vec![confirming],
                 Removal::Remove(OffBecause::Rebooting),
             ),
-        ])
-        .collect();
+        ]);
         let settle = SignedDuration::from_mins(2);
         for (name, claims, node, shutdowns, want) in table {
             let facts =

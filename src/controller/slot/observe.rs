@@ -13,7 +13,7 @@ use super::drain::{self, DrainHold};
 use super::meter::{self, Reading};
 use super::undeclared;
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest};
-use crate::claim::ready_bound::{PLUG_READINGS_FRESH, PlugReading};
+use crate::claim::ready_bound::PlugReading;
 use crate::controller::error::{KubeContext, Result, is_stale_write};
 use crate::controller::{Context, PublishedHold};
 use crate::field_manager::{FieldManager, apply_status_of};
@@ -262,7 +262,7 @@ pub async fn write_status(
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
     let pod_confirms = slot.spec.shutdown_pod_spec.as_ref().map(|p| p.confirms_power_state);
-    let plug = PlugReading::of(slot).map(|p| (p, ctx.meter_interval * PLUG_READINGS_FRESH));
+    let plug = PlugReading::of(slot).map(|p| (p, ctx.meter_reading_max_age()));
     let (ok, reason, message) = node_reporting(
         &slot.spec.kubernetes_node_name,
         node,

@@ -17,9 +17,8 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::drain::{self, DrainHold, Drained};
-use crate::api::{
-    LABEL_LIFECYCLE, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase, ShutdownStreak,
-};
+use super::node_removal::ShutdownJob;
+use crate::api::{LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase, ShutdownStreak};
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
 use crate::controller::claim::chokepoint;
@@ -27,7 +26,7 @@ use crate::controller::claim::release::awaits_forced_shutdown;
 use crate::controller::error::{Error, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::field_manager::FieldManager;
-use crate::job_outcome::{JobOutcome, outcome};
+use crate::job_outcome::JobOutcome;
 use crate::machine;
 use crate::phase;
 
@@ -142,16 +141,6 @@ pub enum Unseen {
     OnWithoutNode { read_at: Timestamp },
 }
 
-/// A shutdown Job of the slot, as the plan reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct JobSeen {
-    pub outcome: JobOutcome,
-    /// When it was made.
-    pub created: Option<Timestamp>,
-    /// It serves a claim (no claim: the slot's status counts it).
-    pub serves_claim: bool,
-}
-
 /// What a shutdown pass reads of one slot, gathered once by [`facts`].
 pub struct Facts<'a> {
     pub slot_name: &'a str,
@@ -161,14 +150,15 @@ pub struct Facts<'a> {
     /// The node shows the machine up (its kubelet reports, Ready or NotReady).
     pub powered_on: bool,
     pub unseen: Option<Unseen>,
-    pub jobs: &'a [JobSeen],
+    /// The slot's shutdown Jobs.
+    pub jobs: &'a [ShutdownJob],
     /// The run of attempts no claim counts, as the slot's status keeps it.
     pub stored_streak: Option<&'a ShutdownStreak>,
     pub now: Timestamp,
     /// How long a run of attempts counts (the pause after the last of three).
     pub reset_grace: SignedDuration,
-    /// How long after a shutdown ends its machine may take to look off: the machine going down
-    /// (the registration timeout) and its node saying so (`--node-monitor-grace-period`).
+    /// How long after a shutdown ends its machine may take to look off
+    /// ([`Context::shutdown_settle`]).
     pub settle: SignedDuration,
 }
 
@@ -204,13 +194,6 @@ impl PowerOff<'_> {
         jobs::shutdown_job_name(&self.owner, self.sequence)
     }
 
-    /// Who the attempt is for, as the events say it.
-    fn about(&self) -> String {
-        self.claim
-            .and_then(|c| c.metadata.name.clone())
-            .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"))
-    }
-
     /// The event that announces the Job: a routine scale-down, or a warning that says why a
     /// machine the node does not show up is powered off.
     pub fn announcement(
@@ -218,7 +201,7 @@ impl PowerOff<'_> {
         unseen: Option<Unseen>,
         node_name: &str,
     ) -> (EventType, &'static str, String) {
-        let (about, job_name, attempt) = (self.about(), self.job_name(), self.attempt);
+        let (about, job_name, attempt) = (counted_on(self.claim), self.job_name(), self.attempt);
         match unseen {
             Some(Unseen::Silent { since }) => (
                 EventType::Warning,
@@ -243,29 +226,25 @@ impl PowerOff<'_> {
     }
 }
 
-/// Gathers what [`plan`] reads from the caches. `jobs` is filled with the slot's shutdown Jobs.
+/// Who a shutdown attempt is counted on, as the events say it.
+fn counted_on(claim: Option<&NodeClaim>) -> String {
+    claim
+        .and_then(|c| c.metadata.name.clone())
+        .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"))
+}
+
+/// What [`plan`] reads: the slot's claims and shutdown Jobs as the pass read them, the rest
+/// from the slot and the context.
 pub fn facts<'a>(
     ctx: &'a Context,
     slot: &'a Node,
     claims: &'a [&'a NodeClaim],
+    jobs: &'a [ShutdownJob],
     node: Option<&CoreNode>,
     unseen: Option<Unseen>,
-    jobs: &'a mut Vec<JobSeen>,
 ) -> Facts<'a> {
-    let slot_name = slot.metadata.name.as_deref().unwrap_or_default();
-    jobs.extend(ctx.lifecycle_jobs_of_slot(slot_name, Lifecycle::Shutdown).iter().map(|j| {
-        JobSeen {
-            outcome: outcome(j),
-            created: j.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            serves_claim: j
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(LABEL_NODECLAIM)),
-        }
-    }));
     Facts {
-        slot_name,
+        slot_name: slot.metadata.name.as_deref().unwrap_or_default(),
         node_name: &slot.spec.kubernetes_node_name,
         namespace: &ctx.namespace,
         claims,
@@ -276,8 +255,7 @@ pub fn facts<'a>(
         now: ctx.now(),
         reset_grace: SignedDuration::try_from(SHUTDOWN_ATTEMPT_RESET_GRACE)
             .unwrap_or(SignedDuration::MAX),
-        settle: SignedDuration::try_from(ctx.timeouts.registration + ctx.node_monitor_grace)
-            .unwrap_or(SignedDuration::MAX),
+        settle: ctx.shutdown_settle(),
     }
 }
 
@@ -332,9 +310,7 @@ pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
                 return Plan::SettleUntil(settled);
             }
         }
-        let who = claim
-            .and_then(|c| c.metadata.name.clone())
-            .map_or_else(|| "no claim wants it".to_string(), |c| format!("claim {c}"));
+        let who = counted_on(claim);
         not_observed = Some(match unseen {
             Some(Unseen::Silent { since }) => format!(
                 "{who}: shutdown Job {attempts} did not confirm node {node_name} off; its kubelet has been silent since {since}"
@@ -396,18 +372,17 @@ fn pause_note(
 }
 
 /// Powers the machine off when no claim wants it: gathers the facts, plans, and carries the plan
-/// out. `unseen`: a machine that may be on though its node does not say so.
+/// out. `claims` and `jobs`: the slot's, as the pass read them. `unseen`: a machine that may be
+/// on though its node does not say so.
 pub async fn reconcile(
     ctx: &Context,
     slot: &Node,
+    claims: &[&NodeClaim],
+    jobs: &[ShutdownJob],
     node: Option<&CoreNode>,
     unseen: Option<Unseen>,
 ) -> Result<Pass> {
-    let slot_name = slot.metadata.name.clone().unwrap_or_default();
-    let owned = ctx.claims_of_slot(&slot_name);
-    let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
-    let mut jobs = Vec::new();
-    let facts = facts(ctx, slot, &claims, node, unseen, &mut jobs);
+    let facts = facts(ctx, slot, claims, jobs, node, unseen);
     let now = facts.now;
     match plan(&facts) {
         Plan::Idle => Ok(Pass::default()),
@@ -590,9 +565,10 @@ mod tests {
         let three_stale = streak(3, "2026-03-04T09:20:00Z");
         let one = streak(1, "2026-03-04T09:59:50Z");
         let one_older = streak(1, "2026-03-04T09:58:00Z");
-        let job = |outcome, created: &str, serves_claim| JobSeen {
+        let job = |outcome, created: &str, serves_claim| ShutdownJob {
             outcome,
             created: Some(ts(created)),
+            confirms_off: true,
             serves_claim,
         };
         let running = [job(JobOutcome::Running, "2026-03-04T09:59:58Z", false)];

@@ -12,6 +12,12 @@ pub fn condition(slot: &Node, type_: &str) -> Option<(bool, String)> {
     Some((c.status == "True", c.message.clone()))
 }
 
+/// The reason of the slot's condition `type_`.
+pub fn condition_reason(slot: &Node, type_: &str) -> Option<String> {
+    let conditions = slot.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    conditions.iter().find(|c| c.type_ == type_).map(|c| c.reason.clone())
+}
+
 /// The slot's `NodeReporting` condition: whether its kubelet reports, and why not.
 pub fn node_reporting(slot: &Node) -> Option<(bool, String)> {
     condition(slot, "NodeReporting")
