@@ -38,7 +38,8 @@ const QUIET_PASSES: usize = 3;
 /// What these tests do to a Lab, beyond what the harness offers.
 trait ScalerSteps {
     /// A builtin pool `group` with a readiness gate on `bootstrap.test/not-ready` and `slots`
-    /// slots named `<ns>-<group>-<i>` whose lifecycle Jobs run on the lab node.
+    /// slots named `<ns>-<group>-<i>` whose lifecycle Jobs run on the lab node; the Group is
+    /// created last.
     async fn pool(
         &self,
         group: &str,
@@ -81,7 +82,6 @@ impl ScalerSteps for Lab {
             },
         }))
         .expect("group");
-        self.groups().create(&PostParams::default(), &object).await.expect("create group");
         let slots_api: Api<Node> = Api::namespaced(self.client.clone(), &self.ns);
         let mut names = Vec::new();
         for i in 1..=slots {
@@ -99,6 +99,8 @@ impl ScalerSteps for Lab {
             slots_api.create(&PostParams::default(), &slot).await.expect("create slot");
             names.push(name);
         }
+        // The Group last: the scaler's first pass over it sees every slot.
+        self.groups().create(&PostParams::default(), &object).await.expect("create group");
         names
     }
 
@@ -346,23 +348,9 @@ async fn a_pod_that_fits_elsewhere_creates_no_demand() {
     // The pool's machines would carry the lab label too, so both pods below select the pool's
     // template; but the lab node, which is up, admits them as well.
     let lab_label = json!({ "homelab.test/lab": lab.ns });
-    lab.pool(
-        "spill",
-        2,
-        json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }),
-        lab_label.clone(),
-    )
-    .await;
-    // Placed by the scheduler on the lab node.
+    // Placed by the scheduler on the lab node before the pool exists: a pod the scheduler
+    // judged Unschedulable for a moment (a node it had not seen yet) would be demand, rightly.
     lab.bare_pod("placed", json!({ "nodeSelector": lab_label })).await;
-    // Never judged nor bound (no such scheduler runs): it stays pending, and it fits the lab node,
-    // so the scaler must not count it either.
-    lab.bare_pod(
-        "unjudged",
-        json!({ "nodeSelector": lab_label, "schedulerName": "homelab-test-absent-scheduler" }),
-    )
-    .await;
-
     let lab_node = format!("{}-lab", lab.ns);
     eventually("the placed pod Running on the lab node", ACT, || async {
         let pod = lab.pods().get("placed").await?;
@@ -375,16 +363,77 @@ async fn a_pod_that_fits_elsewhere_creates_no_demand() {
     })
     .await
     .expect("placed");
+    // Never judged nor bound (no such scheduler runs): it stays pending, and it fits the lab node,
+    // so the scaler must not count it either.
+    lab.bare_pod(
+        "unjudged",
+        json!({ "nodeSelector": lab_label, "schedulerName": "homelab-test-absent-scheduler" }),
+    )
+    .await;
 
-    // Passes that listed both pods: both exist and one is placed now. One pass may be under way,
-    // its reads taken before (however long a loaded machine makes it), so one more is watched.
+    // Every pass over the pool, from its first, lists both pods.
     let since = Timestamp::now();
+    lab.pool(
+        "spill",
+        2,
+        json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }),
+        lab_label.clone(),
+    )
+    .await;
     lab.over_passes("spill", since, QUIET_PASSES + 1, NothingWanted).await;
     let unjudged = lab.pods().get("unjudged").await.expect("pod");
     assert!(
         unjudged.spec.and_then(|s| s.node_name).is_none(),
         "the pod stayed unbound, so the fit check (not the scheduler) kept demand at zero"
     );
+}
+
+/// A pod that only one machine can run, and two pods of ordinary work, wait for a pool of three
+/// with maxNodes 2, and the first pass over the pool sees them all: it wakes the one machine and
+/// decides for the rest, and the two together stay within maxNodes: two claims, ever. A decision
+/// that did not count the wake of its own pass claimed two more, three machines in a pool of
+/// at most two (the surplus one released a few passes later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_that_wakes_a_machine_and_scales_up_stays_within_max_nodes() {
+    let lab = Lab::start("scaler-cap", With::ControllersAndScaler).await;
+    // Every claim ever made, however soon it is released and collected.
+    let ever = homelab_harness::real_lab::first_seen(lab.claims());
+    let pinned_to = format!("{}-cap-1", lab.ns);
+    lab.bare_pod("pinned", json!({ "nodeSelector": { "kubernetes.io/hostname": pinned_to } }))
+        .await;
+    for i in 1..=2 {
+        lab.bare_pod(&format!("work-{i}"), json!({ "nodeSelector": { LABEL_GROUP: "cap" } })).await;
+    }
+    lab.pool("cap", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }), json!({})).await;
+    let claims = eventually("two claims", ACT, || async {
+        let claims = lab.live_claims().await?;
+        ensure!(claims.len() == 2, "{} live claims", claims.len());
+        Ok(claims)
+    })
+    .await
+    .expect("two claims");
+    let woke = claims.iter().find(|c| c.spec.slot_ref.name == pinned_to);
+    let reason = woke.and_then(|c| c.spec.request.reason.as_deref()).unwrap_or_default();
+    assert!(
+        reason.contains("/pinned is pending"),
+        "the pinned pod's machine woken for it: {reason}"
+    );
+    // Passes after both claims exist: none makes another, and none was made before.
+    lab.over_passes("cap", Timestamp::now(), QUIET_PASSES, EverMade(ever)).await;
+}
+
+/// Every claim ever made: never more than two, on every pass checked.
+struct EverMade(Arc<std::sync::Mutex<std::collections::HashMap<String, NodeClaim>>>);
+
+impl AsyncCheck for EverMade {
+    async fn check(&self, _: &Lab, decision: &ScalerDecision) {
+        let made: Vec<String> = self
+            .0
+            .lock()
+            .map(|m| m.values().map(|c| c.spec.slot_ref.name.clone()).collect())
+            .unwrap_or_default();
+        assert!(made.len() <= 2, "claims made on {made:?} with maxNodes 2 ({decision:?})");
+    }
 }
 
 /// Two pods of work, two machines, on every pass checked.

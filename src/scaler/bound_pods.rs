@@ -166,6 +166,9 @@ pub fn plan(
     // Each wake's candidate slots: the provider claims one of them, so a later pod is served by
     // a wake only when it fits every candidate.
     let mut waking: Vec<(usize, Vec<&str>)> = Vec::new();
+    // The wakes this pass plans, by pool: each is a machine on its way, so it counts against the
+    // pool's maxNodes for the next pod as much as a claim that exists.
+    let mut planned: BTreeMap<usize, i32> = BTreeMap::new();
     for BoundPod { pod, volumes, fitting, groups } in bound {
         if fitting.iter().any(|s| s.live == Some(NodeClaimPhase::Ready)) {
             // Its machine serves: the scheduler places it, or the pool's scaler sees a pod
@@ -184,7 +187,7 @@ pub fn plan(
         let mut refusals = Vec::new();
         let chosen = groups.iter().find_map(|&g| {
             let pool = pools[g];
-            if let Some(full) = at_max_nodes(pool) {
+            if let Some(full) = at_max_nodes(pool, planned.get(&g).copied().unwrap_or(0)) {
                 refusals.push(full);
                 return None;
             }
@@ -207,6 +210,7 @@ pub fn plan(
             reason: reason(&who, &names, &volumes),
             pod: who,
         });
+        *planned.entry(g).or_default() += 1;
         waking.push((g, free));
     }
     for held in plan.holding.values_mut() {
@@ -244,15 +248,21 @@ fn hold(
     }
 }
 
-/// Why a builtin pool may boot no more machines now, if so.
-fn at_max_nodes(pool: &GroupSnapshot) -> Option<String> {
+/// Why a builtin pool may boot no more machines now, if so; `waking` is how many this pass has
+/// already planned to wake in it.
+fn at_max_nodes(pool: &GroupSnapshot, waking: i32) -> Option<String> {
     if pool.group.spec.driver != ScalingDriver::Builtin {
         return None;
     }
     let limits = Limits::of(&pool.group.spec.builtin, pool.slot_count());
-    let wanted = pool.wanted_count();
+    let wanted = pool.wanted_count() + waking;
     (wanted >= limits.max_nodes).then(|| {
-        format!("group {} is at maxNodes ({wanted} of {} machines)", pool.name(), limits.max_nodes)
+        let now = if waking > 0 { format!(", {waking} of them woken now") } else { String::new() };
+        format!(
+            "group {} is at maxNodes ({wanted} of {} machines{now})",
+            pool.name(),
+            limits.max_nodes
+        )
     })
 }
 
@@ -522,6 +532,27 @@ mod tests {
         assert!(plan.wakes.is_empty());
         assert!(plan.handled.contains(&("apps".into(), "db-0".into())));
         assert!(plan.blocked[0].1.contains("maxNodes"), "{:?}", plan.blocked);
+    }
+
+    /// Two pods, each of which only one machine can run, in a pool with maxNodes 1: one pass
+    /// wakes one machine, and the second pod waits, told why. Counting only the claims that
+    /// existed before the pass woke both.
+    #[test]
+    fn the_wakes_of_one_pass_count_against_max_nodes() {
+        let slots: Vec<Arc<Slot>> = FOUR.iter().map(|s| slot(s, "workers")).collect();
+        let p = GroupSnapshot::build(
+            group("workers", "builtin", Some(1)),
+            &slots,
+            &[],
+            &HashSet::new(),
+        );
+        let pods = [pod("a", None, on_host("mini-1")), pod("b", None, on_host("mini-2"))];
+        let plan = run(&pods, &[&p]);
+        assert_eq!(woken(&plan), [("workers".into(), vec!["mini-1".into()])]);
+        assert_eq!(plan.blocked.len(), 1, "{:?}", plan.blocked);
+        let (pod, why) = &plan.blocked[0];
+        assert_eq!(pod, "apps/b");
+        assert!(why.contains("at maxNodes (1 of 1 machines, 1 of them woken now)"), "{why}");
     }
 
     #[test]

@@ -151,8 +151,16 @@ impl Scaler {
         let view = list_cluster::list_cluster(&self.client).await?;
         let pools: Vec<&GroupSnapshot> = builtin.iter().chain(&autoscaled).collect();
         let plan = bound_pods::plan(&view.pods, &view.nodes, &view.volume_index(), &pools);
-        wake::wake(&self.provider, &plan).await;
+        let woken = wake::wake(&self.provider, &plan).await;
         wake::report_holding(&self.client, &self.namespace, &pools, &plan).await;
+        // The decisions count the machines this pass woke: the provider's caches show its own
+        // claims once it has answered, so the pools are read again. Read before the wakes, a
+        // pool would boot up to maxNodes on top of them.
+        let builtin = if woken.is_empty() {
+            builtin
+        } else {
+            self.provider.snapshots(ScalingDriver::Builtin).map_err(unsynced)?
+        };
         for snapshot in &builtin {
             let span = tracing::info_span!("group", group = snapshot.name());
             if let Err(error) =
