@@ -11,7 +11,7 @@ ifdef KUBE_VERSION
 export HOMELAB_KUBE_VERSION := $(KUBE_VERSION)
 endif
 
-.PHONY: test test-fast demo bench manifests lint image reliability-long
+.PHONY: test test-fast demo bench manifests lint image reliability-long soak
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## the power drivers against real protocol peers (installed by install-power-peers.sh), and the
@@ -65,6 +65,18 @@ lint:
 	cargo fmt --all -- --check
 	tests/harness/lint-workflows.sh
 	CARGO_TARGET_DIR=$(CACHE)/lint-target cargo clippy --workspace --all-targets --locked -- -D warnings
+
+## soak: the seeded fault run on real machines at length, under the built-in scaler
+## (tests/real_machines_faults.rs) or, with DRIVER=cluster-autoscaler, under the real
+## cluster-autoscaler (tests/real_machines_faults_autoscaler.rs). SEED (default: from the clock)
+## and MINUTES (default 60). It prints each step, the machines then on and the live claims, and
+## every invariant's count; a failing seed replays with the same SEED. Needs root.
+MINUTES ?= 60
+SOAK_SUITE = $(if $(filter cluster-autoscaler,$(DRIVER)),real_machines_faults_autoscaler,real_machines_faults)
+soak:
+	tests/harness/build-binaries.sh autoscaler
+	HOMELAB_FAULT_SEED=$(or $(SEED),$(shell date +%s)) HOMELAB_FAULT_MINUTES=$(MINUTES) \
+		cargo test --locked --test $(SOAK_SUITE) -- --nocapture a_seeded_fault_run
 
 ## reliability-long: the long runs of the crash-injection and fuzz suites (not in CI; the figures
 ## are in docs/reliability.md). RUNS and CASES override the sizes.

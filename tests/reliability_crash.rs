@@ -22,6 +22,7 @@ use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
 use homelab_harness::lab::{self, Lab, With};
+use homelab_harness::seeded::{Rng, clock_seed, env_number};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -59,32 +60,6 @@ fn crash_timeouts() -> Timeouts {
 /// How long a test waits for a boot: its deadline, and a reconcile pass to report the end.
 fn boot_wait() -> Duration {
     crash_timeouts().budget() + lab::LOADED_MARGIN
-}
-
-/// splitmix64: a seeded schedule needs no crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn millis(&mut self, max: u64) -> Duration {
-        Duration::from_millis(self.next() % (max + 1))
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
-
-fn env_number(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
 }
 
 /// A claim as the provider creates it (stamped, owned by its slot), or as a person pins the
@@ -159,7 +134,7 @@ async fn crash(
 /// One seeded run: a boot (and sometimes a second one, or a cancelled one) with a crash in
 /// it, a scale-down with a crash in it, then the invariants.
 async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let lab =
         Lab::start_with_timeouts(&format!("crash{index}"), With::Controllers, crash_timeouts())
             .await;
@@ -225,20 +200,14 @@ async fn run(index: u64, seed: u64) -> Result<Vec<String>> {
 async fn the_invariants_hold_through_seeded_crashes() {
     let runs = env_number("HOMELAB_CRASH_RUNS", 50);
     let parallel = env_number("HOMELAB_CRASH_PARALLEL", 5).max(1) as usize;
-    let base = env_number(
-        "HOMELAB_CRASH_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    );
+    let base = env_number("HOMELAB_CRASH_SEED", clock_seed());
     eprintln!("crash suite: {runs} runs, {parallel} at a time, HOMELAB_CRASH_SEED={base}");
     let started = Instant::now();
     let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = Vec::new();
     for index in 0..runs {
         // Run 0 replays the base seed itself, so HOMELAB_CRASH_RUNS=1 reproduces a failure.
-        let seed = if index == 0 { base } else { Rng(base ^ index).next() };
+        let seed = if index == 0 { base } else { Rng::new(base ^ index).next_u64() };
         let gate = gate.clone();
         tasks.push(tokio::spawn(async move {
             let _permit = gate.acquire_owned().await.expect("semaphore");

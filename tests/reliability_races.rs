@@ -28,6 +28,7 @@ use homelab_autoscaler::phase;
 use homelab_autoscaler::provider::{Provider, ProviderConfig};
 use homelab_harness::invariants::{self, Bounds, Ledger};
 use homelab_harness::lab::{Lab, With, timeouts};
+use homelab_harness::seeded::{Rng, clock_seed, env_number};
 use homelab_harness::{eventually, stays};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -438,19 +439,6 @@ async fn a_scale_up_cancelled_before_its_boot_commits_boots_nothing() {
 /// `HOMELAB_CANCEL_SEED` (default: from the clock, printed).
 const CANCEL_ROUNDS: u64 = 20;
 
-/// splitmix64: a seeded schedule needs no crate.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 /// IncreaseSize(+1), then DecreaseTargetSize(-1) 0–50 ms later, round after round on a pool with
 /// a slot per round: each cancel either wins (the claim is gone and no startup Job exists) or
 /// loses to a committed boot (answered `Unavailable`, the claim boots); never a startup Job
@@ -458,8 +446,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_ups_cancelled_at_random_delays_leave_no_startup_job_without_its_claim() {
     let rounds = env_number("HOMELAB_CANCEL_ROUNDS", CANCEL_ROUNDS);
-    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let seed = env_number("HOMELAB_CANCEL_SEED", clock.map_or(0, |d| d.as_nanos() as u64));
+    let seed = env_number("HOMELAB_CANCEL_SEED", clock_seed());
     eprintln!("randomized cancel: {rounds} rounds, HOMELAB_CANCEL_SEED={seed}");
     let lab = Lab::start("cancels", With::Controllers).await;
     let ledger = Ledger::start(&lab.client, &lab.ns).await.expect("ledger");
@@ -468,10 +455,10 @@ async fn scale_ups_cancelled_at_random_delays_leave_no_startup_job_without_its_c
     let mut grpc =
         CloudProviderClient::connect(format!("http://{}", server.address)).await.expect("connect");
 
-    let mut state = seed;
+    let mut rng = Rng::new(seed);
     let (mut cancelled, mut booted) = (0, 0);
     for round in 0..rounds {
-        let delay = Duration::from_millis(next(&mut state) % 51);
+        let delay = rng.millis(50);
         increase(&mut grpc).await.unwrap_or_else(|s| panic!("round {round}: IncreaseSize: {s}"));
         // The delay is the schedule under test, not a wait for anything.
         tokio::time::sleep(delay).await;

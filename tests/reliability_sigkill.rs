@@ -14,26 +14,11 @@ use homelab_autoscaler::api::{NodeClaim, NodeClaimPhase};
 use homelab_harness::e2e::{self, NAMESPACE, World};
 use homelab_harness::eventually;
 use homelab_harness::invariants::{self, Bounds, Ledger};
+use homelab_harness::seeded::{Rng, clock_seed, env_number};
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::Api;
 
 const ACT: Duration = Duration::from_secs(120);
-
-fn env_number(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
-
-/// splitmix64.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 async fn kill_and_restart(world: &mut World, after: Duration, log: &mut Vec<String>) -> Result<()> {
     tokio::time::sleep(after).await;
@@ -47,10 +32,10 @@ async fn kill_and_restart(world: &mut World, after: Duration, log: &mut Vec<Stri
     Ok(())
 }
 
-async fn run(world: &mut World, seed: &mut u64, log: &mut Vec<String>) -> Result<()> {
+async fn run(world: &mut World, seed: &mut Rng, log: &mut Vec<String>) -> Result<()> {
     let claims: Api<NodeClaim> = Api::namespaced(world.client.clone(), NAMESPACE);
     let name = world.create_manual_claim().await?;
-    let after = Duration::from_millis(next(seed) % 3001);
+    let after = seed.millis(3000);
     kill_and_restart(world, after, log).await?;
     eventually(&format!("{name} ready"), ACT, || async {
         let claim = claims.get(&name).await?;
@@ -60,7 +45,7 @@ async fn run(world: &mut World, seed: &mut u64, log: &mut Vec<String>) -> Result
     })
     .await?;
     claims.delete(&name, &Default::default()).await?;
-    let after = Duration::from_millis(next(seed) % 1501);
+    let after = seed.millis(1500);
     kill_and_restart(world, after, log).await?;
     let nodes: Api<CoreNode> = Api::all(world.client.clone());
     eventually(&format!("{name} gone and its machine off"), ACT, || async {
@@ -76,13 +61,7 @@ async fn run(world: &mut World, seed: &mut u64, log: &mut Vec<String>) -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_invariants_hold_when_the_operator_binary_is_sigkilled() {
     let runs = env_number("HOMELAB_SIGKILL_RUNS", 4);
-    let base = env_number(
-        "HOMELAB_SIGKILL_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    );
+    let base = env_number("HOMELAB_SIGKILL_SEED", clock_seed());
     eprintln!("sigkill suite: {runs} runs, HOMELAB_SIGKILL_SEED={base}");
     homelab_autoscaler::tls::install_crypto_provider();
     let bin = e2e::operator_binary(Some(env!("CARGO_BIN_EXE_homelab-autoscaler"))).expect("bin");
@@ -92,7 +71,7 @@ async fn the_invariants_hold_when_the_operator_binary_is_sigkilled() {
     world.apply_example("pool.yaml").await.expect("apply examples/pool.yaml");
 
     let started = Instant::now();
-    let mut seed = base;
+    let mut seed = Rng::new(base);
     for index in 0..runs {
         let mut log = Vec::new();
         let outcome = run(&mut world, &mut seed, &mut log).await;

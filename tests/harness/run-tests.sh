@@ -36,7 +36,7 @@ logs=${CARGO_TARGET_DIR:-$root/target}/test-logs
 alone=(reliability_sigkill reliability_lease reliability_faults e2e_failover)
 # The longest suites start first so that no lane is left with a long one at the end; the rest
 # (new suites included) follow in name order.
-longest=(e2e_cluster_autoscaler install_image reliability_crash controllers)
+longest=(e2e_cluster_autoscaler install_image reliability_crash real_machines_faults real_machines_faults_autoscaler controllers)
 
 names=()
 args=()

@@ -347,9 +347,14 @@ impl Stranding {
         stranding
     }
 
+    /// Every moment seen so far.
+    pub fn seen(&self) -> Vec<String> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
     /// Panics if the machine has run without its Node.
     pub fn assert_never(&self, name: &str) {
-        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let seen = self.seen();
         assert!(seen.is_empty(), "machine {name} ran without its Node: {seen:?}");
     }
 }
