@@ -11,6 +11,7 @@ mod meter;
 mod node_removal;
 mod observe;
 mod shutdown;
+mod status_plan;
 mod undeclared;
 
 use std::sync::Arc;
