@@ -141,6 +141,13 @@ pub enum Kubelet {
     Silent { since: Option<jiff::Timestamp> },
 }
 
+/// Since when the node has been Ready, when it is: its Ready condition's last transition.
+pub fn ready_since(node: Option<&CoreNode>) -> Option<jiff::Timestamp> {
+    let conditions = node?.status.as_ref()?.conditions.as_ref()?;
+    let ready = conditions.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
+    ready.last_transition_time.as_ref().map(|t| t.0)
+}
+
 impl Kubelet {
     /// Reads the node's Ready condition.
     pub fn of(node: Option<&CoreNode>) -> Self {

@@ -516,6 +516,81 @@ async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
     .expect("node removed");
 }
 
+/// A ready claim's machine cut off past a boot window fails `MachineGone`, and its forced
+/// shutdown cannot reach it (its pod can run nowhere). When the link is back, the machine is up
+/// and nothing claims it: it is left `--off-node-grace` to be claimed again, past the settle
+/// after the failed attempt (which used to power it off then), and a claim made meanwhile takes
+/// it back on the same Node, with no shutdown Job. (Powered off on heal, a pool behind a switch
+/// reboot lost every serving machine.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_back_from_a_partition_is_left_to_be_claimed_again() {
+    let settings = MachineSettings { off_node_grace: Duration::from_secs(180), ..lab::settings() };
+    let lab = Lab::start_with_settings("ctl-heal", With::Controllers, settings).await;
+    let slot = lab.pool(&[("m1", None)]).await.remove(0);
+    let unreachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": "nowhere" } } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&unreachable))
+        .await
+        .expect("patch slot");
+    lab.claim("c1", &slot, None).await;
+    lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    let node = lab.nodes().get(&slot).await.expect("node");
+
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("plane");
+    plane.stop_kubelet(&slot).await.expect("the link goes");
+    let gone = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
+    assert_eq!(reason(&gone).as_deref(), Some("MachineGone"));
+    eventually("the forced shutdown to fail", ACT, || async {
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        let failed = jobs.iter().filter(|j| outcome(j) == JobOutcome::Failed).count();
+        ensure!(
+            failed == jobs.len() && failed > 0,
+            "{} shutdown Jobs, {failed} failed",
+            jobs.len()
+        );
+        Ok(())
+    })
+    .await
+    .expect("the forced shutdown fails");
+    let tried = lab.lifecycle_jobs("shutdown").await.expect("jobs").len();
+    // Reachable from now on: a shutdown, if one were made, would land.
+    let reachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": lab.ns } } } });
+    lab.slots()
+        .patch(&slot, &PatchParams::default(), &Patch::Merge(&reachable))
+        .await
+        .expect("patch slot");
+
+    plane.start_kubelet(&slot).await.expect("the link is back");
+    lab.slot_until(&slot, "NodeReporting=True", |s| node_reporting(s).is_some_and(|(ok, _)| ok))
+        .await;
+    // Longer than the settle after the failed attempt (registration plus the node monitor's
+    // grace, 38 s here), well inside the grace.
+    let settle = lab.timeouts.registration + lab.settings.node_monitor_grace;
+    stays(
+        "no shutdown of the machine back from the partition",
+        settle + Duration::from_secs(10),
+        || async {
+            let jobs = lab.lifecycle_jobs("shutdown").await?;
+            ensure!(jobs.len() == tried, "{} shutdown Jobs, {tried} before the heal", jobs.len());
+            Ok(())
+        },
+    )
+    .await
+    .expect("left to be claimed");
+
+    lab.claim("c2", &slot, None).await;
+    lab.claim_until("c2", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    stays("the machine claimed again, on its own Node", lab::LOADED_MARGIN, || async {
+        let now = lab.nodes().get(&slot).await?;
+        ensure!(now.metadata.uid == node.metadata.uid, "a new Node");
+        let jobs = lab.lifecycle_jobs("shutdown").await?;
+        ensure!(jobs.len() == tried, "{} shutdown Jobs, {tried} before the heal", jobs.len());
+        Ok(())
+    })
+    .await
+    .expect("claimed again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_slot_releases_its_claim() {
     let lab = Lab::start("ctl-slotgone", With::Controllers).await;

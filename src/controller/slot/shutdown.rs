@@ -19,6 +19,7 @@ use serde_json::json;
 use super::drain::{self, DrainHold, Drained};
 use super::node_removal::ShutdownJob;
 use crate::api::{LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase, ShutdownStreak};
+use crate::claim::ready_bound::MACHINE_GONE;
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
 use crate::controller::claim::chokepoint;
@@ -85,6 +86,26 @@ pub fn decide<'a>(claims: &[&'a NodeClaim], maybe_on: bool) -> MachineFate<'a> {
             .filter(|c| phase::is_terminal(Some(phase::of(c))) && c.metadata.finalizers.is_some()),
     );
     MachineFate::PowerOff { claim: holding }
+}
+
+/// Until when a machine back from a partition is left to be claimed again: its newest claim
+/// failed `MachineGone` (silent for a boot window), and its kubelet has reported Ready since.
+/// The machine was cut off, not off; a scaler that still wants it claims it again in that time,
+/// and only a machine nothing claims is powered off (docs/decisions.md, D28). Pure.
+fn claimable_until(
+    claims: &[&NodeClaim],
+    ready_since: Option<Timestamp>,
+    grace: SignedDuration,
+) -> Option<Timestamp> {
+    let newest = phase::newest(claims.iter().copied())?;
+    let status = newest.status.as_ref()?;
+    if phase::of(newest) != NodeClaimPhase::Failed || status.reason.as_deref() != Some(MACHINE_GONE)
+    {
+        return None;
+    }
+    let gone_at = status.finished_at.as_ref()?.0;
+    let back = ready_since.filter(|since| *since > gone_at)?;
+    back.checked_add(grace).ok()
 }
 
 /// When the last shutdown attempt ended, for the settle wait before another one: the newest of
@@ -160,6 +181,11 @@ pub struct Facts<'a> {
     /// How long after a shutdown ends its machine may take to look off
     /// ([`Context::shutdown_settle`]).
     pub settle: SignedDuration,
+    /// Since when the node's kubelet reports it Ready, when it does.
+    pub ready_since: Option<Timestamp>,
+    /// How long a machine back from the silence that failed its claim `MachineGone` is left to
+    /// be claimed again before its forced shutdown (`--off-node-grace`).
+    pub heal_grace: SignedDuration,
 }
 
 /// What a shutdown pass does, decided by [`plan`].
@@ -167,7 +193,8 @@ pub struct Facts<'a> {
 pub enum Plan<'a> {
     /// Nothing: the machine is wanted, off, or its shutdown is under way or landed.
     Idle,
-    /// A shutdown is owed, but the last one may still be landing: look again then.
+    /// A shutdown is owed, but not yet: the last one may still be landing, or the machine is
+    /// back from a partition and may be claimed again. Look again then.
     SettleUntil(Timestamp),
     /// Three attempts did not power the machine off: say so (on the claim, else the slot)
     /// and pause until `until`.
@@ -256,6 +283,8 @@ pub fn facts<'a>(
         reset_grace: SignedDuration::try_from(SHUTDOWN_ATTEMPT_RESET_GRACE)
             .unwrap_or(SignedDuration::MAX),
         settle: ctx.shutdown_settle(),
+        ready_since: machine::ready_since(node),
+        heal_grace: SignedDuration::try_from(ctx.off_node_grace).unwrap_or(SignedDuration::MAX),
     }
 }
 
@@ -270,6 +299,11 @@ pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
     };
     if jobs.iter().any(|j| j.outcome == JobOutcome::Running) {
         return Plan::Idle;
+    }
+    if let Some(until) = claimable_until(claims, facts.ready_since, facts.heal_grace)
+        && now < until
+    {
+        return Plan::SettleUntil(until);
     }
     let (mut attempts, last_at) = match claim {
         Some(c) => {
@@ -582,6 +616,25 @@ mod tests {
             "2026-03-04T09:58:00Z",
             false,
         )];
+        let gone_at = |name: &str, reason: &str, finished: &str| {
+            let mut c = committed_failure(name);
+            let status = c.status.as_mut().unwrap();
+            status.reason = Some(reason.into());
+            status.finished_at = Some(at(finished));
+            c
+        };
+        let gone = gone_at("gone", "MachineGone", "2026-03-04T09:55:00Z");
+        let gone_long_ago = gone_at("gone", "MachineGone", "2026-03-04T09:50:00Z");
+        let overdue = gone_at("overdue", "DeadlineExceeded", "2026-03-04T09:55:00Z");
+        let forced_on = |claim| {
+            Plan::PowerOff(PowerOff {
+                claim: Some(claim),
+                attempt: 1,
+                owner: claim.metadata.name.clone().unwrap(),
+                sequence: 1,
+                not_observed: None,
+            })
+        };
         let silent = Some(Unseen::Silent { since: ts("2026-03-04T09:40:00Z") });
         let nodeless = Some(Unseen::OnWithoutNode { read_at: ts("2026-03-04T09:59:55Z") });
         fn facts<'a>(claims: &'a [&'a NodeClaim], now: Timestamp) -> Facts<'a> {
@@ -597,10 +650,21 @@ mod tests {
                 now,
                 reset_grace: SignedDuration::from_mins(30),
                 settle: SignedDuration::from_secs(38),
+                ready_since: None,
+                heal_grace: SignedDuration::from_mins(5),
             }
         }
         let (no_claim, wanted, releasing, forced): ([&NodeClaim; 0], _, _, _) =
             ([], [&ready], [&released], [&failed]);
+        let mut gone_tried = gone.clone();
+        {
+            let status = gone_tried.status.as_mut().unwrap();
+            status.shutdown_attempts = Some(1);
+            status.last_shutdown_attempt_at = Some(at("2026-03-04T09:56:00Z"));
+        }
+        let (gone_now, gone_before, deadline) = ([&gone], [&gone_long_ago], [&overdue]);
+        let tried = [&gone_tried];
+        let back_at = |t: &str| Some(ts(t));
         let first_unclaimed = |not_observed: Option<&str>, attempt: i32| {
             Plan::PowerOff(PowerOff {
                 claim: None,
@@ -692,6 +756,36 @@ mod tests {
                 "no node, its plug reading it on",
                 Facts { powered_on: false, unseen: nodeless, ..facts(&no_claim, now) },
                 first_unclaimed(None, 1),
+            ),
+            (
+                "gone during a partition, back a minute ago: left to be claimed again",
+                Facts { ready_since: back_at("2026-03-04T09:59:00Z"), ..facts(&gone_now, now) },
+                Plan::SettleUntil(ts("2026-03-04T10:04:00Z")),
+            ),
+            (
+                "gone, its forced shutdown tried behind the partition, back: left to be claimed",
+                Facts { ready_since: back_at("2026-03-04T09:59:00Z"), ..facts(&tried, now) },
+                Plan::SettleUntil(ts("2026-03-04T10:04:00Z")),
+            ),
+            (
+                "gone during a partition, back past the grace: its forced shutdown",
+                Facts { ready_since: back_at("2026-03-04T09:52:00Z"), ..facts(&gone_before, now) },
+                forced_on(&gone_long_ago),
+            ),
+            (
+                "gone, and not back: its forced shutdown",
+                Facts { powered_on: false, ..facts(&gone_now, now) },
+                forced_on(&gone),
+            ),
+            (
+                "Ready since before it was judged gone: no heal, its forced shutdown",
+                Facts { ready_since: back_at("2026-03-04T09:30:00Z"), ..facts(&gone_now, now) },
+                forced_on(&gone),
+            ),
+            (
+                "a boot past its deadline, up now: no grace, its forced shutdown",
+                Facts { ready_since: back_at("2026-03-04T09:59:00Z"), ..facts(&deadline, now) },
+                forced_on(&overdue),
             ),
             (
                 "no node, its plug reading it on, a claim wants the machine",
