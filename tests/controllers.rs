@@ -60,9 +60,21 @@ trait LabSteps {
     /// Marks a claim for scale-down and deletes it, as the provider's DeleteNodes does.
     async fn scale_down(&self, name: &str);
     async fn event_reasons(&self, name: &str) -> Vec<String>;
+    /// Where the pods of the slot's `field` (`startupPodSpec` or `shutdownPodSpec`) run: on the
+    /// lab node, or, not `reachable`, nowhere (their Job runs into its deadline).
+    async fn power_pods_run(&self, slot: &str, field: &str, reachable: bool);
 }
 
 impl LabSteps for Lab {
+    async fn power_pods_run(&self, slot: &str, field: &str, reachable: bool) {
+        let on = if reachable { self.ns.as_str() } else { "nowhere" };
+        let patch = json!({ "spec": { field: { "nodeSelector": { "homelab.test/lab": on } } } });
+        self.slots()
+            .patch(slot, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch slot");
+    }
+
     async fn pool(&self, slots: &[(&str, Option<&str>)]) -> Vec<String> {
         let group: Group = serde_json::from_value(json!({
             "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
@@ -446,11 +458,7 @@ async fn a_machine_up_with_no_claim_is_powered_off() {
 async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
     let lab = Lab::start("ctl-silent", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
-    let unreachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": "nowhere" } } } });
-    lab.slots()
-        .patch(&slot, &PatchParams::default(), &Patch::Merge(&unreachable))
-        .await
-        .expect("patch slot");
+    lab.power_pods_run(&slot, "shutdownPodSpec", false).await;
     let plane = ControlPlane::shared(Components::CLUSTER).await.expect("plane");
     let silent = plane.add_stopped_machine(&slot, BTreeMap::new()).await.expect("silent machine");
 
@@ -500,11 +508,7 @@ async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
     assert_eq!(back.metadata.uid, silent.metadata.uid, "the same node, taken back");
 
     // Up and unwanted, and now reachable: the shutdown lands and the node goes.
-    let reachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": lab.ns } } } });
-    lab.slots()
-        .patch(&slot, &PatchParams::default(), &Patch::Merge(&reachable))
-        .await
-        .expect("patch slot");
+    lab.power_pods_run(&slot, "shutdownPodSpec", true).await;
     // A shutdown Job created before the patch still fails: the next one, a settle later, lands.
     eventually("the node removed after a shutdown landed", ACT * 2, || async {
         ensure!(lab.nodes().get_opt(&slot).await?.is_none(), "node {slot} still registered");
@@ -527,11 +531,7 @@ async fn a_machine_back_from_a_partition_is_left_to_be_claimed_again() {
     let settings = MachineSettings { off_node_grace: Duration::from_secs(180), ..lab::settings() };
     let lab = Lab::start_with_settings("ctl-heal", With::Controllers, settings).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
-    let unreachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": "nowhere" } } } });
-    lab.slots()
-        .patch(&slot, &PatchParams::default(), &Patch::Merge(&unreachable))
-        .await
-        .expect("patch slot");
+    lab.power_pods_run(&slot, "shutdownPodSpec", false).await;
     lab.claim("c1", &slot, None).await;
     lab.claim_until("c1", "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
     let node = lab.nodes().get(&slot).await.expect("node");
@@ -554,11 +554,7 @@ async fn a_machine_back_from_a_partition_is_left_to_be_claimed_again() {
     .expect("the forced shutdown fails");
     let tried = lab.lifecycle_jobs("shutdown").await.expect("jobs").len();
     // Reachable from now on: a shutdown, if one were made, would land.
-    let reachable = json!({ "spec": { "shutdownPodSpec": { "nodeSelector": { "homelab.test/lab": lab.ns } } } });
-    lab.slots()
-        .patch(&slot, &PatchParams::default(), &Patch::Merge(&reachable))
-        .await
-        .expect("patch slot");
+    lab.power_pods_run(&slot, "shutdownPodSpec", true).await;
 
     plane.start_kubelet(&slot).await.expect("the link is back");
     lab.slot_until(&slot, "NodeReporting=True", |s| node_reporting(s).is_some_and(|(ok, _)| ok))
@@ -687,11 +683,7 @@ async fn a_startup_job_that_fails_fails_the_claim() {
     let lab = Lab::start("ctl-jobfail", With::Controllers).await;
     let slot = lab.pool(&[("m1", None)]).await.remove(0);
     // The startup pod can run nowhere: the Job hits its deadline (the budget's Job timeout).
-    let patch = json!({ "spec": { "startupPodSpec": { "nodeSelector": { "homelab.test/lab": "nowhere" } } } });
-    lab.slots()
-        .patch(&slot, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("patch slot");
+    lab.power_pods_run(&slot, "startupPodSpec", false).await;
     lab.claim("c1", &slot, None).await;
     let failed = lab.claim_until("c1", "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
     assert_eq!(reason(&failed).as_deref(), Some("StartupJobFailed"));

@@ -62,6 +62,8 @@ trait ScalerSteps {
     );
     /// The claims that are not finished.
     async fn live_claims(&self) -> anyhow::Result<Vec<NodeClaim>>;
+    /// Waits until exactly `want` claims are live; returns them.
+    async fn live_claims_reach(&self, want: usize) -> Vec<NodeClaim>;
 }
 
 impl ScalerSteps for Lab {
@@ -160,6 +162,16 @@ impl ScalerSteps for Lab {
         assert_eq!(got, passes, "the watch on {group} ended early");
     }
 
+    async fn live_claims_reach(&self, want: usize) -> Vec<NodeClaim> {
+        eventually(&format!("{want} live claims"), ACT, || async {
+            let claims = self.live_claims().await?;
+            ensure!(claims.len() == want, "{} live claims", claims.len());
+            Ok(claims)
+        })
+        .await
+        .expect("live claims")
+    }
+
     async fn live_claims(&self) -> anyhow::Result<Vec<NodeClaim>> {
         let all = self.claims().list(&ListParams::default()).await?.items;
         Ok(all.into_iter().filter(is_live).collect())
@@ -208,13 +220,7 @@ async fn three_pending_pods_boot_three_machines_and_the_pool_returns_to_zero_aft
             .await;
     }
 
-    let claims = eventually("three claims", ACT, || async {
-        let claims = lab.live_claims().await?;
-        ensure!(claims.len() == 3, "{} live claims", claims.len());
-        Ok(claims)
-    })
-    .await
-    .expect("three claims");
+    let claims = lab.live_claims_reach(3).await;
     let claimed: BTreeSet<&str> = claims.iter().map(|c| c.spec.slot_ref.name.as_str()).collect();
     assert_eq!(claimed.len(), 3, "one claim per slot");
     // The pods arrive one by one, so a pass may see one or two of them and claim that many; the
@@ -405,13 +411,7 @@ async fn a_pass_that_wakes_a_machine_and_scales_up_stays_within_max_nodes() {
         lab.bare_pod(&format!("work-{i}"), json!({ "nodeSelector": { LABEL_GROUP: "cap" } })).await;
     }
     lab.pool("cap", 3, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }), json!({})).await;
-    let claims = eventually("two claims", ACT, || async {
-        let claims = lab.live_claims().await?;
-        ensure!(claims.len() == 2, "{} live claims", claims.len());
-        Ok(claims)
-    })
-    .await
-    .expect("two claims");
+    let claims = lab.live_claims_reach(2).await;
     let woke = claims.iter().find(|c| c.spec.slot_ref.name == pinned_to);
     let reason = woke.and_then(|c| c.spec.request.reason.as_deref()).unwrap_or_default();
     assert!(

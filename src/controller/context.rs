@@ -258,6 +258,11 @@ impl Context {
         self.meter_interval * METER_READINGS_FRESH
     }
 
+    /// `--off-node-grace`, as a span of time to add to a timestamp.
+    pub fn off_node_grace_span(&self) -> jiff::SignedDuration {
+        jiff::SignedDuration::try_from(self.off_node_grace).unwrap_or(jiff::SignedDuration::MAX)
+    }
+
     /// How long after a shutdown ends its machine may take to look off: the machine going down
     /// (the registration timeout, as long as one is given to come up) and its node saying so
     /// (`--node-monitor-grace-period`).

@@ -65,14 +65,14 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             return Ok(Action::await_change());
         }
         let mut node = ctx.core_node(&slot.spec.kubernetes_node_name);
-        let live = observe::live_claim(&ctx, &name);
-        // The slot's claims and shutdown Jobs, read once for the node's removal and the shutdown.
+        // The slot's claims and shutdown Jobs, read once for the whole pass.
         let owned = ctx.claims_of_slot(&name);
         let claims: Vec<&NodeClaim> = owned.iter().map(AsRef::as_ref).collect();
+        let live = phase::newest_live(claims.iter().copied());
         let shutdowns = node_removal::ShutdownJob::of_slot(&ctx, &name);
         let mut recheck = None;
         let mut unseen = None;
-        let booting = live.as_deref().is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
+        let booting = live.is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
         if let Some(current) = node.clone() {
             let removal = node_removal::decide_for(&ctx, &claims, &shutdowns, &current);
             if let node_removal::Removal::ConfirmOff { since } = removal {
@@ -84,7 +84,7 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 }
             } else {
                 // One write for everything the slot side wants of the node.
-                let marks = node_declaration::marks::wanted(live.as_deref());
+                let marks = node_declaration::marks::wanted(live);
                 let want = |node: &_| node_declaration::patch(&slot, node, &marks, booting);
                 if observe::write_node(&ctx, &current, want).await? {
                     tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "node updated for its slot");
@@ -113,7 +113,7 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             streak: shutdown.streak.as_ref(),
             on_without_node: matches!(unseen, Some(shutdown::Unseen::OnWithoutNode { .. })),
         };
-        observe::write_status(&ctx, &slot, node.as_deref(), live.as_deref(), seen).await?;
+        observe::write_status(&ctx, &slot, node.as_deref(), &claims, live, seen).await?;
         // A silent kubelet's grace and the next meter read are deadlines no event announces.
         let grace = recheck.map(|at| {
             std::time::Duration::from_secs_f64(at.duration_since(ctx.now()).as_secs_f64().max(1.0))

@@ -181,7 +181,7 @@ pub fn decide_for(
         node,
         shutdowns,
         now: ctx.now(),
-        grace: SignedDuration::try_from(ctx.off_node_grace).unwrap_or(SignedDuration::MAX),
+        grace: ctx.off_node_grace_span(),
         settle: ctx.shutdown_settle(),
     })
 }

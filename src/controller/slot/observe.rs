@@ -59,11 +59,6 @@ pub async fn write_node(
     }
 }
 
-/// The slot's live claim (the newest, should a race have left two).
-pub fn live_claim(ctx: &Context, slot_name: &str) -> Option<std::sync::Arc<NodeClaim>> {
-    phase::newest_live(ctx.claims_of_slot(slot_name))
-}
-
 /// What this pass of the slot's reconcile saw besides the objects: the plug meter's reading (when
 /// one was due) and a drain that disruption budgets hold back.
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,23 +72,23 @@ pub struct Seen<'a> {
 }
 
 /// Writes the slot's status when [`status_plan::plan`] changed it, and publishes the events it
-/// calls for; `live` is the slot's live claim.
+/// calls for; `claims` are the slot's as the pass read them, `live` the live one among them.
 pub async fn write_status(
     ctx: &Context,
     slot: &Node,
     node: Option<&CoreNode>,
+    claims: &[&NodeClaim],
     live: Option<&NodeClaim>,
     seen: Seen<'_>,
 ) -> Result<()> {
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
-    let claims = ctx.claims_of_slot(&slot_name);
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
     let published = ctx.published_hold(&slot_name);
     let plan = status_plan::plan(&StatusFacts {
         slot,
         node,
         live,
-        newest_claim: phase::newest(claims.iter().map(AsRef::as_ref)),
+        newest_claim: phase::newest(claims.iter().copied()),
         gate: &gate,
         shutdown_in_flight: ctx.shutdown_in_flight(&slot_name),
         seen,

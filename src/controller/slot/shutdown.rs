@@ -284,7 +284,7 @@ pub fn facts<'a>(
             .unwrap_or(SignedDuration::MAX),
         settle: ctx.shutdown_settle(),
         ready_since: machine::ready_since(node),
-        heal_grace: SignedDuration::try_from(ctx.off_node_grace).unwrap_or(SignedDuration::MAX),
+        heal_grace: ctx.off_node_grace_span(),
     }
 }
 

@@ -89,6 +89,9 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
     let mut conditions: Vec<Condition> =
         previous.conditions.iter().filter(|c| !OWN.contains(&c.type_.as_str())).cloned().collect();
     let kept = |type_: &str| previous.conditions.iter().find(|c| c.type_ == type_).cloned();
+    let set = |type_: &str, ok: bool, reason: &str, message: String| {
+        condition(type_, ok, reason, message, &previous.conditions, facts.now)
+    };
     if let Some(node) = node.filter(|_| !slot.spec.node_capacity.is_empty()) {
         let drift = capacity_drift(slot, node);
         let (ok, reason, message) = if drift.is_empty() {
@@ -100,14 +103,7 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
                 format!("declared nodeCapacity differs from the node: {}", drift.join(", ")),
             )
         };
-        conditions.push(condition(
-            "CapacityMatches",
-            ok,
-            reason,
-            message,
-            &previous.conditions,
-            facts.now,
-        ));
+        conditions.push(set("CapacityMatches", ok, reason, message));
     } else if let Some(kept) = kept("CapacityMatches") {
         conditions.push(kept);
     }
@@ -116,25 +112,11 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
     let mismatch = registered_id.and_then(|id| provider_id_mismatch(slot, id));
     match (registered_id, &mismatch) {
         (Some(_), Some(message)) => {
-            conditions.push(condition(
-                "ProviderIDMatches",
-                false,
-                "Mismatch",
-                message.clone(),
-                &previous.conditions,
-                facts.now,
-            ));
+            conditions.push(set("ProviderIDMatches", false, "Mismatch", message.clone()));
         }
         (Some(id), None) => {
             let message = format!("the node registered with providerID {id}");
-            conditions.push(condition(
-                "ProviderIDMatches",
-                true,
-                "Matches",
-                message,
-                &previous.conditions,
-                facts.now,
-            ));
+            conditions.push(set("ProviderIDMatches", true, "Matches", message));
         }
         (None, _) => conditions.extend(kept("ProviderIDMatches")),
     }
@@ -142,27 +124,13 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
     match &lost {
         Some(lost) if !lost.is_empty() => {
             let message = lost.message(&slot.spec.kubernetes_node_name);
-            conditions.push(condition(
-                "NodeLabelsDeclared",
-                false,
-                "Undeclared",
-                message,
-                &previous.conditions,
-                facts.now,
-            ));
+            conditions.push(set("NodeLabelsDeclared", false, "Undeclared", message));
         }
         Some(_) => {
             let message =
                 "every label and taint on the node is declared or comes back at registration"
                     .to_string();
-            conditions.push(condition(
-                "NodeLabelsDeclared",
-                true,
-                "Declared",
-                message,
-                &previous.conditions,
-                facts.now,
-            ));
+            conditions.push(set("NodeLabelsDeclared", true, "Declared", message));
         }
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
@@ -176,31 +144,17 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         pod_confirms,
         facts.now,
     );
-    conditions.push(condition(
-        "NodeReporting",
-        ok,
-        reason,
-        message,
-        &previous.conditions,
-        facts.now,
-    ));
+    conditions.push(set("NodeReporting", ok, reason, message));
     match reading {
-        Some(Reading::Watts { .. }) => conditions.push(condition(
+        Some(Reading::Watts { .. }) => conditions.push(set(
             "MeterRead",
             true,
             "Read",
             "the plug's meter answered; status.draw holds its reading".into(),
-            &previous.conditions,
-            facts.now,
         )),
-        Some(Reading::Failed(message)) => conditions.push(condition(
-            "MeterRead",
-            false,
-            "ReadFailed",
-            message.clone(),
-            &previous.conditions,
-            facts.now,
-        )),
+        Some(Reading::Failed(message)) => {
+            conditions.push(set("MeterRead", false, "ReadFailed", message.clone()))
+        }
         // Not read this time; a meter that is gone takes its condition with it.
         None if meter::metered(slot).is_some() => conditions.extend(kept("MeterRead")),
         None => {}
