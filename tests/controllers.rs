@@ -520,6 +520,98 @@ async fn a_silent_machine_keeps_its_node_until_a_shutdown_confirms_it_off() {
     .expect("node removed");
 }
 
+/// Two serving machines behind BMCs on their own ports (one Redfish, one IPMI: real
+/// sushy-emulator and OpenIPMI peers) are cut off from the API server for longer than a boot
+/// window: their kubelets are silent, but the operator reads each BMC, which reports the machine
+/// on. That is a machine on and cut off, not off: each claim stays ready, its slot says so
+/// (`NodeReporting` `CutOff`, `BmcRead`), and the claim's `MachineCutOff` event says why. Once a
+/// BMC reports its machine off (a power cut), the silence counts again and the claim fails
+/// `MachineGone` a boot window later. Judged by their silence alone, both claims failed at the
+/// end of the window, and their machines were powered off when the network came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_machine_its_bmc_reports_on_keeps_its_claim() {
+    use homelab_harness::power_peers::{IpmiPeer, RedfishPeer};
+    use k8s_openapi::api::core::v1::Secret;
+    let lab = Lab::start("ctl-bmc-cut", With::Controllers).await;
+    let slots = lab.pool(&[("redfish", None), ("ipmi", None)]).await;
+    let (on_redfish, on_ipmi) = (&slots[0], &slots[1]);
+    let (redfish, ipmi) = tokio::join!(RedfishPeer::start(), IpmiPeer::start());
+    let (redfish, ipmi) = (redfish.expect("sushy-emulator"), ipmi.expect("ipmi_sim"));
+    let login: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "bmc-login" },
+        "stringData": { "username": redfish.user, "password": redfish.password },
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(lab.client.clone(), &lab.ns)
+        .create(&PostParams::default(), &login)
+        .await
+        .expect("the BMC login");
+    let credentials = json!({ "secretName": "bmc-login" });
+    let behind = [
+        (
+            on_redfish,
+            json!({ "redfish": { "endpoint": redfish.endpoint(), "credentials": credentials } }),
+        ),
+        (
+            on_ipmi,
+            json!({ "ipmi": { "host": "127.0.0.1", "port": ipmi.port, "credentials": credentials } }),
+        ),
+    ];
+    for (slot, power) in &behind {
+        let patch = json!({ "spec": { "power": power } });
+        lab.slots().patch(slot, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("bmc");
+    }
+    // The machines boot (their pod specs still power them); their BMCs report them on.
+    redfish.reset("On").await.expect("the Redfish machine on");
+    ipmi.set_chassis_power(true).expect("the IPMI machine on");
+    for (claim, slot) in [("c-redfish", on_redfish), ("c-ipmi", on_ipmi)] {
+        lab.claim(claim, slot, None).await;
+    }
+    for claim in ["c-redfish", "c-ipmi"] {
+        lab.claim_until(claim, "ready", |c| phase(c) == NodeClaimPhase::Ready).await;
+    }
+
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("plane");
+    for slot in [on_redfish, on_ipmi] {
+        plane.stop_kubelet(slot).await.expect("the link goes");
+    }
+    for slot in [on_redfish, on_ipmi] {
+        let said = lab
+            .slot_until(slot, "NodeReporting=False (CutOff) from the BMC's reading", |s| {
+                slots::condition_reason(s, "NodeReporting").as_deref() == Some("CutOff")
+            })
+            .await;
+        let (_, message) = node_reporting(&said).unwrap_or_default();
+        assert!(message.contains("BMC reports the machine powered on"), "{message}");
+        let read = said.status.as_ref().and_then(|s| s.bmc_reading.as_ref()).map(|r| r.power);
+        assert_eq!(read, Some(ObservedPower::On), "{slot}: status.bmcReading");
+        assert_eq!(slots::condition_reason(&said, "BmcRead").as_deref(), Some("Read"));
+    }
+    // Past a whole boot window of silence, with room for the controllers to act on it.
+    let window = lab.timeouts.budget() + lab::LOADED_MARGIN;
+    stays("both claims ready while their BMCs report the machines on", window, || async {
+        for claim in ["c-redfish", "c-ipmi"] {
+            let claim = lab.claims().get(claim).await?;
+            ensure!(phase(&claim) == NodeClaimPhase::Ready, "{:?}", claim.status);
+        }
+        Ok(())
+    })
+    .await
+    .expect("kept");
+    for claim in ["c-redfish", "c-ipmi"] {
+        let reasons = lab.event_reasons(claim).await;
+        assert!(reasons.iter().any(|r| r == "MachineCutOff"), "{claim}: events {reasons:?}");
+    }
+
+    // The power fails: the BMCs report the machines off, and the silence counts from then.
+    redfish.reset("ForceOff").await.expect("the Redfish machine off");
+    ipmi.set_chassis_power(false).expect("the IPMI machine off");
+    for claim in ["c-redfish", "c-ipmi"] {
+        let gone = lab.claim_until(claim, "failed", |c| phase(c) == NodeClaimPhase::Failed).await;
+        assert_eq!(reason(&gone).as_deref(), Some("MachineGone"), "{claim}");
+    }
+}
+
 /// A ready claim's machine cut off past a boot window fails `MachineGone`, and its forced
 /// shutdown cannot reach it (its pod can run nowhere). When the link is back, the machine is up
 /// and nothing claims it: it is left `--off-node-grace` to be claimed again, past the settle

@@ -283,10 +283,10 @@ async fn rbac_of(rendered: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The operator reads plug meters itself: it may read exactly the Secrets the chart's
-/// `energy.meterSecrets` names, and none without it.
+/// The operator reads plug meters and the BMCs of silent machines itself: it may read exactly
+/// the Secrets the chart's `energy.meterSecrets` and `bmcSecrets` name, and none without them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operator_may_read_exactly_the_meter_secrets_it_is_given() {
+async fn the_operator_may_read_exactly_the_secrets_it_is_given() {
     let plane = ControlPlane::start(Components::CLUSTER).await.expect("control plane");
     let out = plane.kubectl(["create", "namespace", NAMESPACE]).await.expect("kubectl");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -326,4 +326,16 @@ async fn the_operator_may_read_exactly_the_meter_secrets_it_is_given() {
     assert!(can_i("get", "secret/ha-token").await, "a meter Secret it was given");
     assert!(!can_i("get", "secret/another").await, "a Secret it was not given");
     assert!(!can_i("list", "secrets").await, "listing Secrets");
+
+    // BMC logins, for the BMCs of silent machines, beside a meter's (one named in both once).
+    let given = [
+        "tls.mode=selfManaged",
+        "energy.meterSecrets={plug-token}",
+        "bmcSecrets={bmc-login,plug-token}",
+    ];
+    let rendered = render(NAMESPACE, &given).await.expect("helm template");
+    apply(&plane, &rbac_of(&rendered).await).await.expect("apply the chart's RBAC");
+    assert!(can_i("get", "secret/bmc-login").await, "a BMC Secret it was given");
+    assert!(can_i("get", "secret/plug-token").await, "a meter Secret it was given");
+    assert!(!can_i("get", "secret/ha-token").await, "a Secret no longer given");
 }

@@ -25,8 +25,8 @@ pub use power::{
 };
 pub use schedule::{GroupScheduleStatus, ScheduleWindow};
 pub use slot::{
-    LifecyclePodSpec, LifecycleVolume, LocalVolume, MeasuredDraw, Node, NodeSpec, NodeStatus,
-    ObservedPower, ShutdownStreak, SlotClaimDigest, SlotPhase,
+    BmcReading, LifecyclePodSpec, LifecycleVolume, LocalVolume, MeasuredDraw, Node, NodeSpec,
+    NodeStatus, ObservedPower, ShutdownStreak, SlotClaimDigest, SlotPhase,
 };
 
 /// The API group of every kind this operator serves.

@@ -195,7 +195,7 @@ pub struct NodeStatus {
     /// against the registered node's) and `NodeLabelsDeclared` (labels and taints on the node
     /// that the slot does not declare, which are lost when the operator removes the node of a
     /// machine that is off), `NodeReporting` (False while the node's kubelet is silent: the node
-    /// is kept until a shutdown confirms the machine off) and `MeterRead`.
+    /// is kept until a shutdown confirms the machine off), `MeterRead` and `BmcRead`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
@@ -204,6 +204,12 @@ pub struct NodeStatus {
     /// read failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draw: Option<MeasuredDraw>,
+    /// What the slot's BMC (`spec.power.redfish` or `spec.power.ipmi`) last reported of the
+    /// machine's power, read by the operator while the machine's kubelet is silent: a machine
+    /// its BMC reports on is cut off from the API server, not off. The `BmcRead` condition says
+    /// why a read failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc_reading: Option<BmcReading>,
     /// Running pods whose PersistentVolumes no other machine can serve (a `local-path` or
     /// `local` volume on this machine's disk): the machine holds their data. The built-in
     /// scaler never releases a machine that runs a pod, and when such a pod is pending with its
@@ -255,6 +261,16 @@ pub struct MeasuredDraw {
     /// baseline of the energy report, in place of `spec.power.watts.whenOn`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when_on_watts: Option<f64>,
+}
+
+/// A machine's power as its BMC reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BmcReading {
+    /// What the BMC reported: `on` or `off`.
+    pub power: ObservedPower,
+    /// When it answered.
+    pub read_at: Time,
 }
 
 /// Whether a machine is observed up.

@@ -7,9 +7,9 @@
 //! Node's own transition to NotReady, and none at all under a pin, which a person holds on
 //! purpose (decisions.md, D36).
 //!
-//! A silent kubelet on a machine whose plug's meter reads it drawing power, in a reading taken
-//! since the silence began and still fresh, is a machine on and cut off from the API server: its
-//! claim is kept (decisions.md, D28, "Partitions").
+//! A silent kubelet on a machine whose plug's meter reads it drawing power, or whose BMC reports
+//! it on, in a reading taken since the silence began and still fresh, is a machine on and cut
+//! off from the API server: its claim is kept (decisions.md, D28, "Partitions").
 
 use std::time::Duration;
 
@@ -24,39 +24,77 @@ pub const MACHINE_GONE: &str = "MachineGone";
 /// The reason of a claim whose machine's kubelet reported NotReady past `--not-ready-grace`.
 pub const MACHINE_NOT_READY: &str = "MachineNotReady";
 
-/// The reason of the event on a claim whose silent machine its plug reads on.
+/// The reason of the event on a claim whose silent machine its plug or BMC reads on.
 pub const MACHINE_CUT_OFF: &str = "MachineCutOff";
 
-/// What the slot's plug meter last read, as the judge reads it.
+/// What read the machine's power.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PlugReading {
-    pub watts: f64,
-    pub read_at: Timestamp,
-    /// Above this the machine is on (see [`on_above`]).
-    pub on_above: f64,
+pub enum ReadBy {
+    /// The slot's plug meter: the machine is on above `on_above` watts (see [`on_above`]).
+    Meter { watts: f64, on_above: f64 },
+    /// The slot's BMC (Redfish or IPMI), which reports the power state itself.
+    Bmc { on: bool },
 }
 
-impl PlugReading {
-    /// The slot's plug meter's last reading (`status.draw`), with the draw above which it
-    /// reads the machine on; none for a slot without a meter or before its first reading.
-    pub fn of(slot: &crate::api::Node) -> Option<Self> {
+/// The machine's power as the slot's plug meter or BMC last read it, as the judge reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PowerReading {
+    pub by: ReadBy,
+    pub read_at: Timestamp,
+}
+
+impl PowerReading {
+    /// The slot's plug meter's last reading (`status.draw`), with the draw above which it reads
+    /// the machine on; none for a slot without a meter or before its first reading.
+    pub fn meter(slot: &crate::api::Node) -> Option<Self> {
         let draw = slot.status.as_ref()?.draw.as_ref()?;
-        Some(Self {
-            watts: draw.watts,
-            read_at: draw.read_at.0,
-            on_above: on_above(slot.standby_watts(), slot.running_watts()),
-        })
+        let on_above = on_above(slot.standby_watts(), slot.running_watts());
+        Some(Self { by: ReadBy::Meter { watts: draw.watts, on_above }, read_at: draw.read_at.0 })
     }
 
-    /// Whether this reading shows the machine on now: no older than `max_age`, and above the
-    /// machine's standby. Pure.
+    /// The slot's BMC's last reading (`status.bmcReading`).
+    pub fn bmc(slot: &crate::api::Node) -> Option<Self> {
+        let reading = slot.status.as_ref()?.bmc_reading.as_ref()?;
+        let on = reading.power == crate::api::ObservedPower::On;
+        Some(Self { by: ReadBy::Bmc { on }, read_at: reading.read_at.0 })
+    }
+
+    /// The newer of the slot's meter and BMC readings.
+    pub fn of(slot: &crate::api::Node) -> Option<Self> {
+        match (Self::meter(slot), Self::bmc(slot)) {
+            (Some(meter), Some(bmc)) => Some(if bmc.read_at > meter.read_at { bmc } else { meter }),
+            (meter, bmc) => meter.or(bmc),
+        }
+    }
+
+    /// Whether the reading itself shows the machine on, however old it is.
+    pub fn shows_on(&self) -> bool {
+        match self.by {
+            ReadBy::Meter { watts, on_above } => watts > on_above,
+            ReadBy::Bmc { on } => on,
+        }
+    }
+
+    /// Whether this reading shows the machine on now: no older than `max_age`, and on. Pure.
     pub fn is_on(&self, now: Timestamp, max_age: Duration) -> bool {
-        now < plus(self.read_at, max_age) && self.watts > self.on_above
+        now < plus(self.read_at, max_age) && self.shows_on()
     }
 
     /// [`Self::is_on`], in a reading taken at or after `since`. Pure.
     pub fn reads_on(&self, since: Timestamp, now: Timestamp, max_age: Duration) -> bool {
         self.read_at >= since && self.is_on(now, max_age)
+    }
+
+    /// What shows the machine on, for a message: "the slot's plug reads the machine drawing
+    /// power (above 16.7 W)", or "the slot's BMC reports the machine powered on". No reading
+    /// in it: it is the same while a cut lasts, so its event is one series, not one per read.
+    pub fn shows(&self) -> String {
+        match self.by {
+            ReadBy::Meter { on_above, .. } => {
+                format!("the slot's plug reads the machine drawing power (above {on_above:.1} W)")
+            }
+            ReadBy::Bmc { .. } => "the slot's BMC reports the machine powered on".into(),
+        }
     }
 }
 
@@ -86,10 +124,10 @@ pub struct ReadyMachine<'a> {
     pub off_grace: Duration,
     /// How long a kubelet may report NotReady before the claim fails (`--not-ready-grace`).
     pub not_ready_grace: Duration,
-    /// The slot's plug meter's last reading, if the slot has a meter.
-    pub plug: Option<PlugReading>,
-    /// How long a plug reading counts (a few meter intervals).
-    pub plug_max_age: Duration,
+    /// The newest reading of the slot's plug meter or BMC, if it has either.
+    pub reading: Option<PowerReading>,
+    /// How long a reading counts (a few meter intervals).
+    pub reading_max_age: Duration,
 }
 
 /// What to do with `status.machineObservedOff`.
@@ -109,7 +147,7 @@ pub enum Verdict {
     Keep { mark: OffMark, wake_at: Option<Timestamp> },
     /// The claim fails, for `reason`, said in `message`.
     Fail { reason: &'static str, message: String },
-    /// The kubelet is silent but the plug reads the machine on: cut off, not off. The claim
+    /// The kubelet is silent but the plug or BMC reads the machine on: cut off, not off. The claim
     /// stays ready (any off mark is cleared); judge again at `wake_at`, when the reading goes
     /// stale.
     CutOff { mark: OffMark, message: String, wake_at: Timestamp },
@@ -147,15 +185,13 @@ pub fn judge(machine: &ReadyMachine<'_>) -> Verdict {
             }
         }
         Kubelet::NoNode | Kubelet::Registering | Kubelet::Silent { .. } => {
-            if let (Kubelet::Silent { since }, Some(plug)) = (kubelet, machine.plug) {
+            if let (Kubelet::Silent { since }, Some(reading)) = (kubelet, machine.reading) {
                 let silent_from = since.or(observed_off).unwrap_or(now);
-                let stale_at = plus(plug.read_at, machine.plug_max_age);
-                if plug.reads_on(silent_from, now, machine.plug_max_age) {
-                    // No reading in the message: it is the same while the cut lasts, so its
-                    // event is one series, not one event per meter read.
+                let stale_at = plus(reading.read_at, machine.reading_max_age);
+                if reading.reads_on(silent_from, now, machine.reading_max_age) {
                     let message = format!(
-                        "the kubelet of node {node_name} has been silent since {silent_from}, but its plug's meter reads it drawing power (above {:.1} W): the machine is on and cut off from the API server, not off. The claim is kept; the kubelet takes its node back when the network returns",
-                        plug.on_above
+                        "the kubelet of node {node_name} has been silent since {silent_from}, but {}: the machine is on and cut off from the API server, not off. The claim is kept; the kubelet takes its node back when the network returns",
+                        reading.shows()
                     );
                     return Verdict::CutOff { mark: on_mark, message, wake_at: stale_at };
                 }
@@ -199,8 +235,8 @@ mod tests {
             now: at(now),
             off_grace: Duration::from_secs(730),
             not_ready_grace: Duration::from_secs(3600),
-            plug: None,
-            plug_max_age: Duration::from_secs(180),
+            reading: None,
+            reading_max_age: Duration::from_secs(180),
         })
     }
 
@@ -232,12 +268,11 @@ mod tests {
                 now: at(now),
                 off_grace: Duration::from_secs(730),
                 not_ready_grace: Duration::from_secs(3600),
-                plug: plug.map(|(watts, read)| PlugReading {
-                    watts,
+                reading: plug.map(|(watts, read)| PowerReading {
+                    by: ReadBy::Meter { watts, on_above: on_above(Some(1.4), Some(32.0)) },
                     read_at: at(read),
-                    on_above: on_above(Some(1.4), Some(32.0)),
                 }),
-                plug_max_age: Duration::from_secs(180),
+                reading_max_age: Duration::from_secs(180),
             })
         };
         let cut_off = |verdict: &Verdict| match verdict {
@@ -295,6 +330,72 @@ mod tests {
         assert_eq!(wake_at, at("09:03:30"), "judged again when the reading goes stale");
         assert!(message.contains("cut off from the API server, not off"), "{message}");
         assert!(message.contains("above 16.7 W"), "{message}");
+    }
+
+    /// A silent kubelet whose BMC reports the machine on: kept like a plug's reading, and the
+    /// message names the BMC. A BMC reporting it off lets the silence count.
+    #[test]
+    fn a_silent_machine_its_bmc_reports_on_is_cut_off_not_off() {
+        let judge_with = |on: bool, read: &str, now: &str| {
+            let kubelet = Kubelet::Silent { since: Some(at("09:00:00")) };
+            judge(&ReadyMachine {
+                node_name: NODE,
+                kubelet: &kubelet,
+                observed_off: Some(at("09:00:05")),
+                pin: false,
+                now: at(now),
+                off_grace: Duration::from_secs(730),
+                not_ready_grace: Duration::from_secs(3600),
+                reading: Some(PowerReading { by: ReadBy::Bmc { on }, read_at: at(read) }),
+                reading_max_age: Duration::from_secs(180),
+            })
+        };
+        let rows = [
+            ("on, read since the silence, past the window", true, "09:14:00", "09:15:00", None),
+            ("off: the silence counts", false, "09:14:00", "09:15:00", Some(MACHINE_GONE)),
+            ("on, but stale", true, "09:10:00", "09:15:00", Some(MACHINE_GONE)),
+            ("on, but read before the silence", true, "08:59:00", "09:01:00", None),
+        ];
+        for (name, on, read, now, want) in rows {
+            let verdict = judge_with(on, read, now);
+            assert_eq!(fails(&verdict), want, "{name}: {verdict:?}");
+        }
+        let before = judge_with(true, "08:59:00", "09:01:00");
+        assert!(
+            matches!(before, Verdict::Keep { .. }),
+            "within the window, not cut off: {before:?}"
+        );
+        let Verdict::CutOff { message, .. } = judge_with(true, "09:14:00", "09:15:00") else {
+            panic!("cut off")
+        };
+        assert!(message.contains("the slot's BMC reports the machine powered on"), "{message}");
+    }
+
+    /// The judge reads the newer of a slot's meter and BMC readings.
+    #[test]
+    fn the_newer_of_the_meter_and_the_bmc_reading_counts() {
+        let slot = |draw_at: Option<&str>, bmc: Option<(&str, &str)>| -> crate::api::Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "m1" },
+                "spec": { "kubernetesNodeName": "m1", "power": { "watts": { "whenOn": 32.0, "whenOff": 1.4 } } },
+                "status": {
+                    "draw": draw_at.map(|t| serde_json::json!({ "watts": 1.4, "readAt": format!("2026-03-04T{t}Z") })),
+                    "bmcReading": bmc.map(|(power, t)| serde_json::json!({ "power": power, "readAt": format!("2026-03-04T{t}Z") })),
+                },
+            }))
+            .unwrap()
+        };
+        let rows = [
+            ("neither", slot(None, None), None),
+            ("the meter alone, at standby", slot(Some("09:00:00"), None), Some(false)),
+            ("the BMC alone", slot(None, Some(("on", "09:00:00"))), Some(true)),
+            ("the BMC newer", slot(Some("09:00:00"), Some(("on", "09:01:00"))), Some(true)),
+            ("the meter newer", slot(Some("09:02:00"), Some(("on", "09:01:00"))), Some(false)),
+        ];
+        for (name, slot, want) in rows {
+            let got = PowerReading::of(&slot).map(|r| r.shows_on());
+            assert_eq!(got, want, "{name}");
+        }
     }
 
     #[test]

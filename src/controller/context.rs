@@ -91,6 +91,8 @@ pub struct Context {
     /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
     /// once per `meter_interval`. A new term starts empty: one read each at its start.
     meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
+    /// The same for each slot's BMC, read while its kubelet is silent.
+    bmc_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
     /// The drain holds this term published, by slot: when each began and its message. The
     /// slot's status keeps both, but the pass the cordon's own node event wakes can run before
     /// the cache has the status the previous pass wrote, and must not start the hold again.
@@ -248,6 +250,7 @@ impl Context {
             claim_read_floor: ReadFloor::default(),
             boot_hold: Hold::default(),
             meter_reads: std::sync::Mutex::default(),
+            bmc_reads: std::sync::Mutex::default(),
             drain_holds: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))
@@ -274,8 +277,22 @@ impl Context {
     /// Whether `slot`'s meter is due a read (none within `meter_interval`); if so, the read
     /// counts as tried now.
     pub fn meter_read_due(&self, slot: &str) -> bool {
+        self.read_due(&self.meter_reads, slot)
+    }
+
+    /// Whether `slot`'s BMC is due a read (none within `meter_interval`); if so, the read
+    /// counts as tried now.
+    pub fn bmc_read_due(&self, slot: &str) -> bool {
+        self.read_due(&self.bmc_reads, slot)
+    }
+
+    fn read_due(
+        &self,
+        reads: &std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
+        slot: &str,
+    ) -> bool {
         let now = self.now();
-        let mut reads = self.meter_reads.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut reads = reads.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let due = reads.get(slot).is_none_or(|last| {
             now.duration_since(*last).as_secs_f64() >= self.meter_interval.as_secs_f64()
         });

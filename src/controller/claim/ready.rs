@@ -16,7 +16,7 @@ use serde_json::json;
 use super::chokepoint::{self, PhaseMove};
 use super::expiry;
 use crate::api::{NodeClaim, NodeClaimPhase};
-use crate::claim::ready_bound::{self, OffMark, PlugReading, ReadyMachine, Verdict};
+use crate::claim::ready_bound::{self, OffMark, PowerReading, ReadyMachine, Verdict};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result};
 use crate::field_manager::FieldManager;
@@ -47,8 +47,8 @@ pub async fn reconcile_ready(ctx: &Arc<Context>, claim: &NodeClaim) -> Result<Ac
         now,
         off_grace: ctx.timeouts.budget(),
         not_ready_grace: ctx.not_ready_grace,
-        plug: PlugReading::of(&slot),
-        plug_max_age: ctx.meter_reading_max_age(),
+        reading: PowerReading::of(&slot),
+        reading_max_age: ctx.meter_reading_max_age(),
     };
     match ready_bound::judge(&machine) {
         Verdict::Keep { mark, wake_at } => {

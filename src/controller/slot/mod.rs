@@ -3,9 +3,11 @@
 //! node of a machine that is confirmed off and never one under a running kubelet
 //! (`node_removal`), keeps the Kubernetes node tied to its slot, carrying what the slot declares
 //! and cluster-autoscaler's marks while it boots or a person holds it
-//! (`crate::node_declaration`), reads the plug's meter (`meter`), and writes the slot's observed
-//! status and derived report (`observe`).
+//! (`crate::node_declaration`), reads the plug's meter (`meter`) and, while its kubelet is
+//! silent, its BMC (`bmc`), and writes the slot's observed status and derived report
+//! (`observe`).
 
+mod bmc;
 mod drain;
 mod meter;
 mod node_removal;
@@ -23,8 +25,8 @@ use tracing::Instrument;
 
 use super::{Context, Result, SlotInputs};
 use crate::api::{LABEL_SLOT, Node, NodeClaim};
-use crate::claim::ready_bound::PlugReading;
-use crate::{node_declaration, phase};
+use crate::claim::ready_bound::PowerReading;
+use crate::{machine, node_declaration, phase};
 
 /// Runs the slot controller until `shutdown`.
 pub async fn controller(ctx: Arc<Context>, inputs: SlotInputs, shutdown: CancellationToken) {
@@ -98,7 +100,7 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         // node (deleted under a running kubelet, which never registers it again). A boot in its
         // window is left to register (its own deadline fails it if it never does).
         if node.is_none() && !booting {
-            let plug = PlugReading::of(&slot);
+            let plug = PowerReading::meter(&slot);
             let max_age = ctx.meter_reading_max_age();
             if let Some(plug) = plug.filter(|p| p.is_on(ctx.now(), max_age)) {
                 unseen = Some(shutdown::Unseen::OnWithoutNode { read_at: plug.read_at });
@@ -107,19 +109,24 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         let shutdown =
             shutdown::reconcile(&ctx, &slot, &claims, &shutdowns, node.as_deref(), unseen).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
+        let silent = matches!(machine::Kubelet::of(node.as_deref()), machine::Kubelet::Silent { .. });
+        let bmc_reading = bmc::read_if_due(&ctx, &slot, silent).await;
         let seen = observe::Seen {
             reading: reading.as_ref(),
+            bmc_reading: bmc_reading.as_ref(),
             hold: shutdown.hold.as_ref(),
             streak: shutdown.streak.as_ref(),
             on_without_node: matches!(unseen, Some(shutdown::Unseen::OnWithoutNode { .. })),
         };
         observe::write_status(&ctx, &slot, node.as_deref(), &claims, live, seen).await?;
-        // A silent kubelet's grace and the next meter read are deadlines no event announces.
+        // A silent kubelet's grace and the next meter or BMC read are deadlines no event
+        // announces.
         let grace = recheck.map(|at| {
             std::time::Duration::from_secs_f64(at.duration_since(ctx.now()).as_secs_f64().max(1.0))
         });
         let meter = meter::metered(&slot).map(|_| ctx.meter_interval);
-        Ok([shutdown.retry, grace, meter]
+        let bmc = bmc::readable(&slot).filter(|_| silent).map(|_| ctx.meter_interval);
+        Ok([shutdown.retry, grace, meter, bmc]
             .into_iter()
             .flatten()
             .min()

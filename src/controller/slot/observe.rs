@@ -59,11 +59,12 @@ pub async fn write_node(
     }
 }
 
-/// What this pass of the slot's reconcile saw besides the objects: the plug meter's reading (when
-/// one was due) and a drain that disruption budgets hold back.
+/// What this pass of the slot's reconcile saw besides the objects: the plug meter's and the
+/// BMC's readings (when one was due) and a drain that disruption budgets hold back.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Seen<'a> {
     pub reading: Option<&'a Reading>,
+    pub bmc_reading: Option<&'a super::bmc::Reading>,
     pub hold: Option<&'a DrainHold>,
     /// The shutdown pass's new count of attempts no claim counts; `None` keeps the stored one.
     pub streak: Option<&'a crate::api::ShutdownStreak>,

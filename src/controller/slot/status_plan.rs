@@ -1,7 +1,7 @@
 //! The slot's status as a pure function of what one pass saw ([`StatusFacts`]): observed
-//! power, the derived report, the digest of the newest claim, the plug meter's last reading, the
-//! conditions (capacity, providerID, declared labels, whether the kubelet reports, the meter, a
-//! drain held by a budget), and the events a change calls for. `observe::write_status` gathers
+//! power, the derived report, the digest of the newest claim, the plug meter's and the BMC's
+//! last readings, the conditions (capacity, providerID, declared labels, whether the kubelet
+//! reports, the meter, the BMC, a drain held by a budget), and the events a change calls for. `observe::write_status` gathers
 //! the facts and carries the plan out.
 
 use std::collections::BTreeMap;
@@ -11,23 +11,24 @@ use k8s_openapi::api::core::v1::Node as CoreNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 
-use super::drain;
 use super::meter::{self, Reading};
 use super::observe::Seen;
 use super::undeclared;
+use super::{bmc, drain};
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest, TaintSelector};
-use crate::claim::ready_bound::PlugReading;
+use crate::claim::ready_bound::PowerReading;
 use crate::controller::PublishedHold;
 use crate::machine;
 use crate::phase::{self, MachineObservation, SlotReportInput};
 use crate::quantity;
 
 /// The conditions this plan owns; the others on the status are kept as they are.
-const OWN: [&str; 6] = [
+const OWN: [&str; 7] = [
     "CapacityMatches",
     "ProviderIDMatches",
     "NodeLabelsDeclared",
     "MeterRead",
+    "BmcRead",
     "NodeReporting",
     "Drained",
 ];
@@ -135,12 +136,12 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         None => conditions.extend(kept("NodeLabelsDeclared")),
     }
     let pod_confirms = slot.spec.shutdown_pod_spec.as_ref().map(|p| p.confirms_power_state);
-    let plug = PlugReading::of(slot).map(|p| (p, facts.meter_reading_max_age));
+    let power_reading = PowerReading::of(slot).map(|p| (p, facts.meter_reading_max_age));
     let (ok, reason, message) = node_reporting(
         &slot.spec.kubernetes_node_name,
         node,
         seen.on_without_node,
-        plug,
+        power_reading,
         pod_confirms,
         facts.now,
     );
@@ -157,6 +158,22 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         }
         // Not read this time; a meter that is gone takes its condition with it.
         None if meter::metered(slot).is_some() => conditions.extend(kept("MeterRead")),
+        None => {}
+    }
+    match seen.bmc_reading {
+        Some(bmc::Reading::Power { on, .. }) => conditions.push(set(
+            "BmcRead",
+            true,
+            "Read",
+            format!(
+                "the BMC answered while the kubelet was silent: it reports the machine {}; status.bmcReading holds its reading",
+                if *on { "on" } else { "off" }
+            ),
+        )),
+        Some(bmc::Reading::Failed(message)) => {
+            conditions.push(set("BmcRead", false, "ReadFailed", message.clone()))
+        }
+        None if bmc::readable(slot).is_some() => conditions.extend(kept("BmcRead")),
         None => {}
     }
     // Only while a budget holds the drain: the condition says which, since when the hold began
@@ -183,6 +200,11 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
             meter::next_draw(previous.draw.as_ref(), reading, report)
         } else {
             None
+        },
+        bmc_reading: match seen.bmc_reading.and_then(bmc::Reading::as_status) {
+            _ if bmc::readable(slot).is_none() => None,
+            Some(read) => Some(read),
+            None => previous.bmc_reading.clone(),
         },
         // The scaler's field (its own apply): neither compared, sent nor cleared here.
         local_volumes: Vec::new(),
@@ -288,13 +310,13 @@ fn condition(
 /// Whether the node's kubelet reports in, and what a person does about a silent one: the
 /// operator never removes a node only because its kubelet went silent (`node_removal`).
 /// `on_without_node`: the machine has no node and its plug reads it drawing power.
-/// `plug`: the slot's plug meter's last reading and how long it counts.
+/// `reading`: the newest reading of the slot's plug meter or BMC, and how long it counts.
 /// `pod_confirms`: whether the slot's shutdown pod, if it has one, reads the machine off.
 fn node_reporting(
     node_name: &str,
     node: Option<&CoreNode>,
     on_without_node: bool,
-    plug: Option<(PlugReading, std::time::Duration)>,
+    reading: Option<(PowerReading, std::time::Duration)>,
     pod_confirms: Option<bool>,
     now: jiff::Timestamp,
 ) -> (bool, &'static str, String) {
@@ -320,13 +342,14 @@ fn node_reporting(
             )
         }
         machine::Kubelet::Silent { since: Some(since) }
-            if plug.is_some_and(|(p, max_age)| p.reads_on(since, now, max_age)) =>
+            if reading.is_some_and(|(r, max_age)| r.reads_on(since, now, max_age)) =>
         {
+            let shows = reading.map(|(r, _)| r.shows()).unwrap_or_default();
             (
                 false,
                 "CutOff",
                 format!(
-                    "the kubelet of node {node_name} has been silent since {since}, but the slot's plug reads the machine drawing power: it is on and cut off from the API server, not off. A ready claim keeps it, and the node is kept. Restore its network, and its kubelet takes the node back"
+                    "the kubelet of node {node_name} has been silent since {since}, but {shows}: it is on and cut off from the API server, not off. A ready claim keeps it, and the node is kept. Restore its network, and its kubelet takes the node back"
                 ),
             )
         }
@@ -421,10 +444,9 @@ mod tests {
         assert_eq!((ok, reason), (false, "OnWithoutNode"), "{message}");
         assert!(message.contains("plug reads the machine drawing power"), "{message}");
         // A silent kubelet whose plug read the machine on since: cut off, not off.
-        let reading = |watts: f64, at: &str| PlugReading {
-            watts,
+        let reading = |watts: f64, at: &str| PowerReading {
+            by: crate::claim::ready_bound::ReadBy::Meter { watts, on_above: 16.7 },
             read_at: at.parse().unwrap(),
-            on_above: 16.7,
         };
         let fresh = std::time::Duration::from_secs(180);
         let silent = node(Some("Unknown"));
@@ -436,6 +458,15 @@ mod tests {
         assert_eq!(with(reading(1.4, "2026-03-04T09:09:00Z")).1, "Silent", "at standby");
         assert_eq!(with(reading(32.0, "2026-03-04T08:59:00Z")).1, "Silent", "read before");
         assert_eq!(with(reading(32.0, "2026-03-04T09:01:00Z")).1, "Silent", "stale");
+        // The same from a BMC that reports the machine on, and the message names the BMC.
+        let bmc = |on: bool| PowerReading {
+            by: crate::claim::ready_bound::ReadBy::Bmc { on },
+            read_at: "2026-03-04T09:09:00Z".parse().unwrap(),
+        };
+        let (ok, reason, said) = with(bmc(true));
+        assert_eq!((ok, reason), (false, "CutOff"), "{said}");
+        assert!(said.contains("BMC reports the machine powered on"), "{said}");
+        assert_eq!(with(bmc(false)).1, "Silent", "the BMC reports it off");
         assert!(message.contains("systemctl restart kubelet"), "{message}");
     }
 
@@ -541,6 +572,56 @@ mod tests {
         assert_eq!(counted.unclaimed_shutdowns.as_ref(), Some(&streak));
         let stored = leak(with_status(plain.clone(), counted.clone()));
         assert_eq!(plan(&facts(stored)).status, None, "kept, so nothing to write");
+
+        // A silent node behind a BMC: its reading is stored with a condition, and the node is
+        // reported cut off while the reading shows the machine on; a failed read keeps the last
+        // reading and says why; a slot that no longer has a BMC drops both.
+        let mut behind_bmc = plain.clone();
+        behind_bmc.spec.power = Some(
+            serde_json::from_value(json!({ "redfish": {
+                "endpoint": "https://10.0.0.5", "credentials": { "secretName": "bmc" } } }))
+            .unwrap(),
+        );
+        let silent: CoreNode = serde_json::from_value(json!({
+            "metadata": { "name": "m1" },
+            "status": { "conditions": [{ "type": "Ready", "status": "Unknown",
+                                         "lastTransitionTime": "2026-03-04T09:00:00Z" }] },
+        }))
+        .unwrap();
+        let bmc_condition = |status: &NodeStatus| {
+            let c = status.conditions.iter().find(|c| c.type_ == "BmcRead").cloned();
+            c.map(|c| (c.status, c.message))
+        };
+        let on = bmc::Reading::Power { on: true, at: now };
+        let seen = Seen { bmc_reading: Some(&on), ..Seen::default() };
+        let slot = leak(behind_bmc.clone());
+        let read = plan(&StatusFacts { seen, node: Some(&silent), ..facts(slot) });
+        let status = read.status.clone().unwrap();
+        assert_eq!(status.bmc_reading.as_ref().map(|r| r.power), Some(ObservedPower::On));
+        let (ok, message) = bmc_condition(&status).expect("BmcRead");
+        assert_eq!(ok, "True", "{message}");
+        assert!(message.contains("reports the machine on"), "{message}");
+        let stored = leak(with_status(behind_bmc.clone(), status.clone()));
+        let reported = plan(&StatusFacts { node: Some(&silent), ..facts(stored) });
+        assert_eq!(reported.status.map(|s| s.power_state), Some(Some(ObservedPower::Off)));
+        let cut_off = node_reporting(
+            "m1",
+            Some(&silent),
+            false,
+            PowerReading::of(stored).map(|r| (r, Duration::from_secs(180))),
+            None,
+            now,
+        );
+        assert_eq!(cut_off.1, "CutOff", "{}", cut_off.2);
+        let failed = bmc::Reading::Failed("reading Secret bmc: forbidden".into());
+        let seen = Seen { bmc_reading: Some(&failed), ..Seen::default() };
+        let after =
+            plan(&StatusFacts { seen, node: Some(&silent), ..facts(stored) }).status.unwrap();
+        assert_eq!(after.bmc_reading, status.bmc_reading, "the last reading kept");
+        assert_eq!(bmc_condition(&after).map(|(ok, _)| ok).as_deref(), Some("False"));
+        let gone = leak(with_status(plain.clone(), status));
+        let dropped = plan(&facts(gone)).status.unwrap();
+        assert_eq!((dropped.bmc_reading.clone(), bmc_condition(&dropped)), (None, None));
     }
 
     #[test]

@@ -170,6 +170,33 @@ impl RedfishPeer {
         let scheme = if self.tls { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
+
+    /// Changes the system's power behind the operator's back (a person at the machine, a power
+    /// cut), through the emulator's own Reset action: `On`, `ForceOff`.
+    pub async fn reset(&self, reset_type: &str) -> Result<()> {
+        let url = format!(
+            "{}/redfish/v1/Systems/{}/Actions/ComputerSystem.Reset",
+            self.endpoint(),
+            self.system_uuid
+        );
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .context("an HTTP client")?;
+        let answer = client
+            .post(&url)
+            .basic_auth(&self.user, Some(&self.password))
+            .json(&serde_json::json!({ "ResetType": reset_type }))
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = answer.status();
+        if !status.is_success() {
+            bail!("{url} answered {status}: {}", answer.text().await.unwrap_or_default());
+        }
+        Ok(())
+    }
 }
 
 /// An IPMI BMC: OpenIPMI's `ipmi_sim` with a chassis whose power is a file, and `ipmitool` as
@@ -281,6 +308,13 @@ impl IpmiPeer {
     /// The chassis power as the simulated machine holds it (`0` or `1`).
     pub fn power_file(&self) -> Result<String> {
         Ok(std::fs::read_to_string(&self.power_file)?.trim().to_string())
+    }
+
+    /// Changes the chassis power behind the operator's back (its front panel's button, a power
+    /// cut): what the BMC then reads.
+    pub fn set_chassis_power(&self, on: bool) -> Result<()> {
+        std::fs::write(&self.power_file, if on { "1\n" } else { "0\n" })
+            .context("writing the chassis power")
     }
 }
 
