@@ -325,27 +325,6 @@ fi
 if [[ $want != integration && $want != cluster ]]; then
   locked cluster-autoscaler build_cluster_autoscaler
 fi
-# `storage` adds rancher's local-path-provisioner, for the suites of pods whose volume lives on
-# one machine; every larger profile holds it too, so the build beside the suites makes it first.
-if [[ $want == storage || $want == e2e || $want == machines || $want == all ]]; then
-  locked local-path-provisioner build local-path-provisioner "" "" \
-    local-path-provisioner=github.com/rancher/local-path-provisioner
-fi
-if [[ $want == e2e || $want == machines || $want == all ]]; then
-  locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
-  locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
-  locked cert-manager build_cert_manager
-fi
-# Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the
-# exposition format. `remove_all_sd` leaves out the cloud service-discovery plugins (the tests
-# use static_configs; their SDKs are most of Prometheus's dependencies), and without the
-# `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
-# on the 2-core dev machine: docs/testing.md.
-if [[ $want == e2e || $want == machines || $want == all ]]; then
-  locked prometheus build prometheus "" "remove_all_sd" \
-    prometheus=github.com/prometheus/prometheus/cmd/prometheus \
-    promtool=github.com/prometheus/prometheus/cmd/promtool
-fi
 # The real machines of src/machine/: a kubelet at the control plane's pin (go/kubelet, a sibling
 # of go/k8s so that the control plane's key is untouched), containerd with its runc shim and
 # ctr, runc, the CNI plugins that wire a pod (into $bin/cni/, containerd's CNI bin dir) and our
@@ -355,7 +334,9 @@ fi
 # runc without seccomp fails those ("config provided but seccomp not supported"). So it links
 # libseccomp, statically (as runc's releases do), from Debian's libseccomp-dev, installed here
 # if missing. containerd's btrfs, devmapper and zfs snapshotters are left out (overlayfs only).
-# Cold build times on the 2-core dev machine are in src/machine/mod.rs.
+# Cold build times on the 2-core dev machine are in src/machine/mod.rs. They come first in their
+# profile: the build beside the suites (`make test`) makes them while the first suites run, and
+# the real-machine suites start in the first lanes (the fault runs are among the longest).
 ensure_libseccomp() {
   [[ -x "${HOMELAB_TEST_ASSETS:-/nonexistent}/runc" ]] && return 0
   [[ -x "$bin/runc" && "$(cat "$(key_file runc)" 2>/dev/null)" == "$(wrapper_key runc)" ]] && return 0
@@ -391,7 +372,30 @@ if [[ $want == machines ]]; then
     cni/host-local=github.com/containernetworking/plugins/plugins/ipam/host-local \
     cni/loopback=github.com/containernetworking/plugins/plugins/main/loopback
   locked pause build pause "" "" pause=homelab-autoscaler.invalid/harness/pause
+  # The image is packed with crane (the e2e profile below finds it built).
+  locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
   locked pause-image build_pause_image
+fi
+# `storage` adds rancher's local-path-provisioner, for the suites of pods whose volume lives on
+# one machine; every larger profile holds it too.
+if [[ $want == storage || $want == e2e || $want == machines || $want == all ]]; then
+  locked local-path-provisioner build local-path-provisioner "" "" \
+    local-path-provisioner=github.com/rancher/local-path-provisioner
+fi
+if [[ $want == e2e || $want == machines || $want == all ]]; then
+  locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
+  locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
+  locked cert-manager build_cert_manager
+fi
+# Prometheus and promtool, for the metrics suite: a real scraper and the upstream linter of the
+# exposition format. `remove_all_sd` leaves out the cloud service-discovery plugins (the tests
+# use static_configs; their SDKs are most of Prometheus's dependencies), and without the
+# `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
+# on the 2-core dev machine: docs/testing.md.
+if [[ $want == e2e || $want == machines || $want == all ]]; then
+  locked prometheus build prometheus "" "remove_all_sd" \
+    prometheus=github.com/prometheus/prometheus/cmd/prometheus \
+    promtool=github.com/prometheus/prometheus/cmd/promtool
 fi
 if [[ $kube_version == "$kube_pin" ]]; then
   echo "$bin"
