@@ -52,6 +52,9 @@ impl Clients {
 /// machine is on.
 pub const METER_READINGS_FRESH: u32 = 3;
 
+/// When each slot's device (a meter, a BMC) was last tried, by slot.
+type LastReads = std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>;
+
 /// What the controllers share.
 pub struct Context {
     pub client: Client,
@@ -90,9 +93,9 @@ pub struct Context {
     pub boot_hold: Hold,
     /// When each slot's meter was last tried, so a reconcile every event wakes reads it at most
     /// once per `meter_interval`. A new term starts empty: one read each at its start.
-    meter_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
+    meter_reads: LastReads,
     /// The same for each slot's BMC, read while its kubelet is silent.
-    bmc_reads: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
+    bmc_reads: LastReads,
     /// The drain holds this term published, by slot: when each began and its message. The
     /// slot's status keeps both, but the pass the cordon's own node event wakes can run before
     /// the cache has the status the previous pass wrote, and must not start the hold again.
@@ -286,11 +289,7 @@ impl Context {
         self.read_due(&self.bmc_reads, slot)
     }
 
-    fn read_due(
-        &self,
-        reads: &std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
-        slot: &str,
-    ) -> bool {
+    fn read_due(&self, reads: &LastReads, slot: &str) -> bool {
         let now = self.now();
         let mut reads = reads.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let due = reads.get(slot).is_none_or(|last| {

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{BmcReading, Node, ObservedPower, PowerDriverKind};
@@ -17,24 +16,11 @@ use crate::power::{self, PowerError, PowerState, Secrets};
 /// Redfish client's own timeout is longer, for the power Jobs.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What one attempt to read the BMC found.
+/// What one attempt to read the BMC found: the reading `status.bmcReading` takes, or why none.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reading {
-    Power { on: bool, at: Timestamp },
+    Read(BmcReading),
     Failed(String),
-}
-
-impl Reading {
-    /// The status field a successful read sets.
-    pub fn as_status(&self) -> Option<BmcReading> {
-        match self {
-            Reading::Power { on, at } => Some(BmcReading {
-                power: if *on { ObservedPower::On } else { ObservedPower::Off },
-                read_at: Time(*at),
-            }),
-            Reading::Failed(_) => None,
-        }
-    }
 }
 
 /// The BMC driver of a slot whose BMC can read the power state.
@@ -54,7 +40,9 @@ pub async fn read_if_due(ctx: &Context, slot: &Node, silent: bool) -> Option<Rea
     let reading = match read {
         Ok(Ok(state)) => {
             tracing::debug!(power = %state, "the BMC reports the silent machine's power");
-            Reading::Power { on: state == PowerState::On, at: ctx.now() }
+            let power =
+                if state == PowerState::On { ObservedPower::On } else { ObservedPower::Off };
+            Reading::Read(BmcReading { power, read_at: Time(ctx.now()) })
         }
         Ok(Err(error)) => {
             tracing::warn!(%error, "reading the BMC failed");

@@ -1,8 +1,8 @@
 //! The slot's status as a pure function of what one pass saw ([`StatusFacts`]): observed
 //! power, the derived report, the digest of the newest claim, the plug meter's and the BMC's
 //! last readings, the conditions (capacity, providerID, declared labels, whether the kubelet
-//! reports, the meter, the BMC, a drain held by a budget), and the events a change calls for. `observe::write_status` gathers
-//! the facts and carries the plan out.
+//! reports, the meter, the BMC, a drain held by a budget), and the events a change calls for.
+//! `observe::write_status` gathers the facts and carries the plan out.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -161,13 +161,13 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         None => {}
     }
     match seen.bmc_reading {
-        Some(bmc::Reading::Power { on, .. }) => conditions.push(set(
+        Some(bmc::Reading::Read(read)) => conditions.push(set(
             "BmcRead",
             true,
             "Read",
             format!(
                 "the BMC answered while the kubelet was silent: it reports the machine {}; status.bmcReading holds its reading",
-                if *on { "on" } else { "off" }
+                if read.power == ObservedPower::On { "on" } else { "off" }
             ),
         )),
         Some(bmc::Reading::Failed(message)) => {
@@ -201,10 +201,10 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         } else {
             None
         },
-        bmc_reading: match seen.bmc_reading.and_then(bmc::Reading::as_status) {
+        bmc_reading: match seen.bmc_reading {
             _ if bmc::readable(slot).is_none() => None,
-            Some(read) => Some(read),
-            None => previous.bmc_reading.clone(),
+            Some(bmc::Reading::Read(read)) => Some(read.clone()),
+            _ => previous.bmc_reading.clone(),
         },
         // The scaler's field (its own apply): neither compared, sent nor cleared here.
         local_volumes: Vec::new(),
@@ -592,7 +592,10 @@ mod tests {
             let c = status.conditions.iter().find(|c| c.type_ == "BmcRead").cloned();
             c.map(|c| (c.status, c.message))
         };
-        let on = bmc::Reading::Power { on: true, at: now };
+        let on = bmc::Reading::Read(crate::api::BmcReading {
+            power: ObservedPower::On,
+            read_at: Time(now),
+        });
         let seen = Seen { bmc_reading: Some(&on), ..Seen::default() };
         let slot = leak(behind_bmc.clone());
         let read = plan(&StatusFacts { seen, node: Some(&silent), ..facts(slot) });
