@@ -18,12 +18,13 @@ endif
 ## real-machine tier (network namespaces running a real kubelet and containerd; needs root).
 ## The test executables of `cargo test --workspace --all-targets` run three at a time
 ## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
-## The programs the suites that run alone need are built first; the rest of the `machines`
-## profile builds beside the suites at nice 19, in the time they spend waiting on clocks.
+## The programs the suites that run alone need (the `cluster` profile) and the operator's image
+## (the tests' `image-test` profile) are built beside the test build; the rest of the Go programs
+## (the `all` profile) build beside the suites at nice 19, in the time they spend waiting on clocks.
 test:
-	tests/harness/build-binaries.sh autoscaler
 	tests/harness/install-power-peers.sh
-	$(if $(ONLY),,HOMELAB_TEST_BUILD_BESIDE=machines) tests/harness/run-tests.sh $(ONLY)
+	HOMELAB_TEST_BUILD_FIRST=cluster $(if $(ONLY),,HOMELAB_TEST_IMAGE_FIRST=1 HOMELAB_TEST_BUILD_BESIDE=all) \
+		tests/harness/run-tests.sh $(ONLY)
 
 ## test-fast: the library's unit and table tests and every suite that needs no control plane;
 ## nothing in Go is built or started (HOMELAB_TEST_NO_CONTROL_PLANE makes a suite that asks for

@@ -11,7 +11,9 @@
 #   scripts/build-image.sh [OUT.tar]     (default: $CARGO_TARGET_DIR/image/homelab-autoscaler.tar)
 #
 # Environment: IMAGE (default ghcr.io/homecluster-dev/homelab-autoscaler), TAG (default the
-# crate's version), CARGO_TARGET_DIR, HOMELAB_TEST_CACHE (where crane is built).
+# crate's version), IMAGE_PROFILE (the cargo profile of the binary, default `release`; the tests
+# pass `image-test`, Cargo.toml says why), CARGO_TARGET_DIR, HOMELAB_TEST_CACHE (where crane is
+# built).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,15 +22,19 @@ out=${1:-$target_dir/image/homelab-autoscaler.tar}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)
 image=${IMAGE:-ghcr.io/homecluster-dev/homelab-autoscaler}
 tag=${TAG:-$version}
+profile=${IMAGE_PROFILE:-release}
 triple=x86_64-unknown-linux-gnu
 log() { printf '[image] %s\n' "$*" >&2; }
 
-log "building the static binary (release, $triple, crt-static)"
+log "building the static binary ($profile, $triple, crt-static)"
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked --target "$triple" --bin homelab-autoscaler --manifest-path "$root/Cargo.toml"
-binary=$target_dir/$triple/release/homelab-autoscaler
+  cargo build --profile "$profile" --locked --target "$triple" --bin homelab-autoscaler --manifest-path "$root/Cargo.toml"
+# cargo's directory for a profile is its name, but `dev`'s is `debug`.
+profile_dir=$profile
+[[ $profile != dev ]] || profile_dir=debug
+binary=$target_dir/$triple/$profile_dir/homelab-autoscaler
 
-bin_dir=$("$root/tests/harness/build-binaries.sh" e2e | tail -n 1)
+bin_dir=$("$root/tests/harness/build-binaries.sh" image | tail -n 1)
 crane=$bin_dir/crane
 
 work=$(mktemp -d)

@@ -2,7 +2,9 @@
 //! packs it with crane into an OCI layout tarball. This unpacks that tarball as a runtime would
 //! (index → manifest → config and layer), checks the image's entrypoint, non-root user, platform
 //! and labels, and runs the binary taken out of the layer: statically linked (no ELF
-//! interpreter), it makes a CA and certificate with its TLS stack.
+//! interpreter), it makes a CA and certificate with its TLS stack. The binary is built with the
+//! tests' image profile (`image-test`, the release build without the optimizer): the script,
+//! target, static linking and packing are `make image`'s.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -49,6 +51,7 @@ fn make_image_packs_a_static_non_root_binary_that_runs_from_its_layer() {
     let out = Command::new(repo().join("scripts/build-image.sh"))
         .arg(&tarball)
         .env("TAG", "test")
+        .env("IMAGE_PROFILE", homelab_harness::real_lab::TEST_IMAGE_PROFILE)
         .output()
         .expect("run scripts/build-image.sh");
     assert!(

@@ -3,13 +3,15 @@
 # modules beside this script, into a cache outside the repository. Idempotent: a binary is
 # rebuilt only when its wrapper's go.mod/go.sum change. Prints the binary directory last.
 #
-#   build-binaries.sh [integration|cluster|autoscaler|storage|e2e|machines|all|lint|release]
+#   build-binaries.sh [integration|cluster|autoscaler|storage|e2e|machines|all|lint|release|image]
 #                                                                        (default: cluster)
 #
-# `machines` is `e2e` plus the programs of the harness's real machines (kubelet, containerd,
-# runc, CNI plugins, our pause); no other profile builds those. `lint` is actionlint alone (for
-# `make lint`), `release` helm and crane alone (for .github/workflows/release.yml); neither
-# builds a control plane.
+# Up to `e2e` each profile is the one before it plus a few programs. `machines` is `autoscaler`
+# plus the programs of the harness's real machines (kubelet, containerd, runc, CNI plugins, our
+# pause), and no e2e program: a real-machine suite does not wait on Prometheus. `all` is both
+# (what `make test` builds). `lint` is actionlint alone (for `make lint`), `release` helm and
+# crane alone (for .github/workflows/release.yml), `image` crane alone (scripts/build-image.sh);
+# none of those three builds a control plane.
 #
 # Environment:
 #   HOMELAB_TEST_ASSETS  a directory of prebuilt binaries (as envtest's KUBEBUILDER_ASSETS);
@@ -218,8 +220,8 @@ build_pause_image() {
 
 want=${1:-cluster}
 case "$want" in
-  integration|cluster|autoscaler|storage|e2e|machines|all|lint|release) ;;
-  *) echo "usage: $0 [integration|cluster|autoscaler|storage|e2e|machines|all|lint|release]" >&2; exit 2 ;;
+  integration|cluster|autoscaler|storage|e2e|machines|all|lint|release|image) ;;
+  *) echo "usage: $0 [integration|cluster|autoscaler|storage|e2e|machines|all|lint|release|image]" >&2; exit 2 ;;
 esac
 
 # Each program is built under a lock of its own, so two runs on one cache (the test runner's
@@ -271,6 +273,10 @@ if [[ $want == lint ]]; then
 fi
 if [[ $want == release ]]; then
   locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
+  locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
+  echo "$bin"; exit 0
+fi
+if [[ $want == image ]]; then
   locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
   echo "$bin"; exit 0
 fi
@@ -335,8 +341,8 @@ fi
 # libseccomp, statically (as runc's releases do), from Debian's libseccomp-dev, installed here
 # if missing. containerd's btrfs, devmapper and zfs snapshotters are left out (overlayfs only).
 # Cold build times on the 2-core dev machine are in src/machine/mod.rs. They come first in their
-# profile: the build beside the suites (`make test`) makes them while the first suites run, and
-# the real-machine suites start in the first lanes (the fault runs are among the longest).
+# profile: the build beside the suites (`make test`, profile `all`) makes them while the first
+# suites run, before the e2e programs, which no real-machine suite waits on.
 ensure_libseccomp() {
   [[ -x "${HOMELAB_TEST_ASSETS:-/nonexistent}/runc" ]] && return 0
   [[ -x "$bin/runc" && "$(cat "$(key_file runc)" 2>/dev/null)" == "$(wrapper_key runc)" ]] && return 0
@@ -354,7 +360,7 @@ build_runc() {
   ensure_libseccomp
   CGO_ENABLED=1 build runc "-extldflags=-static" "seccomp netgo osusergo" runc=github.com/opencontainers/runc
 }
-if [[ $want == machines ]]; then
+if [[ $want == machines || $want == all ]]; then
   if [[ $kube_version == "$kube_pin" ]]; then
     locked kubelet build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
   else
@@ -378,11 +384,11 @@ if [[ $want == machines ]]; then
 fi
 # `storage` adds rancher's local-path-provisioner, for the suites of pods whose volume lives on
 # one machine; every larger profile holds it too.
-if [[ $want == storage || $want == e2e || $want == machines || $want == all ]]; then
+if [[ $want == storage || $want == e2e || $want == all ]]; then
   locked local-path-provisioner build local-path-provisioner "" "" \
     local-path-provisioner=github.com/rancher/local-path-provisioner
 fi
-if [[ $want == e2e || $want == machines || $want == all ]]; then
+if [[ $want == e2e || $want == all ]]; then
   locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
   locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
   locked cert-manager build_cert_manager
@@ -392,7 +398,7 @@ fi
 # use static_configs; their SDKs are most of Prometheus's dependencies), and without the
 # `builtinassets` tag the web UI is not embedded (the API serves without it). Cold build time
 # on the 2-core dev machine: docs/testing.md.
-if [[ $want == e2e || $want == machines || $want == all ]]; then
+if [[ $want == e2e || $want == all ]]; then
   locked prometheus build prometheus "" "remove_all_sd" \
     prometheus=github.com/prometheus/prometheus/cmd/prometheus \
     promtool=github.com/prometheus/prometheus/cmd/promtool

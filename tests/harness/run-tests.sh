@@ -16,7 +16,12 @@
 # is printed if it fails. Every executable runs even after a failure; the exit status is 1 if
 # any failed.
 #
-# Environment: HOMELAB_TEST_LANES (default 3) executables at once. HOMELAB_TEST_BUILD_BESIDE names
+# Environment: HOMELAB_TEST_LANES (default 3) executables at once. HOMELAB_TEST_BUILD_FIRST names
+# a build-binaries.sh profile to build beside the test build (`make test` passes `cluster`, what
+# the suites that run alone need), and HOMELAB_TEST_IMAGE_FIRST=1 builds the operator's image
+# there too (scripts/build-image.sh with the tests' profile, handed to the suites as
+# HOMELAB_OPERATOR_IMAGE): on two cores the Go build and the two cargo builds fill each other's
+# serial stretches, and the first suite starts when all three are done. HOMELAB_TEST_BUILD_BESIDE names
 # a build-binaries.sh profile to build beside the suites, at nice 19 (`make test` passes
 # `machines`): the suites that run alone and many in the lanes wait on clocks, not on the CPU,
 # so the Go programs that only some suites need are built in that idle time instead of before
@@ -35,8 +40,10 @@ logs=${CARGO_TARGET_DIR:-$root/target}/test-logs
 # restarted in place). Short, so running them alone costs little.
 alone=(reliability_sigkill reliability_lease reliability_faults e2e_failover)
 # The longest suites start first so that no lane is left with a long one at the end; the rest
-# (new suites included) follow in name order.
-longest=(e2e_cluster_autoscaler install_image reliability_crash real_machines_faults real_machines_faults_autoscaler controllers)
+# (new suites included) follow in name order. The real-machine suites come after three that
+# need no real machine, so that on a cold cache the build beside the suites has made the
+# kubelet and containerd by the time they start.
+longest=(e2e_cluster_autoscaler controllers reliability_crash real_machines_faults real_machines_faults_autoscaler real_machines real_machines_drivers)
 
 names=()
 args=()
@@ -47,10 +54,40 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+cd "$root"
+rm -rf "$logs"
+mkdir -p "$logs"
+
+# The builds beside the test build (HOMELAB_TEST_BUILD_FIRST, HOMELAB_TEST_IMAGE_FIRST), each in
+# a process group of its own, so that a failed test build stops them whole.
+# before NAME WHAT COMMAND...: runs COMMAND beside the test build, its output in $logs/NAME.log.
+declare -A before_pid=() before_start=()
+before() {
+  local name=$1 what=$2; shift 2
+  printf 'run-tests: start  %s (%s) beside the test build\n' "$name" "$what"
+  before_start[$name]=$(date +%s)
+  setsid "$@" >"$logs/$name.log" 2>&1 &
+  before_pid[$name]=$!
+}
+stop_before() {
+  local pid
+  for pid in "${before_pid[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_before EXIT
+if [[ -n ${HOMELAB_TEST_BUILD_FIRST:-} ]]; then
+  before build-first "build-binaries.sh $HOMELAB_TEST_BUILD_FIRST" \
+    "$root/tests/harness/build-binaries.sh" "$HOMELAB_TEST_BUILD_FIRST"
+fi
+if [[ -n ${HOMELAB_TEST_IMAGE_FIRST:-} ]]; then
+  # The profile is the harness's TEST_IMAGE_PROFILE (tests/harness/src/real_lab.rs).
+  export HOMELAB_OPERATOR_IMAGE=${CARGO_TARGET_DIR:-$root/target}/image/homelab-autoscaler-tests.tar
+  before image-first "scripts/build-image.sh, profile image-test" env IMAGE_PROFILE=image-test \
+    "$root/scripts/build-image.sh" "$HOMELAB_OPERATOR_IMAGE"
+fi
+
 # Build everything first (compile errors stop here), then read the executables from cargo's
 # artifact messages: kind, name, executable, the package directory (cargo's working directory
 # for a test).
-cd "$root"
 artifacts=$(cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics |
   python3 -c '
 import json, os, sys
@@ -67,6 +104,22 @@ for line in sys.stdin:
         continue
     print(kind, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
 ')
+
+# Wait for the builds beside it; the Go build's log (each program's build time) is printed.
+for name in "${!before_pid[@]}"; do
+  status=0
+  wait "${before_pid[$name]}" || status=$?
+  took=$(($(date +%s) - ${before_start[$name]}))
+  unset "before_pid[$name]"
+  if [[ $status -ne 0 ]]; then
+    cat "$logs/$name.log"
+    printf 'run-tests: FAILED %s (exit %d, %ds)\n' "$name" "$status" "$took"
+    exit 1
+  fi
+  [[ $name != build-first ]] || grep -v '^go: downloading' "$logs/$name.log" || true
+  printf 'run-tests: ok     %s %ds\n' "$name" "$took"
+done
+trap - EXIT
 
 # The build is done (a second one finds nothing to do): the suites run under the load asked for.
 if [[ -n ${HOMELAB_TEST_LOAD:-} && -z ${HOMELAB_TEST_LOAD_STARTED:-} ]]; then
@@ -101,8 +154,6 @@ while IFS= read -r name; do
   [[ -n $name && -z ${placed[$name]:-} ]] && queue+=("$name")
 done < <(printf '%s\n' "${names[@]}" | sort)
 
-rm -rf "$logs"
-mkdir -p "$logs"
 failed=()
 started=$(date +%s)
 declare -A pid_name=() start_of=()

@@ -12,9 +12,11 @@ use tokio::sync::OnceCell;
 
 use crate::progress;
 
-/// Which programs a test binary needs, named as build-binaries.sh names its profiles. Each is
-/// the one before it plus a few programs, so they are ordered by what they hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Which programs a test binary needs, named as build-binaries.sh names its profiles. Up to
+/// [`Profile::E2e`] each is the one before it plus a few programs; [`Profile::Machines`] branches
+/// off at [`Profile::Autoscaler`], so that a real-machine suite never waits on a build of
+/// Prometheus or cert-manager, which it does not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
     /// etcd, kube-apiserver, kubectl.
     Integration,
@@ -27,7 +29,7 @@ pub enum Profile {
     /// Storage plus helm, crane, prometheus, promtool and cert-manager's controller and
     /// cainjector (built from their source).
     E2e,
-    /// E2e plus what the real machines of [`crate::machine`] run: kubelet, containerd,
+    /// Autoscaler plus what the real machines of [`crate::machine`] run: kubelet, containerd,
     /// containerd-shim-runc-v2, ctr, runc, the CNI plugins (in `cni/`), our pause program and
     /// the image made of it (`pause-image.tar`).
     Machines,
@@ -45,19 +47,19 @@ impl Profile {
         }
     }
 
-    /// What the profile runs: each profile is the one before it plus a few programs.
+    /// What the profile runs.
     fn programs(self) -> Vec<&'static str> {
         let mut programs = vec!["etcd", "kube-apiserver", "kubectl"];
         if self != Profile::Integration {
             programs.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
-        if self >= Profile::Autoscaler {
+        if !matches!(self, Profile::Integration | Profile::Cluster) {
             programs.push("cluster-autoscaler");
         }
-        if self >= Profile::Storage {
+        if matches!(self, Profile::Storage | Profile::E2e) {
             programs.push("local-path-provisioner");
         }
-        if self >= Profile::E2e {
+        if self == Profile::E2e {
             programs.extend([
                 "helm",
                 "crane",
@@ -82,6 +84,12 @@ impl Profile {
             ]);
         }
         programs
+    }
+
+    /// Whether this profile's programs include every one of `other`'s.
+    fn holds(self, other: Profile) -> bool {
+        let mine = self.programs();
+        other.programs().iter().all(|program| mine.contains(program))
     }
 }
 
@@ -118,8 +126,8 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
             profile.name()
         );
     }
-    // Each profile is a superset of the one before: once a larger one ran, use it.
-    let larger = PROFILES.iter().rev().take_while(|p| **p > profile);
+    // Once a profile that holds this one's programs ran, use it.
+    let larger = PROFILES.iter().filter(|p| **p != profile && p.holds(profile));
     if let Some(built) = larger.filter_map(|p| cell_of(*p).get()).next() {
         return Ok(built.clone());
     }
@@ -127,7 +135,7 @@ pub async fn binaries(profile: Profile) -> Result<Binaries> {
     cell.get_or_try_init(|| run_build_script(profile)).await.cloned()
 }
 
-/// Every profile, smallest first.
+/// Every profile.
 const PROFILES: [Profile; 6] = [
     Profile::Integration,
     Profile::Cluster,
@@ -198,4 +206,22 @@ async fn run_build_script(profile: Profile) -> Result<Binaries> {
         started.elapsed()
     ));
     Ok(Binaries { dir })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profiles_hold_what_their_suites_reuse() {
+        assert!(Profile::E2e.holds(Profile::Storage));
+        assert!(Profile::Storage.holds(Profile::Autoscaler));
+        assert!(Profile::Machines.holds(Profile::Autoscaler));
+        assert!(Profile::Autoscaler.holds(Profile::Cluster));
+        // A real-machine suite never waits on Prometheus or cert-manager, nor an e2e suite on a
+        // kubelet.
+        assert!(!Profile::Machines.holds(Profile::E2e));
+        assert!(!Profile::Machines.holds(Profile::Storage));
+        assert!(!Profile::E2e.holds(Profile::Machines));
+    }
 }

@@ -58,8 +58,13 @@ pub fn machine_settings() -> MachineSettings {
     }
 }
 
-/// The operator's image as `make image` builds it, once per test process; or the tarball that
-/// `HOMELAB_OPERATOR_IMAGE` names, built before. Returns the tarball and the image's name.
+/// The cargo profile of the tests' operator image (Cargo.toml's `image-test`: `make image`'s
+/// binary without the optimizer).
+pub const TEST_IMAGE_PROFILE: &str = "image-test";
+
+/// The operator's image as `make image` builds it (with [`TEST_IMAGE_PROFILE`]), once per test
+/// process; or the tarball that `HOMELAB_OPERATOR_IMAGE` names, built before (`make test` builds
+/// it beside the test build). Returns the tarball and the image's name.
 pub async fn operator_image() -> Result<(PathBuf, String)> {
     static IMAGE: OnceCell<(PathBuf, String)> = OnceCell::const_new();
     IMAGE
@@ -74,6 +79,7 @@ pub async fn operator_image() -> Result<(PathBuf, String)> {
             let out = target.join("image/homelab-autoscaler-machines.tar");
             let status = tokio::process::Command::new(root.join("scripts/build-image.sh"))
                 .arg(&out)
+                .env("IMAGE_PROFILE", TEST_IMAGE_PROFILE)
                 .status()
                 .await
                 .context("running scripts/build-image.sh")?;

@@ -24,10 +24,11 @@
 //! one at a time, kubelet_start.rs). containerd's CNI
 //! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too.
 //!
-//! Programs: `build-binaries.sh machines` (Profile::Machines), built on first use. Cold build
-//! times on the 2-core dev machine, with another Go build running beside them: kubelet 192 s
-//! (Go's cache already held the modules kube-apiserver shares with it), containerd + shim + ctr
-//! 141 s, runc 28 s (10 s more for seccomp), the CNI plugins 13 s, pause under 1 s.
+//! Programs: `build-binaries.sh machines` (Profile::Machines: the `autoscaler` profile and
+//! these), built on first use. Cold build times on the 2-core dev machine, with another Go build
+//! running beside them: kubelet 192 s (Go's cache already held the modules kube-apiserver shares
+//! with it), containerd + shim + ctr 141 s, runc 28 s (10 s more for seccomp), the CNI plugins
+//! 13 s, pause under 1 s.
 
 pub mod bmc;
 mod cgroups;
