@@ -23,6 +23,7 @@ pub mod node_declaration;
 pub mod operator;
 pub mod phase;
 pub mod pin_cli;
+pub mod placement;
 pub mod power;
 pub mod provider;
 pub mod quantity;

@@ -1,8 +1,9 @@
 //! The shape of the house (the dependency rules in docs/architecture.md), checked on the source:
 //! the built-in scaler and the simulator import nothing of the controllers, the caches import
-//! nothing of the parts that read them, and the provider's and the caches' modules import one
-//! another without cycles. A module's imports are the sibling modules its
-//! file names through `super::` or `crate::provider::` (tests included).
+//! nothing of the parts that read them, and no directory under `src/` holds modules that import
+//! one another in a circle. A module's imports are the sibling modules its file (or, for a
+//! directory module, its files) names through `super::` or `crate::<its directory>::` (tests and
+//! doc links included).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -14,31 +15,58 @@ fn source_of(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// The sibling modules of `src/<dir>/` each of its files names.
+/// The sibling modules of `src/<dir>/` (files and directories with a `mod.rs`) each of them
+/// names.
 fn module_graph(dir: &str) -> Graph {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let entries = std::fs::read_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let modules: BTreeSet<String> = entries
-        .map(|e| e.expect("directory entry").file_name().to_string_lossy().into_owned())
-        .filter_map(|name| name.strip_suffix(".rs").map(str::to_owned))
-        .filter(|name| name != "mod")
+        .map(|e| e.expect("directory entry").path())
+        .filter_map(|entry| {
+            let name = entry.file_name()?.to_string_lossy().into_owned();
+            match name.strip_suffix(".rs") {
+                Some(module) => (module != "mod").then(|| module.to_owned()),
+                None => entry.join("mod.rs").is_file().then_some(name),
+            }
+        })
         .collect();
+    let own_path = format!("crate::{}::", dir.replace('/', "::"));
     modules
         .iter()
         .map(|module| {
-            let source = source_of(&dir, &format!("{module}.rs"));
-            let named = named_modules(&source);
+            let file = path.join(format!("{module}.rs"));
+            let files = if file.is_file() { vec![file] } else { rust_files(&path.join(module)) };
+            let source: String = files
+                .iter()
+                .map(|f| std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{f:?}: {e}")))
+                .collect();
+            let named = named_modules(&source, &own_path);
             let imports = modules.iter().filter(|m| *m != module && named.contains(*m)).cloned();
             (module.clone(), imports.collect())
         })
         .collect()
 }
 
-/// Every first path segment after `super::`, `super::super::` or `crate::provider::`, including
-/// each one of a `super::{a::x, b}` group.
-fn named_modules(source: &str) -> BTreeSet<String> {
+/// Every directory under `src/` that holds modules, as a path below `src/` (`controller/slot`).
+fn module_directories() -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs: Vec<String> = rust_files(&src)
+        .into_iter()
+        .filter(|file| file.file_name().is_some_and(|n| n == "mod.rs"))
+        .filter_map(|file| {
+            let dir = file.parent()?.strip_prefix(&src).ok()?.to_string_lossy().into_owned();
+            Some(dir)
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Every first path segment after `super::`, `super::super::` or `own_path`
+/// (`crate::provider::`), including each one of a `super::{a::x, b}` group.
+fn named_modules(source: &str, own_path: &str) -> BTreeSet<String> {
     let mut named = BTreeSet::new();
-    for prefix in ["super::", "crate::provider::"] {
+    for prefix in ["super::", own_path] {
         for (at, _) in source.match_indices(prefix) {
             let mut rest = &source[at + prefix.len()..];
             while let Some(deeper) = rest.strip_prefix("super::") {
@@ -143,12 +171,26 @@ fn the_scaler_and_the_simulator_import_nothing_of_the_controllers() {
 }
 
 #[test]
-fn the_provider_modules_import_one_another_without_cycles() {
-    let graph = module_graph("provider");
-    assert!(graph.contains_key("slot_choice") && graph.contains_key("pricing"), "{graph:?}");
-    if let Some(cycle) = find_cycle(&graph) {
-        panic!("the provider's modules import one another in a circle: {}", cycle.join(" -> "));
+fn no_directory_under_src_holds_modules_that_import_each_other_in_a_circle() {
+    let dirs = module_directories();
+    for expected in ["provider", "scaler", "placement", "controller/slot", "tls"] {
+        assert!(dirs.iter().any(|d| d == expected), "{expected} not among {dirs:?}");
     }
+    let provider = module_graph("provider");
+    assert!(provider.contains_key("slot_choice") && provider.contains_key("pricing"));
+    assert!(module_graph("controller").contains_key("slot"), "directory modules are scanned");
+    let circles: Vec<String> = dirs
+        .iter()
+        .filter_map(|dir| {
+            find_cycle(&module_graph(dir)).map(|cycle| format!("src/{dir}: {}", cycle.join(" -> ")))
+        })
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "modules import one another in a circle; move what both need below them (a module of \
+         its own, or crate::api for shared names):\n{}",
+        circles.join("\n")
+    );
 }
 
 /// The parts that read the caches, and those above them: `src/cache/` must name none of them.
@@ -195,10 +237,14 @@ fn the_scan_finds_imports_and_cycles() {
     let named = named_modules(
         "use super::error::E;\nuse super::{Caller, groups::G, slot_choice};\n\
          use super::super::template::tests::t;\nlet x = crate::provider::pricing::f();",
+        "crate::provider::",
     );
     for module in ["error", "Caller", "groups", "slot_choice", "template", "pricing"] {
         assert!(named.contains(module), "{module} not found in {named:?}");
     }
+    let nested =
+        named_modules("use crate::controller::slot::drain::D;", "crate::controller::slot::");
+    assert!(nested.contains("drain"), "{nested:?}");
 
     let graph = |edges: &[(&str, &str)]| {
         let mut g = Graph::new();

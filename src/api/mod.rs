@@ -52,6 +52,11 @@ pub const ANNOTATION_ATTEMPTS_RESET_AT: &str = "infra.homecluster.dev/attempts-r
 /// pod spec that says `confirmsPowerState`. Written when the Job is made, so a later edit of the
 /// slot does not change what a finished Job proved.
 pub const ANNOTATION_CONFIRMS_OFF: &str = "infra.homecluster.dev/confirms-off";
+/// The label every node carries with its own name (set by the kubelet).
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// The node's operating system (set by the kubelet). A homelab pool's machines run Linux, and
+/// pods (Helm charts especially) often select on it.
+pub const OS_LABEL: &str = "kubernetes.io/os";
 /// The category that makes `kubectl get homelab` list all three kinds.
 pub const CATEGORY: &str = "homelab";
 /// The namespace everything lives in unless the operator is told otherwise.

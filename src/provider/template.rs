@@ -13,17 +13,13 @@ use k8s_pb::api::core::v1 as pb;
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::api::LABEL_GROUP;
+use crate::api::{HOSTNAME_LABEL, LABEL_GROUP, OS_LABEL};
 
 use super::error::ProviderError;
 use super::groups::{GroupSnapshot, SlotState};
 use super::slot_choice::{candidate, choose};
 use super::{Caller, Provider};
 
-/// The label a node's name is mirrored in; a template stands for no particular host.
-const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-/// Nodes of a homelab pool run Linux; pods (and DaemonSets) commonly select on it.
-const OS_LABEL: &str = "kubernetes.io/os";
 /// The kubelet's default pod capacity, used when a slot does not declare `pods`: without it the
 /// scheduler's simulation would fit no pod at all on the template.
 const DEFAULT_PODS: &str = "110";

@@ -30,17 +30,14 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
 
-use super::classify::is_work;
-use super::placement::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
 use super::target::Limits;
-use super::volumes::{BoundVolume, VolumeIndex};
 use crate::api::{LocalVolume, NodeClaimPhase, ScalingDriver};
 use crate::phase;
+use crate::placement::pods::{PodKey, is_work, pod_key};
+use crate::placement::shape::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
+use crate::placement::volumes::{BoundVolume, VolumeIndex};
 use crate::provider::GroupSnapshot;
 use crate::provider::template::representative;
-
-/// A pod, as `namespace/name`.
-pub type PodKey = (String, String);
 
 /// A slot to wake for a bound pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -272,13 +269,6 @@ fn nominated(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.nominated_node_name.as_deref())
         .is_some_and(|n| !n.is_empty())
-}
-
-pub(super) fn pod_key(pod: &Pod) -> PodKey {
-    (
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        pod.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 fn reason(pod: &str, slots: &[&str], volumes: &[BoundVolume]) -> String {

@@ -1,9 +1,7 @@
 //! From one pass's listings to one pool's [`PoolView`]. Pure (no client): the lists are taken
 //! by `observe`, the pool's slots and claims come from the provider's snapshot.
 //!
-//! A pod is *work* unless it is finished, being deleted, a DaemonSet's (it runs wherever a
-//! machine is and dies with it), a mirror pod, or one of the operator's own lifecycle pods
-//! (they run on the machines' LAN, never on the pool). Work is this pool's when:
+//! A pod is *work* as [`crate::placement::pods`] says. Work is this pool's when:
 //!
 //! - it is bound to one of the pool's nodes (it holds that machine), or
 //! - it is unbound, a machine of the pool would admit it (selectors, affinity, taints), it is
@@ -24,18 +22,15 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{
     Node as CoreNode, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::bound_pods::{PodKey, pod_key};
-use super::placement::{NodeShape, Template, admits, fits, shape_of, takes_pods};
 use super::pool_view::{Machine, PoolView, Workload};
-use super::volumes::VolumeIndex;
-use crate::api::{LABEL_LIFECYCLE, LABEL_MANAGED_BY, NodeClaimPhase};
+use crate::api::NodeClaimPhase;
 use crate::phase;
+use crate::placement::pods::{PodKey, controller_of, is_work, pod_key};
+use crate::placement::shape::{NodeShape, Template, admits, fits, shape_of, takes_pods};
+use crate::placement::volumes::VolumeIndex;
 use crate::provider::{GroupSnapshot, SlotState, provider_id_of};
-
-/// The annotation the kubelet puts on the API mirror of a static pod.
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Everything one pass read of the cluster, shared by every pool the pass decides for.
 #[derive(Clone, Debug, Default)]
@@ -131,24 +126,6 @@ pub fn observe_group(
     }
 }
 
-/// Whether a pod takes a place on a machine (see the module docs).
-pub fn is_work(pod: &Pod) -> bool {
-    let meta = &pod.metadata;
-    let finished = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Succeeded" || p == "Failed");
-    let daemon = controller_of(meta).is_some_and(|o| o.kind == "DaemonSet");
-    let mirror = meta.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_ANNOTATION));
-    let labels = meta.labels.as_ref();
-    let lifecycle = labels.is_some_and(|l| {
-        l.get(LABEL_MANAGED_BY.0).is_some_and(|v| v == LABEL_MANAGED_BY.1)
-            && l.contains_key(LABEL_LIFECYCLE)
-    });
-    !finished && meta.deletion_timestamp.is_none() && !daemon && !mirror && !lifecycle
-}
-
 /// The scheduler tried and found no node: `PodScheduled=False` with reason `Unschedulable`.
 pub fn judged_unschedulable(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
@@ -158,10 +135,6 @@ pub fn judged_unschedulable(pod: &Pod) -> bool {
                 && c.reason.as_deref() == Some("Unschedulable")
         })
     })
-}
-
-fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references.iter().flatten().find(|o| o.controller == Some(true))
 }
 
 /// ReplicaSets owned by a Deployment, as `(namespace, name) -> deployment name`.
@@ -273,7 +246,8 @@ mod tests {
 
     use super::super::demand::demand;
     use super::*;
-    use crate::api::{LABEL_GROUP, NodeClaim};
+    use crate::api::{LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY, NodeClaim};
+    use crate::placement::pods::MIRROR_ANNOTATION;
     use crate::provider::groups::tests::{claim, group, marked, slot};
 
     fn pod(name: &str, spec: Value, status: Value) -> Pod {

@@ -6,10 +6,11 @@
 //! The pure model, no I/O and no client: [`observation`] (what a pass saw of a pool, as counts),
 //! [`demand`] (the pod-work count and intent), [`target`] (machines for a demand, within
 //! podsPerNode and maxNodes), [`decide`] (what to do, with the hold and per-node scale-in).
-//! [`placement`], [`volumes`] and [`classify`] turn Kubernetes objects into an observation (pure,
-//! but typed on the Kubernetes API); [`bound_pods`] plans for the pods only some machines can
-//! run, in every pool whatever its driver. The rest does I/O: `observe` (the pass's lists), `act` (through the
-//! provider), `status` (`Group.status.lastDecision`) and [`run`] (the loop).
+//! [`classify`] turns Kubernetes objects into an observation (pure, but typed on the Kubernetes
+//! API), judging where pods fit with [`crate::placement`]; [`bound_pods`] plans for the pods only
+//! some machines can run, in every pool whatever its driver. The rest does I/O: `list_cluster`
+//! (the pass's lists), `act` (through the provider), `status` (`Group.status.lastDecision`) and
+//! [`run`] (the loop).
 
 mod act;
 pub mod bound_pods;
@@ -18,12 +19,10 @@ pub mod decide;
 pub mod demand;
 mod error;
 mod list_cluster;
-pub mod placement;
 pub mod pool_view;
 mod run;
 mod status;
 pub mod target;
-pub mod volumes;
 mod wake;
 
 pub use act::{Acted, node_ref};

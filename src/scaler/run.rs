@@ -24,6 +24,7 @@ use super::error::ScalerError;
 use super::{act, bound_pods, classify, list_cluster, status, wake};
 use crate::api::ScalingDriver;
 use crate::claim::Timeouts;
+use crate::placement::pods::PodKey;
 use crate::provider::{GroupSnapshot, Provider, ProviderConfig};
 use crate::telemetry;
 
@@ -176,7 +177,7 @@ impl Scaler {
         &mut self,
         view: &classify::ClusterView,
         snapshot: &GroupSnapshot,
-        bound: &HashSet<bound_pods::PodKey>,
+        bound: &HashSet<PodKey>,
     ) -> Result<(), ScalerError> {
         let name = snapshot.name().to_owned();
         let observation = classify::observe_group(view, snapshot, bound);

@@ -1,5 +1,5 @@
 //! A CA of the operator's own and the certificates it signs, with the lifetimes that decide when
-//! each is renewed. Pure: no I/O. [`super::ca_secret`] keeps the CA in a Secret that every
+//! each is renewed. Pure: no I/O. `ca_secret` keeps the CA in a Secret that every
 //! replica shares.
 
 use std::net::IpAddr;

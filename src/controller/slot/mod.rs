@@ -111,7 +111,7 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         let reading = meter::read_if_due(&ctx, &slot).await;
         let silent = matches!(machine::Kubelet::of(node.as_deref()), machine::Kubelet::Silent { .. });
         let bmc_reading = bmc::read_if_due(&ctx, &slot, silent).await;
-        let seen = observe::Seen {
+        let seen = status_plan::Seen {
             reading: reading.as_ref(),
             bmc_reading: bmc_reading.as_ref(),
             hold: shutdown.hold.as_ref(),

@@ -5,9 +5,7 @@
 use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, Patch};
 
-use super::drain::DrainHold;
-use super::meter::Reading;
-use super::status_plan::{self, StatusFacts};
+use super::status_plan::{self, Seen, StatusFacts};
 use crate::api::{Node, NodeClaim, NodeStatus};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_stale_write};
@@ -57,19 +55,6 @@ pub async fn write_node(
             }
         }
     }
-}
-
-/// What this pass of the slot's reconcile saw besides the objects: the plug meter's and the
-/// BMC's readings (when one was due) and a drain that disruption budgets hold back.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Seen<'a> {
-    pub reading: Option<&'a Reading>,
-    pub bmc_reading: Option<&'a super::bmc::Reading>,
-    pub hold: Option<&'a DrainHold>,
-    /// The shutdown pass's new count of attempts no claim counts; `None` keeps the stored one.
-    pub streak: Option<&'a crate::api::ShutdownStreak>,
-    /// The machine has no node, and its plug reads it drawing power.
-    pub on_without_node: bool,
 }
 
 /// Writes the slot's status when [`status_plan::plan`] changed it, and publishes the events it

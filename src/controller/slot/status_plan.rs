@@ -12,7 +12,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 
 use super::meter::{self, Reading};
-use super::observe::Seen;
 use super::undeclared;
 use super::{bmc, drain};
 use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest, TaintSelector};
@@ -32,6 +31,19 @@ const OWN: [&str; 7] = [
     "NodeReporting",
     "Drained",
 ];
+
+/// What this pass of the slot's reconcile saw besides the objects: the plug meter's and the
+/// BMC's readings (when one was due) and a drain that disruption budgets hold back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen<'a> {
+    pub reading: Option<&'a Reading>,
+    pub bmc_reading: Option<&'a bmc::Reading>,
+    pub hold: Option<&'a drain::DrainHold>,
+    /// The shutdown pass's new count of attempts no claim counts; `None` keeps the stored one.
+    pub streak: Option<&'a crate::api::ShutdownStreak>,
+    /// The machine has no node, and its plug reads it drawing power.
+    pub on_without_node: bool,
+}
 
 /// What one pass knows of a slot.
 #[derive(Clone, Copy, Debug)]

@@ -15,13 +15,8 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::volumes::BoundVolume;
-use crate::api::{LABEL_GROUP, LABEL_SLOT, Node as Slot};
+use crate::api::{HOSTNAME_LABEL, LABEL_GROUP, LABEL_SLOT, Node as Slot, OS_LABEL};
 use crate::machine;
-
-/// The label every node carries with its own name.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-/// A homelab pool's machines run Linux, and pods (Helm charts especially) often select on it.
-pub const OS_LABEL: &str = "kubernetes.io/os";
 
 /// A node as placement sees it.
 #[derive(Clone, Copy, Debug)]

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, Pod,
 };
 
-use super::placement::HOSTNAME_LABEL;
+use crate::api::HOSTNAME_LABEL;
 
 /// The annotation the scheduler sets on a `WaitForFirstConsumer` claim once it picked a node.
 pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
