@@ -3,7 +3,7 @@
 //! (index → manifest → config and layer), checks the image's entrypoint, non-root user, platform
 //! and labels, and runs the binary taken out of the layer: statically linked (no ELF
 //! interpreter), it makes a CA and certificate with its TLS stack. The binary is built with the
-//! tests' image profile (`image-test`, the release build without the optimizer): the script,
+//! tests' image profile (`image-test`, the debug profile's build, stripped): the script,
 //! target, static linking and packing are `make image`'s.
 
 use std::path::{Path, PathBuf};

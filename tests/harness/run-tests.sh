@@ -23,7 +23,7 @@
 # HOMELAB_OPERATOR_IMAGE): on two cores the Go build and the two cargo builds fill each other's
 # serial stretches, and the first suite starts when all three are done. HOMELAB_TEST_BUILD_BESIDE names
 # a build-binaries.sh profile to build beside the suites, at nice 19 (`make test` passes
-# `machines`): the suites that run alone and many in the lanes wait on clocks, not on the CPU,
+# `all`): the suites that run alone and many in the lanes wait on clocks, not on the CPU,
 # so the Go programs that only some suites need are built in that idle time instead of before
 # every suite. A suite that needs one first waits on that program's lock (or builds it); the
 # runner waits for the build at the end and reports it like a suite. HOMELAB_TEST_LOAD=N runs

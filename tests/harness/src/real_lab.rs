@@ -58,8 +58,8 @@ pub fn machine_settings() -> MachineSettings {
     }
 }
 
-/// The cargo profile of the tests' operator image (Cargo.toml's `image-test`: `make image`'s
-/// binary without the optimizer).
+/// The cargo profile of the tests' operator image (Cargo.toml's `image-test`: the debug
+/// profile's build without debug info, where `make image` builds `release`).
 pub const TEST_IMAGE_PROFILE: &str = "image-test";
 
 /// The operator's image as `make image` builds it (with [`TEST_IMAGE_PROFILE`]), once per test
