@@ -16,13 +16,14 @@ use homelab_autoscaler::api::{
 };
 use homelab_autoscaler::claim::REQUESTED_BY_SCALER;
 use homelab_autoscaler::provider::{Caller, Provider, ProviderConfig, ProviderError};
+use homelab_autoscaler::simulator::kubelet::NODE_LABELS_ANNOTATION;
 use homelab_harness::claims::phase;
 use homelab_harness::lab::{Lab, With};
 use homelab_harness::{eventually, is_ready};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
@@ -47,6 +48,11 @@ trait ScalerSteps {
         builtin: Value,
         node_labels: Value,
     ) -> Vec<String>;
+    /// [`ScalerSteps::pool`] with one slot per entry of `slots`, each merged into its slot's
+    /// spec (capacity, pricing, labels).
+    async fn pool_of(&self, group: &str, builtin: Value, slots: Vec<Value>) -> Vec<String>;
+    /// Waits until the pod `name` runs on the node `node`.
+    async fn pod_runs_on(&self, name: &str, node: &str);
     /// A bare pod (no owner) with `spec` merged into a one-container pod spec.
     async fn bare_pod(&self, name: &str, spec: Value);
     async fn last_decision(&self, group: &str) -> anyhow::Result<ScalerDecision>;
@@ -74,6 +80,10 @@ impl ScalerSteps for Lab {
         builtin: Value,
         node_labels: Value,
     ) -> Vec<String> {
+        self.pool_of(group, builtin, vec![json!({ "nodeLabels": node_labels }); slots]).await
+    }
+
+    async fn pool_of(&self, group: &str, builtin: Value, slots: Vec<Value>) -> Vec<String> {
         let object: Group = serde_json::from_value(json!({
             "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
             "metadata": { "name": group },
@@ -86,16 +96,19 @@ impl ScalerSteps for Lab {
         .expect("group");
         let slots_api: Api<Node> = Api::namespaced(self.client.clone(), &self.ns);
         let mut names = Vec::new();
-        for i in 1..=slots {
+        for (i, extra) in (1..).zip(slots) {
             let name = format!("{}-{group}-{i}", self.ns);
             let pod = json!({ "image": "registry.invalid/power:1", "nodeSelector": { "homelab.test/lab": self.ns } });
+            let mut spec = json!({
+                "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod,
+            });
+            for (key, value) in extra.as_object().expect("a slot spec object") {
+                spec[key] = value.clone();
+            }
             let slot: Node = serde_json::from_value(json!({
                 "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
                 "metadata": { "name": name, "labels": { "group": group } },
-                "spec": {
-                    "kubernetesNodeName": name, "startupPodSpec": pod, "shutdownPodSpec": pod,
-                    "nodeLabels": node_labels,
-                },
+                "spec": spec,
             }))
             .expect("slot");
             slots_api.create(&PostParams::default(), &slot).await.expect("create slot");
@@ -121,6 +134,16 @@ impl ScalerSteps for Lab {
         }))
         .expect("pod");
         self.pods().create(&PostParams::default(), &pod).await.expect("create pod");
+    }
+
+    async fn pod_runs_on(&self, name: &str, node: &str) {
+        eventually(&format!("{name} running on {node}"), ACT, || async {
+            let pod = self.pods().get(name).await?;
+            ensure!(running_on(&pod) == Some(node), "{:?}", pod.status);
+            Ok(())
+        })
+        .await
+        .expect("the pod runs where it was woken for");
     }
 
     async fn last_decision(&self, group: &str) -> anyhow::Result<ScalerDecision> {
@@ -518,4 +541,205 @@ async fn a_deployment_of_two_replicas_counts_two_not_four() {
     lab.over_passes("deploy", Timestamp::now(), QUIET_PASSES, TwoOfTwo).await;
     watching.abort();
     assert_eq!(highest.load(Ordering::SeqCst), 2, "no decision ever counted the Deployment twice");
+}
+
+/// A pod pinned to one machine that cannot run it once it is up (it asks for more memory than
+/// the machine has; placement judges labels and taints, not resources) wakes that machine once.
+/// The scheduler's refusal on the woken machine stops the waking, with a Warning on the pod
+/// quoting it: the pool boots no other machine for the pod, and once the hold has released the
+/// machine, no pass wakes it again. A pod that went back into the pool's count once its machine
+/// was up, and woke the released machine again, cost a power cycle per hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_its_woken_machine_cannot_run_wakes_it_once() {
+    let lab = Lab::start("scaler-loop", With::ControllersAndScaler).await;
+    let ever = homelab_harness::real_lab::first_seen(lab.claims());
+    let small = json!({ "nodeCapacity": { "cpu": "2", "memory": "1Gi", "pods": "110" } });
+    let slots = lab
+        .pool_of("loop", json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }), vec![small; 2])
+        .await;
+    let pinned_to = &slots[0];
+    lab.bare_pod(
+        "too-big",
+        json!({
+            "nodeSelector": { "kubernetes.io/hostname": pinned_to },
+            "containers": [{
+                "name": "app", "image": "registry.invalid/app:1",
+                "resources": { "requests": { "memory": "4Gi" } },
+            }],
+        }),
+    )
+    .await;
+
+    let quoted = eventually("a Warning on the pod quoting the scheduler", ACT, || async {
+        let events: Api<Event> = Api::namespaced(lab.client.clone(), &lab.ns);
+        let list =
+            events.list(&ListParams::default().fields("involvedObject.name=too-big")).await?;
+        let warning = list
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("WokenMachineCannotRunPod"))
+            .context("no WokenMachineCannotRunPod event yet")?;
+        Ok(warning.message.unwrap_or_default())
+    })
+    .await
+    .expect("the scaler stops waking for the pod and says why");
+    assert!(quoted.contains("Insufficient memory"), "the scheduler's reason quoted: {quoted}");
+    assert!(quoted.contains(pinned_to.as_str()), "the machine named: {quoted}");
+
+    // The hold releases the machine; then passes go by with the pod still pending.
+    eventually("the woken machine released", RELEASE, || async {
+        let live = lab.live_claims().await?;
+        ensure!(live.is_empty(), "{} live claims", live.len());
+        Ok(())
+    })
+    .await
+    .expect("released after the hold");
+    lab.over_passes("loop", Timestamp::now(), QUIET_PASSES, WokenOnce(ever)).await;
+    let pod = lab.pods().get("too-big").await.expect("the pod");
+    assert_eq!(running_on(&pod), None, "the pod never ran");
+}
+
+/// One claim ever made, on the pinned pod's machine.
+struct WokenOnce(Arc<std::sync::Mutex<std::collections::HashMap<String, NodeClaim>>>);
+
+impl AsyncCheck for WokenOnce {
+    async fn check(&self, _: &Lab, decision: &ScalerDecision) {
+        let made: Vec<String> = self
+            .0
+            .lock()
+            .map(|m| m.values().map(|c| c.spec.slot_ref.name.clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(made.len(), 1, "claims made on {made:?} for one pod ({decision:?})");
+    }
+}
+
+/// A pool of two cheap machines and a GPU box: the GPU slot declares `nvidia.com/gpu: 1` in its
+/// capacity and costs the most, and its simulated kubelet's Node offers the GPU, as a device
+/// plugin's registration makes a real one do. Work that needs no GPU wakes the cheapest machine
+/// and never the GPU box; a pod that asks for the GPU wakes the GPU box, and only it, while a
+/// cheap machine is still free, and runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_machine_is_woken_only_for_gpu_work() {
+    let lab = Lab::start("scaler-gpu", With::ControllersAndScaler).await;
+    let ever = homelab_harness::real_lab::first_seen(lab.claims());
+    let machine = |rate: f64, capacity: Value| json!({ "nodeCapacity": capacity, "pricing": { "hourlyRate": rate } });
+    let slots = lab
+        .pool_of(
+            "gpu",
+            json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 3 }),
+            vec![
+                machine(0.01, json!({ "cpu": "4", "memory": "8Gi", "pods": "110" })),
+                machine(0.02, json!({ "cpu": "4", "memory": "8Gi", "pods": "110" })),
+                machine(
+                    0.10,
+                    json!({ "cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "1" }),
+                ),
+            ],
+        )
+        .await;
+    let (cheapest, gpu_box) = (&slots[0], &slots[2]);
+
+    lab.bare_pod("cpu-work", json!({ "nodeSelector": { LABEL_GROUP: "gpu" } })).await;
+    let claims = lab.live_claims_reach(1).await;
+    assert_eq!(&claims[0].spec.slot_ref.name, cheapest, "CPU work wakes the cheapest machine");
+    lab.pod_runs_on("cpu-work", cheapest).await;
+
+    lab.bare_pod(
+        "gpu-work",
+        json!({
+            "nodeSelector": { LABEL_GROUP: "gpu" },
+            "containers": [{
+                "name": "app", "image": "registry.invalid/app:1",
+                "resources": { "limits": { "nvidia.com/gpu": "1" } },
+            }],
+        }),
+    )
+    .await;
+    let claims = lab.live_claims_reach(2).await;
+    let woken: BTreeSet<&str> = claims.iter().map(|c| c.spec.slot_ref.name.as_str()).collect();
+    assert_eq!(woken, BTreeSet::from([cheapest.as_str(), gpu_box.as_str()]));
+    lab.pod_runs_on("gpu-work", gpu_box).await;
+    let made: Vec<String> = ever
+        .lock()
+        .map(|m| m.values().map(|c| c.spec.slot_ref.name.clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(made.len(), 2, "one machine each, never the second cheap one: {made:?}");
+}
+
+/// A PersistentVolume keyed on a label the machine's kubelet puts on its Node (TopoLVM's
+/// `topology.topolvm.io/node`, here through `--node-labels`), which the slot does not declare.
+/// The slot records the labels its Node carried when last seen, so once the machine has been up,
+/// a pod whose volume is keyed so wakes it. A template of declared labels alone fitted no slot:
+/// the pod was never woken, and nothing said why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_keyed_on_a_label_the_kubelet_registers_wakes_its_machine() {
+    let lab = Lab::start("scaler-lvm", With::ControllersAndScaler).await;
+    let slots = lab
+        .pool("lvm", 2, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }), json!({}))
+        .await;
+    let disk = &slots[1];
+    let key = "topology.topolvm.io/node";
+    let registers = json!({ "metadata": { "annotations": {
+        NODE_LABELS_ANNOTATION: format!("{key}={disk}"),
+    } } });
+    lab.slots()
+        .patch(disk, &PatchParams::default(), &Patch::Merge(&registers))
+        .await
+        .expect("the kubelet's --node-labels");
+
+    // Up once, for a pod pinned to it by hostname: the slot learns its node's labels.
+    lab.bare_pod("first", json!({ "nodeSelector": { "kubernetes.io/hostname": disk } })).await;
+    lab.pod_runs_on("first", disk).await;
+    lab.pods().delete("first", &DeleteParams::default()).await.expect("delete the first pod");
+    eventually("the machine released", RELEASE, || async {
+        let live = lab.live_claims().await?;
+        ensure!(live.is_empty(), "{} live claims", live.len());
+        Ok(())
+    })
+    .await
+    .expect("released after the hold");
+
+    let volume_name = format!("{}-lvm-data", lab.ns);
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": { "name": volume_name },
+        "spec": {
+            "capacity": { "storage": "1Gi" }, "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": { "path": "/var/lib/lvm-data" },
+            "claimRef": { "namespace": lab.ns, "name": "data" },
+            "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
+                { "key": key, "operator": "In", "values": [disk] },
+            ] }] } },
+        },
+    }))
+    .expect("volume");
+    let volumes: Api<PersistentVolume> = Api::all(lab.client.clone());
+    volumes.create(&PostParams::default(), &volume).await.expect("create the volume");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": "data" },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume_name,
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))
+    .expect("claim");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(lab.client.clone(), &lab.ns);
+    claims.create(&PostParams::default(), &claim).await.expect("create the claim");
+    lab.bare_pod(
+        "db",
+        json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "data" } }] }),
+    )
+    .await;
+
+    let woken = lab.live_claims_reach(1).await;
+    assert_eq!(&woken[0].spec.slot_ref.name, disk, "the machine the volume is on");
+    let reason = woken[0].spec.request.reason.as_deref().unwrap_or_default();
+    assert!(reason.contains(&volume_name), "the claim names the volume: {reason}");
+    lab.pod_runs_on("db", disk).await;
+    let slot = lab.slots().get(disk).await.expect("the slot");
+    let labels = slot.status.map(|s| s.node_labels).unwrap_or_default();
+    assert_eq!(labels.get(key), Some(disk), "status.nodeLabels: {labels:?}");
+    volumes.delete(&volume_name, &DeleteParams::default()).await.expect("delete the volume");
 }

@@ -210,6 +210,13 @@ pub struct NodeStatus {
     /// why a read failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmc_reading: Option<BmcReading>,
+    /// The labels the machine's node carried when last seen, less its hostname and the
+    /// operator's own: what the kubelet's `--node-labels`, a CSI plugin (`topology.topolvm.io/node`,
+    /// `openebs.io/nodename`) or node feature discovery put there. Placement and
+    /// cluster-autoscaler's template count them as the node's while the machine is off, the
+    /// declared `spec.nodeLabels` winning where both name a key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
     /// Running pods whose PersistentVolumes no other machine can serve (a `local-path` or
     /// `local` volume on this machine's disk): the machine holds their data. The built-in
     /// scaler never releases a machine that runs a pod, and when such a pod is pending with its

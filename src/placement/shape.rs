@@ -1,22 +1,30 @@
 //! Whether a pod could go on a node, judged by what the scheduler judges first and what a
 //! machine that is not up yet can already answer: labels (`nodeSelector` and required node
-//! affinity), the node's name (`matchFields`), and taints (tolerations). Resources are left to
-//! the scheduler: it marks a pod that fits nowhere `Unschedulable`, and the scaler believes it.
+//! affinity), the node's name (`matchFields`), taints (tolerations), and the extended resources
+//! the pod asks for (`nvidia.com/gpu`, any `vendor/resource`): a machine that has none of a
+//! device can never run a pod that needs one. CPU, memory and the pods already on a machine are
+//! left to the scheduler: it marks a pod that fits nowhere `Unschedulable`, and the scaler
+//! believes it.
 //!
-//! A pool's machines are judged by their template: the labels and taints the slot says its node
-//! carries, plus the labels the operator mirrors onto it. [`fits`] adds the node affinity of the
+//! A pool's machines are judged by their template: the labels, taints and capacity the slot says
+//! its node carries, plus the labels the operator mirrors onto it. [`fits`] adds the node affinity of the
 //! pod's bound volumes ([`super::volumes`]), as the scheduler's VolumeBinding filter does.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node as CoreNode, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint,
-    Toleration,
+    Container, Node as CoreNode, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec,
+    Taint, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::volumes::BoundVolume;
 use crate::api::{HOSTNAME_LABEL, LABEL_GROUP, LABEL_SLOT, Node as Slot, OS_LABEL};
 use crate::machine;
+use crate::quantity;
+
+/// A node that offers nothing beyond what every node has.
+static NO_RESOURCES: BTreeMap<String, Quantity> = BTreeMap::new();
 
 /// A node as placement sees it.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +32,8 @@ pub struct NodeShape<'a> {
     pub name: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub taints: &'a [Taint],
+    /// What it offers: a real node's allocatable, a slot's declared capacity.
+    pub resources: &'a BTreeMap<String, Quantity>,
 }
 
 /// The node a slot's machine registers as, described from the slot.
@@ -32,14 +42,17 @@ pub struct Template {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    pub resources: BTreeMap<String, Quantity>,
 }
 
 impl Template {
-    /// The slot's `nodeLabels` and `nodeTaints`, its hostname, the OS every pool runs, and the
+    /// The labels its node carried when last seen (`status.nodeLabels`) under the slot's
+    /// declared `nodeLabels`, its `nodeTaints`, its hostname, the OS every pool runs, and the
     /// group and slot labels the operator mirrors onto the node.
     pub fn of_slot(slot: &Slot, group: &str) -> Self {
         let name = slot.spec.kubernetes_node_name.clone();
-        let mut labels = slot.spec.node_labels.clone();
+        let mut labels = slot.status.as_ref().map(|s| s.node_labels.clone()).unwrap_or_default();
+        labels.extend(slot.spec.node_labels.clone());
         labels.entry(OS_LABEL.to_owned()).or_insert_with(|| "linux".to_owned());
         labels.insert(HOSTNAME_LABEL.to_owned(), name.clone());
         labels.insert(LABEL_GROUP.to_owned(), group.to_owned());
@@ -47,7 +60,12 @@ impl Template {
             LABEL_SLOT.to_owned(),
             slot.metadata.name.clone().unwrap_or_else(|| name.clone()),
         );
-        Self { name, labels, taints: slot.spec.node_taints.clone() }
+        Self {
+            name,
+            labels,
+            taints: slot.spec.node_taints.clone(),
+            resources: slot.spec.node_capacity.clone(),
+        }
     }
 
     /// The node cluster-autoscaler simulates for the group when `slot` is the next to boot:
@@ -64,14 +82,71 @@ impl Template {
     }
 
     pub fn shape(&self) -> NodeShape<'_> {
-        NodeShape { name: &self.name, labels: &self.labels, taints: &self.taints }
+        NodeShape {
+            name: &self.name,
+            labels: &self.labels,
+            taints: &self.taints,
+            resources: &self.resources,
+        }
     }
 }
 
-/// Whether the scheduler would consider `node` for `pod` at all: its selectors match and it
-/// tolerates every taint that keeps pods off (NoSchedule, NoExecute).
+/// Whether the scheduler would consider `node` for `pod` at all: its selectors match, it
+/// tolerates every taint that keeps pods off (NoSchedule, NoExecute), and the node offers every
+/// extended resource the pod asks for.
 pub fn admits(pod: &PodSpec, node: NodeShape<'_>) -> bool {
-    selects(pod, node) && tolerates(pod.tolerations.as_deref().unwrap_or_default(), node.taints)
+    selects(pod, node)
+        && tolerates(pod.tolerations.as_deref().unwrap_or_default(), node.taints)
+        && offers(node, &extended_requests(pod))
+}
+
+/// Whether `name` is an extended resource: one a device plugin or the cluster's owner adds
+/// (`nvidia.com/gpu`, `example.com/dongle`), not a native one (`cpu`, `memory`,
+/// `hugepages-2Mi`, anything under `kubernetes.io/`), as the API server tells them apart.
+pub fn is_extended(name: &str) -> bool {
+    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
+}
+
+/// The extended resources `pod` asks for, in thousandths: its containers' together, or its
+/// largest init container's if more, as the scheduler sums a pod's requests. A limit without
+/// a request is the request (the API defaults it so).
+pub fn extended_requests(pod: &PodSpec) -> BTreeMap<String, i128> {
+    let mut total: BTreeMap<String, i128> = BTreeMap::new();
+    for (name, amount) in pod.containers.iter().flat_map(container_extended) {
+        *total.entry(name).or_default() += amount;
+    }
+    for (name, amount) in pod.init_containers.iter().flatten().flat_map(container_extended) {
+        let entry = total.entry(name).or_default();
+        *entry = (*entry).max(amount);
+    }
+    total.retain(|_, amount| *amount > 0);
+    total
+}
+
+fn container_extended(container: &Container) -> Vec<(String, i128)> {
+    let Some(resources) = container.resources.as_ref() else { return Vec::new() };
+    let requests = resources.requests.iter().flatten();
+    let limits = resources.limits.iter().flatten();
+    let mut asked: BTreeMap<&str, &Quantity> = BTreeMap::new();
+    for (name, amount) in limits.chain(requests) {
+        // Requests come last: they override a limit of the same name.
+        asked.insert(name, amount);
+    }
+    asked
+        .into_iter()
+        .filter(|(name, _)| is_extended(name))
+        .map(|(name, amount)| (name.to_owned(), quantity::parse(&amount.0).map_or(0, |q| q.0)))
+        .collect()
+}
+
+/// Whether `node` offers every amount in `wanted`.
+fn offers(node: NodeShape<'_>, wanted: &BTreeMap<String, i128>) -> bool {
+    wanted.iter().all(|(name, amount)| {
+        node.resources
+            .get(name)
+            .and_then(|have| quantity::parse(&have.0).ok())
+            .is_some_and(|have| have.0 >= *amount)
+    })
 }
 
 /// [`admits`], and every volume in `volumes` can be used on `node`.
@@ -97,6 +172,11 @@ pub fn shape_of<'a>(node: &'a CoreNode, empty: &'a BTreeMap<String, String>) -> 
         name: node.metadata.name.as_deref().unwrap_or_default(),
         labels: node.metadata.labels.as_ref().unwrap_or(empty),
         taints: node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default(),
+        resources: node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .unwrap_or(&NO_RESOURCES),
     }
 }
 
@@ -211,6 +291,22 @@ mod tests {
     }
 
     #[test]
+    fn a_template_counts_the_labels_its_node_carried_under_the_declared_ones() {
+        let mut s = slot(json!({ "disk": "ssd" }), json!([]));
+        s.status = Some(crate::api::NodeStatus {
+            node_labels: [
+                ("topology.topolvm.io/node".to_string(), "nuc-1".to_string()),
+                ("disk".to_string(), "hdd".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        });
+        let t = Template::of_slot(&s, "pool");
+        assert_eq!(t.labels["topology.topolvm.io/node"], "nuc-1");
+        assert_eq!(t.labels["disk"], "ssd", "the declared label wins");
+    }
+
+    #[test]
     fn selectors_and_affinity_against_a_template() {
         let t = Template::of_slot(&slot(json!({ "disk": "ssd", "cores": "8" }), json!([])), "pool");
         let affinity = |terms: serde_json::Value| {
@@ -322,6 +418,79 @@ mod tests {
         }
         let plain = taint("x", None, "NoExecute");
         assert!(!tolerates(&[], std::slice::from_ref(&plain)));
+    }
+
+    /// A pod with these containers' `resources`.
+    fn asking(containers: serde_json::Value, init: serde_json::Value) -> PodSpec {
+        serde_json::from_value(json!({ "containers": containers, "initContainers": init })).unwrap()
+    }
+
+    #[test]
+    fn extended_resources_a_pod_asks_for_must_be_offered() {
+        let gpu = |amount: &str| json!([{ "name": "app", "resources": { "limits": { "nvidia.com/gpu": amount } } }]);
+        let plain = json!([{ "name": "app", "resources": { "requests": { "cpu": "8", "memory": "64Gi" } } }]);
+        let two_containers = json!([
+            { "name": "a", "resources": { "requests": { "nvidia.com/gpu": "1" }, "limits": { "nvidia.com/gpu": "1" } } },
+            { "name": "b", "resources": { "limits": { "nvidia.com/gpu": "1" } } },
+        ]);
+        let init_asks_more =
+            json!([{ "name": "warm", "resources": { "limits": { "example.com/dongle": "2" } } }]);
+        let capacity = |offer: serde_json::Value| {
+            let mut s = slot(json!({}), json!([]));
+            s.spec.node_capacity = serde_json::from_value(offer).unwrap();
+            Template::of_slot(&s, "pool")
+        };
+        let gpu_box = capacity(json!({ "cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1" }));
+        let two_gpus = capacity(json!({ "nvidia.com/gpu": "2", "example.com/dongle": "2" }));
+        let no_gpu = capacity(json!({ "cpu": "16", "memory": "64Gi" }));
+        let undeclared = capacity(json!({}));
+        let table = [
+            ("a GPU pod on the GPU box", gpu("1"), json!([]), &gpu_box, true),
+            ("a GPU pod on a machine without one", gpu("1"), json!([]), &no_gpu, false),
+            ("a GPU pod on a slot that declares nothing", gpu("1"), json!([]), &undeclared, false),
+            ("two GPUs on a box with one", gpu("2"), json!([]), &gpu_box, false),
+            ("two containers with one each", two_containers.clone(), json!([]), &gpu_box, false),
+            ("two containers on two GPUs", two_containers, json!([]), &two_gpus, true),
+            ("cpu and memory are the scheduler's", plain.clone(), json!([]), &undeclared, true),
+            ("an init container's dongles", plain.clone(), init_asks_more.clone(), &gpu_box, false),
+            ("an init container's dongles offered", plain, init_asks_more, &two_gpus, true),
+            ("zero GPUs asks for none", gpu("0"), json!([]), &no_gpu, true),
+        ];
+        for (name, containers, init, template, want) in table {
+            assert_eq!(admits(&asking(containers, init), template.shape()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn extended_names_are_the_api_servers() {
+        for name in ["nvidia.com/gpu", "amd.com/gpu", "example.com/dongle", "squat.ai/serial"] {
+            assert!(is_extended(name), "{name}");
+        }
+        for name in [
+            "cpu",
+            "memory",
+            "hugepages-2Mi",
+            "ephemeral-storage",
+            "kubernetes.io/x",
+            "requests.nvidia.com/gpu",
+        ] {
+            assert!(!is_extended(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_real_node_offers_its_allocatable() {
+        let node: CoreNode = serde_json::from_value(json!({
+            "metadata": { "name": "gpu-1" },
+            "status": { "allocatable": { "nvidia.com/gpu": "1" } },
+        }))
+        .unwrap();
+        let empty = BTreeMap::new();
+        let gpu = json!([{ "name": "app", "resources": { "limits": { "nvidia.com/gpu": "1" } } }]);
+        assert!(admits(&asking(gpu.clone(), json!([])), shape_of(&node, &empty)));
+        let before_the_plugin: CoreNode =
+            serde_json::from_value(json!({ "metadata": { "name": "gpu-1" } })).unwrap();
+        assert!(!admits(&asking(gpu, json!([])), shape_of(&before_the_plugin, &empty)));
     }
 
     #[test]

@@ -43,7 +43,10 @@ pub fn representative(snapshot: &GroupSnapshot) -> Option<&SlotState> {
 /// The template node of a group, described from one of its slots.
 pub fn template_node(group: &str, slot: &SlotState, now: Timestamp) -> pb::Node {
     let spec = &slot.slot.spec;
-    let mut labels: BTreeMap<String, String> = spec.node_labels.clone();
+    // What its node carried when last seen, under what the slot declares (as placement reads it).
+    let mut labels: BTreeMap<String, String> =
+        slot.slot.status.as_ref().map(|s| s.node_labels.clone()).unwrap_or_default();
+    labels.extend(spec.node_labels.clone());
     labels.remove(HOSTNAME_LABEL);
     labels.entry(OS_LABEL.to_owned()).or_insert_with(|| "linux".to_owned());
     labels.insert(LABEL_GROUP.to_owned(), group.to_owned());

@@ -1,6 +1,6 @@
 //! Pods only some machines can run (docs/decisions.md, D33): a pod whose PersistentVolume lives
 //! on one machine's disk, or whose own selectors name one machine. Pure: the pass's lists and
-//! the provider's snapshots in, a plan out.
+//! the provider's snapshots and the scaler's memory of refused slots in, a plan out.
 //!
 //! Neither scaler's count sees such a pod right. cluster-autoscaler simulates it on a group's
 //! template node, which stands for no particular machine, so the volume's node affinity (or
@@ -16,11 +16,13 @@
 //! - a bound pod whose slots all have no live claim wakes one of them: one claim, on a slot
 //!   of the first group (by name) that may boot one more machine, chosen among those slots by
 //!   the provider's usual order; pods that share a slot share the claim;
-//! - a bound pod one of whose slots is claimed but not ready yet (booting, or being released)
-//!   waits for it, and a bound pod with a ready slot is left to the scheduler and the pool's
-//!   own scaler, as any pod is;
-//! - the built-in scaler does not count a bound pod that waits or wakes a slot, so it boots
-//!   the one machine that can run the pod or none.
+//! - a bound pod one of whose slots is claimed but not serving yet (booting, or being released)
+//!   waits for it, and a bound pod with a serving slot (ready, not being released) waits for
+//!   the scheduler;
+//! - a slot the scheduler refused the pod on once it was up is not woken for it again until
+//!   the pod or the slot changes ([`super::refusals`], D37): the pod's other slots may be;
+//! - the built-in scaler counts no bound pod, so it boots the one machine that can run the pod
+//!   or none.
 //!
 //! The planner also reports, per slot, the running pods whose volumes no other machine can
 //! serve: the machine holds their data. The built-in scaler never releases a machine that
@@ -28,8 +30,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node as CoreNode, ObjectReference, Pod};
+use kube::Resource;
 
+use super::refusals::{Judgment, Refusal, Refusals, SlotSeen};
 use super::target::Limits;
 use crate::api::{LocalVolume, NodeClaimPhase, ScalingDriver};
 use crate::phase;
@@ -53,17 +58,35 @@ pub struct Wake {
 }
 
 /// What the planner found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     pub wakes: Vec<Wake>,
-    /// Bound pods whose machine is woken now or already on its way (or that no pool may boot
-    /// for): no builtin pool counts them as demand.
+    /// Every bound pod: no builtin pool counts it as demand.
     pub handled: HashSet<PodKey>,
-    /// Bound pods no slot may boot for now, with why (for the pass's log).
-    pub blocked: Vec<(String, String)>,
+    /// Slots refused for a pod in this pass, to be reported on both.
+    pub refused: Vec<Refused>,
+    /// Bound pods no slot may boot for now, with why.
+    pub blocked: Vec<Blocked>,
     /// By slot: the running pods whose volumes only that slot's machine can serve, as the
     /// slot's `status.localVolumes` lists them.
     pub holding: BTreeMap<String, Vec<LocalVolume>>,
+}
+
+/// A bound pod no slot may boot for now: every pool it fits is at its maxNodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blocked {
+    pub pod: ObjectReference,
+    /// `namespace/name`.
+    pub name: String,
+    pub why: String,
+}
+
+/// A slot refused for a pod: what the Warnings on the pod and the slot say.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refused {
+    pub pod: ObjectReference,
+    pub slot: ObjectReference,
+    pub note: String,
 }
 
 /// A slot as the planner sees it.
@@ -71,9 +94,26 @@ struct SlotShape<'a> {
     group: usize,
     name: &'a str,
     node: &'a str,
+    generation: i64,
+    object: ObjectReference,
     template: Template,
     /// The phase of its live claim, if it has one.
     live: Option<NodeClaimPhase>,
+    /// Its machine is up for pods: the live claim is ready and not being released.
+    serving: bool,
+    /// When its live claim became ready.
+    ready_at: Option<Timestamp>,
+}
+
+impl SlotShape<'_> {
+    fn seen(&self) -> SlotSeen<'_> {
+        SlotSeen {
+            name: self.name,
+            generation: self.generation,
+            serving: self.serving,
+            ready_at: self.ready_at,
+        }
+    }
 }
 
 /// A pending pod no pool serves on its own, with the slots it fits.
@@ -84,23 +124,36 @@ struct BoundPod<'p, 's> {
     groups: BTreeSet<usize>,
 }
 
-/// Plans for every pool in `pools`.
+/// Plans for every pool in `pools`, learning and honouring in `refusals` the slots the scheduler
+/// refused a pod on.
 pub fn plan(
     pods: &[Pod],
     nodes: &[CoreNode],
     volumes: &VolumeIndex<'_>,
     pools: &[&GroupSnapshot],
+    refusals: &mut Refusals,
 ) -> Plan {
     let slots: Vec<SlotShape<'_>> = pools
         .iter()
         .enumerate()
         .flat_map(|(group, pool)| {
-            pool.slots.iter().map(move |s| SlotShape {
-                group,
-                name: s.name(),
-                node: s.slot.spec.kubernetes_node_name.as_str(),
-                template: Template::of_slot(&s.slot, pool.name()),
-                live: s.live_claim().map(|c| phase::of(c)),
+            pool.slots.iter().map(move |s| {
+                let live = s.live_claim();
+                let ready = live.filter(|c| phase::of(c) == NodeClaimPhase::Ready);
+                SlotShape {
+                    group,
+                    name: s.name(),
+                    node: s.slot.spec.kubernetes_node_name.as_str(),
+                    generation: s.slot.metadata.generation.unwrap_or_default(),
+                    object: s.slot.object_ref(&()),
+                    template: Template::of_slot(&s.slot, pool.name()),
+                    live: live.map(|c| phase::of(c)),
+                    serving: ready.is_some_and(|c| !phase::is_marked(c)),
+                    ready_at: ready
+                        .and_then(|c| c.status.as_ref())
+                        .and_then(|s| s.ready_at.as_ref())
+                        .map(|t| t.0),
+                }
             })
         })
         .collect();
@@ -166,14 +219,28 @@ pub fn plan(
     // The wakes this pass plans, by pool: each is a machine on its way, so it counts against the
     // pool's maxNodes for the next pod as much as a claim that exists.
     let mut planned: BTreeMap<usize, i32> = BTreeMap::new();
+    refusals.begin_pass();
     for BoundPod { pod, volumes, fitting, groups } in bound {
-        if fitting.iter().any(|s| s.live == Some(NodeClaimPhase::Ready)) {
-            // Its machine serves: the scheduler places it, or the pool's scaler sees a pod
-            // that does not fit there, as it sees any other.
-            continue;
-        }
         let key = pod_key(pod);
         plan.handled.insert(key.clone());
+        let judgment = Judgment::of(pod);
+        let mut open = Vec::with_capacity(fitting.len());
+        for slot in fitting {
+            let (refused, newly) = refusals.judge(&key, &judgment, slot.seen());
+            if let Some(refusal) = newly {
+                plan.refused.push(refused_on(pod, slot, &refusal));
+            }
+            if !refused {
+                open.push(slot);
+            }
+        }
+        let fitting = open;
+        let groups: BTreeSet<usize> =
+            groups.into_iter().filter(|g| fitting.iter().any(|s| s.group == *g)).collect();
+        if fitting.is_empty() || fitting.iter().any(|s| s.serving) {
+            // Refused everywhere (its Warnings say so), or up on a machine: the scheduler's.
+            continue;
+        }
         let served_by_a_wake = waking.iter().any(|(g, candidates)| {
             candidates.iter().all(|c| fitting.iter().any(|s| s.group == *g && s.name == *c))
         });
@@ -196,7 +263,11 @@ pub fn plan(
             (!free.is_empty()).then_some((g, free))
         });
         let Some((g, free)) = chosen else {
-            plan.blocked.push((who, refusals.join("; ")));
+            plan.blocked.push(Blocked {
+                pod: pod.object_ref(&()),
+                name: who,
+                why: refusals.join("; "),
+            });
             continue;
         };
         let names: Vec<&str> = fitting.iter().map(|s| s.name).collect();
@@ -210,11 +281,32 @@ pub fn plan(
         *planned.entry(g).or_default() += 1;
         waking.push((g, free));
     }
+    refusals.end_pass();
     for held in plan.holding.values_mut() {
         held.sort();
         held.dedup();
     }
     plan
+}
+
+/// The Warnings' words for a slot newly refused for `pod`.
+fn refused_on(pod: &Pod, slot: &SlotShape<'_>, refusal: &Refusal) -> Refused {
+    let (namespace, name) = &refusal.pod;
+    let said = if refusal.message.is_empty() {
+        "the scheduler gave no reason".to_owned()
+    } else {
+        format!("the scheduler says: \"{}\"", refusal.message)
+    };
+    Refused {
+        pod: pod.object_ref(&()),
+        slot: slot.object.clone(),
+        note: format!(
+            "pod {namespace}/{name} stayed pending while slot {} (node {}) was up for it; \
+             {said} The operator wakes {} for this pod again only once the pod or the slot \
+             changes.",
+            refusal.slot, slot.node, refusal.slot
+        ),
+    }
 }
 
 /// Records the volumes of a running pod on a pool's machine that no other machine can serve.
@@ -308,8 +400,10 @@ mod tests {
         Arc::new(group)
     }
 
+    /// A claim in `phase`; `ready-marked` is a ready claim being released.
     fn claim(slot: &str, group: &str, phase: &str) -> Arc<NodeClaim> {
-        let phase = serde_json::from_value(json!(phase)).unwrap();
+        let marked = phase == "ready-marked";
+        let phase = serde_json::from_value(json!(phase.trim_end_matches("-marked"))).unwrap();
         let mut claim = crate::fixtures::claim_in(
             &format!("{slot}-1"),
             slot,
@@ -317,7 +411,34 @@ mod tests {
             "2026-03-04T10:00:00Z",
         );
         claim.spec.request.group = group.to_owned();
+        if let Some(status) = claim.status.as_mut() {
+            status.ready_at = Some(crate::fixtures::at(READY_AT));
+            if marked {
+                status.scale_down_requested_at = Some(crate::fixtures::at(READY_AT));
+            }
+        }
         Arc::new(claim)
+    }
+
+    /// When every ready claim of these tests became ready.
+    const READY_AT: &str = "2026-03-04T10:01:00Z";
+
+    /// `pod`, judged unschedulable by the scheduler at `at` with `message`.
+    fn judged(mut pod: Pod, at: &str, message: &str) -> Pod {
+        pod.metadata.uid = Some("uid-1".into());
+        pod.metadata.managed_fields = Some(vec![
+            serde_json::from_value(json!({
+                "manager": "kube-scheduler", "operation": "Update", "subresource": "status",
+                "time": at, "fieldsType": "FieldsV1", "fieldsV1": {},
+            }))
+            .unwrap(),
+        ]);
+        if let Some(condition) =
+            pod.status.as_mut().and_then(|s| s.conditions.as_mut()).and_then(|c| c.first_mut())
+        {
+            condition.message = Some(message.into());
+        }
+        pod
     }
 
     fn pool(name: &str, driver: &str, slots: &[&str], claims: &[(&str, &str)]) -> GroupSnapshot {
@@ -378,9 +499,13 @@ mod tests {
     }
 
     fn run(pods: &[Pod], pools: &[&GroupSnapshot]) -> Plan {
+        run_remembering(pods, pools, &mut Refusals::default())
+    }
+
+    fn run_remembering(pods: &[Pod], pools: &[&GroupSnapshot], memory: &mut Refusals) -> Plan {
         let (claims, volumes) = storage();
         let index = VolumeIndex::new(&claims, &volumes);
-        plan(pods, &[], &index, pools)
+        plan(pods, &[], &index, pools, memory)
     }
 
     fn woken(plan: &Plan) -> Vec<(String, Vec<String>)> {
@@ -460,11 +585,18 @@ mod tests {
                 true,
             ),
             (
-                "its slot serves",
+                "its slot serves: the scheduler's turn, and the pool still does not count it",
                 vec![("mini-3", "ready")],
                 pod("db-0", None, with_claim("data-db-0")),
                 false,
+                true,
+            ),
+            (
+                "its slot is being released",
+                vec![("mini-3", "ready-marked")],
+                pod("db-0", None, with_claim("data-db-0")),
                 false,
+                true,
             ),
             (
                 "a pod every slot fits is the pool's",
@@ -495,6 +627,47 @@ mod tests {
         }
     }
 
+    /// A pod pinned to mini-3 or mini-4 that mini-3's machine, once up, cannot run: refused
+    /// there with the scheduler's words, said once, and mini-4 woken in the same pass; once
+    /// mini-3 is off again, a pass wakes mini-4 (its first wake failed, say), never mini-3.
+    #[test]
+    fn a_slot_the_scheduler_refused_the_pod_on_is_not_woken_for_it_again() {
+        let either = json!({ "affinity": { "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [{
+                "matchExpressions": [{ "key": "kubernetes.io/hostname", "operator": "In",
+                                       "values": ["mini-3", "mini-4"] }] }] } } } });
+        let pending = judged(
+            pod("big", None, either),
+            "2026-03-04T10:01:05Z",
+            "0/4 nodes are available: 1 Insufficient memory.",
+        );
+        let mut memory = Refusals::default();
+
+        let up = pool("workers", "builtin", &FOUR, &[("mini-3", "ready")]);
+        let plan = run_remembering(std::slice::from_ref(&pending), &[&up], &mut memory);
+        assert_eq!(woken(&plan), [("workers".into(), vec!["mini-4".into()])]);
+        assert!(plan.handled.contains(&("apps".into(), "big".into())), "never the pool's count");
+        let [refused] = plan.refused.as_slice() else { panic!("one refusal: {plan:?}") };
+        assert_eq!(refused.pod.name.as_deref(), Some("big"));
+        assert_eq!(refused.slot.name.as_deref(), Some("mini-3"));
+        assert!(
+            refused.note.contains("slot mini-3")
+                && refused.note.contains("\"0/4 nodes are available: 1 Insufficient memory.\""),
+            "{}",
+            refused.note
+        );
+
+        let off = pool("workers", "builtin", &FOUR, &[]);
+        let plan = run_remembering(std::slice::from_ref(&pending), &[&off], &mut memory);
+        assert_eq!(woken(&plan), [("workers".into(), vec!["mini-4".into()])]);
+        assert!(plan.refused.is_empty(), "said once: {:?}", plan.refused);
+
+        // Judged before mini-3 came up: the scheduler has not seen the machine; nothing refused.
+        let early = judged(pod("early", None, on_host("mini-3")), "2026-03-04T10:00:30Z", "taint");
+        let plan = run_remembering(&[early], &[&up], &mut Refusals::default());
+        assert!(plan.refused.is_empty() && plan.wakes.is_empty(), "{plan:?}");
+    }
+
     #[test]
     fn a_selector_the_autoscaler_template_satisfies_is_left_to_cluster_autoscaler() {
         // Every slot of the pool runs Linux: cluster-autoscaler's template fits the pod and it
@@ -521,7 +694,7 @@ mod tests {
         let plan = run(&[pod("db-0", None, with_claim("data-db-0"))], &[&p]);
         assert!(plan.wakes.is_empty());
         assert!(plan.handled.contains(&("apps".into(), "db-0".into())));
-        assert!(plan.blocked[0].1.contains("maxNodes"), "{:?}", plan.blocked);
+        assert!(plan.blocked[0].why.contains("maxNodes"), "{:?}", plan.blocked);
     }
 
     /// Two pods, each of which only one machine can run, in a pool with maxNodes 1: one pass
@@ -540,7 +713,7 @@ mod tests {
         let plan = run(&pods, &[&p]);
         assert_eq!(woken(&plan), [("workers".into(), vec!["mini-1".into()])]);
         assert_eq!(plan.blocked.len(), 1, "{:?}", plan.blocked);
-        let (pod, why) = &plan.blocked[0];
+        let Blocked { name: pod, why, .. } = &plan.blocked[0];
         assert_eq!(pod, "apps/b");
         assert!(why.contains("at maxNodes (1 of 1 machines, 1 of them woken now)"), "{why}");
     }

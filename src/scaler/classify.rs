@@ -396,6 +396,7 @@ mod tests {
                 &view.nodes,
                 &view.volume_index(),
                 &[&pool],
+                &mut crate::scaler::refusals::Refusals::default(),
             );
             let woken: Vec<&[String]> = plan.wakes.iter().map(|w| w.slots.as_slice()).collect();
             assert_eq!(woken, [["d".to_owned()].as_slice()], "{status}");

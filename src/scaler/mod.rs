@@ -8,7 +8,8 @@
 //! podsPerNode and maxNodes), [`decide`] (what to do, with the hold and per-node scale-in).
 //! [`classify`] turns Kubernetes objects into an observation (pure, but typed on the Kubernetes
 //! API), judging where pods fit with [`crate::placement`]; [`bound_pods`] plans for the pods only
-//! some machines can run, in every pool whatever its driver. The rest does I/O: `list_cluster`
+//! some machines can run, in every pool whatever its driver, remembering in [`refusals`] the
+//! slots the scheduler refused a pod on once they were up. The rest does I/O: `list_cluster`
 //! (the pass's lists), `act` (through the provider), `status` (`Group.status.lastDecision`) and
 //! [`run`] (the loop).
 
@@ -20,6 +21,7 @@ pub mod demand;
 mod error;
 mod list_cluster;
 pub mod pool_view;
+pub mod refusals;
 mod run;
 mod status;
 pub mod target;

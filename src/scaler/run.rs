@@ -14,6 +14,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +22,7 @@ use tracing::Instrument;
 
 use super::decide::{Action, Settings, State, decide};
 use super::error::ScalerError;
+use super::refusals::Refusals;
 use super::{act, bound_pods, classify, list_cluster, status, wake};
 use crate::api::ScalingDriver;
 use crate::claim::Timeouts;
@@ -88,8 +90,19 @@ pub async fn run_with(
     tokio::spawn(wake_on_unbound_pods(client.clone(), wake.clone(), shutdown.clone()));
     let interval = config.interval.max(MIN_GAP);
     tracing::info!(?interval, namespace = %config.namespace, "built-in scaler running");
-    let mut scaler =
-        Scaler { client, provider, namespace: config.namespace, states: HashMap::new() };
+    let reporter = Reporter {
+        controller: "homelab-autoscaler-scaler".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let mut scaler = Scaler {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        provider,
+        namespace: config.namespace,
+        states: HashMap::new(),
+        refusals: Refusals::default(),
+        blocked: HashSet::new(),
+    };
     for pass in 1_u64.. {
         let started = tokio::time::Instant::now();
         let span = tracing::info_span!("scaler_pass", pass);
@@ -128,12 +141,17 @@ async fn wake_on_unbound_pods(client: Client, wake: Arc<Notify>, shutdown: Cance
     }
 }
 
-/// The loop's memory: one [`State`] per pool, kept only across successful passes.
+/// The loop's memory: one [`State`] per pool, kept only across successful passes, and the
+/// slots the scheduler refused pending pods on.
 struct Scaler {
     client: Client,
+    recorder: Recorder,
     provider: Provider,
     namespace: String,
     states: HashMap<String, State>,
+    refusals: Refusals,
+    /// The pods a pass last found blocked at maxNodes: each is told once while it stays so.
+    blocked: HashSet<String>,
 }
 
 impl Scaler {
@@ -151,7 +169,15 @@ impl Scaler {
         }
         let view = list_cluster::list_cluster(&self.client).await?;
         let pools: Vec<&GroupSnapshot> = builtin.iter().chain(&autoscaled).collect();
-        let plan = bound_pods::plan(&view.pods, &view.nodes, &view.volume_index(), &pools);
+        let plan = bound_pods::plan(
+            &view.pods,
+            &view.nodes,
+            &view.volume_index(),
+            &pools,
+            &mut self.refusals,
+        );
+        wake::report_refused(&self.recorder, &plan).await;
+        wake::report_blocked(&self.recorder, &plan, &mut self.blocked).await;
         let woken = wake::wake(&self.provider, &plan).await;
         wake::report_holding(&self.client, &self.namespace, &pools, &plan).await;
         // The decisions count the machines this pass woke: the provider's caches show its own

@@ -1,22 +1,52 @@
 //! Carrying out a [`Plan`] of [`super::bound_pods`]: each wake is one claim through the provider
 //! (`claim_one_of`, an IncreaseSize of +1 among the slots the pod fits), attributed to the pod;
-//! each slot's `status.localVolumes` says which running pods' data it holds. A failure is logged
-//! and left to the next pass, which plans again from what it then sees.
+//! each slot's `status.localVolumes` says which running pods' data it holds; a slot newly
+//! refused for a pod gets a Warning, as does the pod. A failure is logged and left to the next
+//! pass, which plans again from what it then sees.
+
+use std::collections::HashSet;
 
 use kube::Client;
 use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::json;
 
 use super::bound_pods::Plan;
+use super::refusals::REASON;
 use crate::api::Node as Slot;
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::provider::{Caller, GroupSnapshot, Provider};
 
+/// The event reason on a pending pod that no machine may be woken for now.
+pub const AT_MAX_NODES: &str = "WaitingForMaxNodes";
+
+/// Says on each pod the plan found blocked, once while it stays blocked, why no machine is
+/// woken for it; `before` holds the pods blocked in the previous pass and is replaced.
+pub async fn report_blocked(recorder: &Recorder, plan: &Plan, before: &mut HashSet<String>) {
+    let now: HashSet<String> = plan.blocked.iter().map(|b| b.name.clone()).collect();
+    for blocked in plan.blocked.iter().filter(|b| !before.contains(&b.name)) {
+        tracing::info!(pod = %blocked.name, why = %blocked.why,
+            "a pending pod only some machines can run waits: none may boot now");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: AT_MAX_NODES.into(),
+            note: Some(format!(
+                "no machine is woken for pod {}: {}. It waits until a machine of the pool is \
+                 released, or the Group's maxNodes is raised.",
+                blocked.name, blocked.why
+            )),
+            action: "Wake".into(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, &blocked.pod).await {
+            tracing::warn!(%error, pod = %blocked.name, "publishing a maxNodes event failed");
+        }
+    }
+    *before = now;
+}
+
 /// Creates the plan's claims; returns their names.
 pub async fn wake(provider: &Provider, plan: &Plan) -> Vec<String> {
-    for (pod, why) in &plan.blocked {
-        tracing::info!(%pod, %why, "a pending pod only some machines can run waits: none may boot now");
-    }
     let mut created = Vec::new();
     for wake in &plan.wakes {
         let caller = Caller::for_bound_pod(wake.driver, &wake.pod, wake.reason.clone());
@@ -41,6 +71,27 @@ pub async fn wake(provider: &Provider, plan: &Plan) -> Vec<String> {
         }
     }
     created
+}
+
+/// Says on the pod and on the slot that a slot was refused for the pod; a failure to publish
+/// is logged, never fatal (the refusal holds either way).
+pub async fn report_refused(recorder: &Recorder, plan: &Plan) {
+    for refused in &plan.refused {
+        tracing::warn!(pod = ?refused.pod.name, slot = ?refused.slot.name, note = %refused.note,
+            "a woken machine cannot run the pod it was woken for; not waking it for that pod again");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: REASON.into(),
+            note: Some(refused.note.clone()),
+            action: "Wake".into(),
+            secondary: None,
+        };
+        for object in [&refused.pod, &refused.slot] {
+            if let Err(error) = recorder.publish(&event, object).await {
+                tracing::warn!(%error, object = ?object.name, "publishing a refusal event failed");
+            }
+        }
+    }
 }
 
 /// Brings every slot's `status.localVolumes` to what the plan found, writing only the slots whose

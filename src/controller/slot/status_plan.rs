@@ -14,7 +14,12 @@ use kube::runtime::events::EventType;
 use super::meter::{self, Reading};
 use super::undeclared;
 use super::{bmc, drain};
-use crate::api::{Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest, TaintSelector};
+use crate::api::{
+    HOSTNAME_LABEL, Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest, TaintSelector,
+};
+
+/// The operator's own labels, which it mirrors onto a node.
+const API_GROUP_PREFIX: &str = "infra.homecluster.dev/";
 use crate::claim::ready_bound::PowerReading;
 use crate::controller::PublishedHold;
 use crate::machine;
@@ -81,6 +86,18 @@ pub struct StatusPlan {
     pub events: Vec<Event>,
     /// The drain hold to record as published, when it changed.
     pub publish_hold: Option<Option<PublishedHold>>,
+}
+
+/// The labels of `node` that describe its machine: all but its hostname (placement names the
+/// node after the slot) and the operator's own (it mirrors them onto the node).
+fn registered_labels(node: &CoreNode) -> BTreeMap<String, String> {
+    node.metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(key, _)| key.as_str() != HOSTNAME_LABEL && !key.starts_with(API_GROUP_PREFIX))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
 }
 
 /// The slot's status and the events due, from `facts` alone.
@@ -218,6 +235,7 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
             Some(bmc::Reading::Read(read)) => Some(read.clone()),
             _ => previous.bmc_reading.clone(),
         },
+        node_labels: node.map(registered_labels).unwrap_or_else(|| previous.node_labels.clone()),
         // The scaler's field (its own apply): neither compared, sent nor cleared here.
         local_volumes: Vec::new(),
         unclaimed_shutdowns: seen.streak.cloned().or(previous.unclaimed_shutdowns.clone()),
@@ -483,6 +501,48 @@ mod tests {
     }
 
     /// One pass's plan: what it writes, which events it publishes, and the hold it records.
+    /// The labels a node carries are recorded while it exists, less its hostname and the
+    /// operator's own, and kept while the machine is off and has no node.
+    #[test]
+    fn the_labels_of_the_node_outlive_it() {
+        let slot = crate::fixtures::slot("m1", "workers");
+        let node: CoreNode = serde_json::from_value(json!({
+            "metadata": { "name": "m1", "labels": {
+                "kubernetes.io/hostname": "m1",
+                "kubernetes.io/arch": "arm64",
+                "topology.topolvm.io/node": "m1",
+                "infra.homecluster.dev/group": "workers",
+            } },
+            "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+        }))
+        .unwrap();
+        let facts = |slot: &'static Node, node: Option<&'static CoreNode>| StatusFacts {
+            slot,
+            node,
+            live: None,
+            newest_claim: None,
+            gate: &[],
+            shutdown_in_flight: false,
+            seen: Seen::default(),
+            meter_reading_max_age: Duration::from_secs(180),
+            published_hold: None,
+            now: "2026-03-04T09:10:00Z".parse().unwrap(),
+        };
+        let leak = |slot: Node| -> &'static Node { Box::leak(Box::new(slot)) };
+        let up = plan(&facts(leak(slot.clone()), Some(Box::leak(Box::new(node)))));
+        let recorded = up.status.expect("a status").node_labels;
+        let want: BTreeMap<String, String> = [
+            ("kubernetes.io/arch".to_string(), "arm64".to_string()),
+            ("topology.topolvm.io/node".to_string(), "m1".to_string()),
+        ]
+        .into();
+        assert_eq!(recorded, want);
+        let mut off = slot;
+        off.status = Some(NodeStatus { node_labels: want.clone(), ..NodeStatus::default() });
+        let kept = plan(&facts(leak(off), None)).status.expect("a status").node_labels;
+        assert_eq!(kept, want, "kept while the machine has no node");
+    }
+
     #[test]
     fn status_plan_table() {
         use crate::api::ShutdownStreak;
