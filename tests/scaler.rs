@@ -12,17 +12,18 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 use homelab_autoscaler::api::{
-    Group, LABEL_GROUP, Node, NodeClaim, NodeClaimPhase, ScalerDecision,
+    ClaimCall, Group, LABEL_GROUP, Node, NodeClaim, NodeClaimPhase, ScalerDecision,
 };
 use homelab_autoscaler::claim::REQUESTED_BY_SCALER;
 use homelab_autoscaler::provider::{Caller, Provider, ProviderConfig, ProviderError};
 use homelab_autoscaler::simulator::kubelet::NODE_LABELS_ANNOTATION;
-use homelab_harness::claims::phase;
+use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::lab::{Lab, With};
 use homelab_harness::{eventually, is_ready};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
@@ -53,6 +54,9 @@ trait ScalerSteps {
     async fn pool_of(&self, group: &str, builtin: Value, slots: Vec<Value>) -> Vec<String>;
     /// Waits until the pod `name` runs on the node `node`.
     async fn pod_runs_on(&self, name: &str, node: &str);
+    /// A PersistentVolume on the disk of the machine whose node carries `key=value`, bound to
+    /// the claim `claim` of the lab's namespace; returns the volume's name.
+    async fn volume_on(&self, claim: &str, key: &str, value: &str) -> String;
     /// A bare pod (no owner) with `spec` merged into a one-container pod spec.
     async fn bare_pod(&self, name: &str, spec: Value);
     async fn last_decision(&self, group: &str) -> anyhow::Result<ScalerDecision>;
@@ -144,6 +148,38 @@ impl ScalerSteps for Lab {
         })
         .await
         .expect("the pod runs where it was woken for");
+    }
+
+    async fn volume_on(&self, claim: &str, key: &str, value: &str) -> String {
+        let volume_name = format!("{}-{claim}", self.ns);
+        let volume: PersistentVolume = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": { "name": volume_name },
+            "spec": {
+                "capacity": { "storage": "1Gi" }, "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "", "persistentVolumeReclaimPolicy": "Delete",
+                "hostPath": { "path": format!("/var/lib/{claim}") },
+                "claimRef": { "namespace": self.ns, "name": claim },
+                "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
+                    { "key": key, "operator": "In", "values": [value] },
+                ] }] } },
+            },
+        }))
+        .expect("volume");
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        volumes.create(&PostParams::default(), &volume).await.expect("create the volume");
+        let bound: PersistentVolumeClaim = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": { "name": claim },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                "volumeName": volume_name, "resources": { "requests": { "storage": "1Gi" } },
+            },
+        }))
+        .expect("claim");
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &self.ns);
+        claims.create(&PostParams::default(), &bound).await.expect("create the claim");
+        volume_name
     }
 
     async fn last_decision(&self, group: &str) -> anyhow::Result<ScalerDecision> {
@@ -699,34 +735,7 @@ async fn a_volume_keyed_on_a_label_the_kubelet_registers_wakes_its_machine() {
     .await
     .expect("released after the hold");
 
-    let volume_name = format!("{}-lvm-data", lab.ns);
-    let volume: PersistentVolume = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": { "name": volume_name },
-        "spec": {
-            "capacity": { "storage": "1Gi" }, "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": { "path": "/var/lib/lvm-data" },
-            "claimRef": { "namespace": lab.ns, "name": "data" },
-            "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
-                { "key": key, "operator": "In", "values": [disk] },
-            ] }] } },
-        },
-    }))
-    .expect("volume");
-    let volumes: Api<PersistentVolume> = Api::all(lab.client.clone());
-    volumes.create(&PostParams::default(), &volume).await.expect("create the volume");
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": { "name": "data" },
-        "spec": {
-            "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume_name,
-            "resources": { "requests": { "storage": "1Gi" } },
-        },
-    }))
-    .expect("claim");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(lab.client.clone(), &lab.ns);
-    claims.create(&PostParams::default(), &claim).await.expect("create the claim");
+    let volume_name = lab.volume_on("data", key, disk).await;
     lab.bare_pod(
         "db",
         json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "data" } }] }),
@@ -741,5 +750,74 @@ async fn a_volume_keyed_on_a_label_the_kubelet_registers_wakes_its_machine() {
     let slot = lab.slots().get(disk).await.expect("the slot");
     let labels = slot.status.map(|s| s.node_labels).unwrap_or_default();
     assert_eq!(labels.get(key), Some(disk), "status.nodeLabels: {labels:?}");
-    volumes.delete(&volume_name, &DeleteParams::default()).await.expect("delete the volume");
+}
+
+/// A pin (a schedule window alike) that ends while a pod runs on the machine its data is on
+/// does not power the machine off: the scaler claims the machine for the pod on the spot, and
+/// the slot's shutdown waits for that. Powered off, the machine's pod was evicted, and the new
+/// pod its controller made could run on that machine only, which the scaler then woke again: a
+/// power cycle at every window's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_pin_hands_a_machine_holding_a_running_pods_data_to_the_pod() {
+    let lab = Lab::start("scaler-pin-end", With::ControllersAndScaler).await;
+    let slots = lab
+        .pool("pin", 2, json!({ "hold": "10s", "podsPerNode": 1, "maxNodes": 2 }), json!({}))
+        .await;
+    let disk = &slots[1];
+    let mut pin =
+        provider_claim_for("pin", disk, &lab.slots(), &lab.groups(), lab.timeouts, "test")
+            .await
+            .expect("a claim");
+    pin.spec.request.call = ClaimCall::Manual;
+    pin.spec.request.delta = None;
+    let until = Timestamp::now() + jiff::SignedDuration::from_secs(30);
+    pin.spec.until = Some(Time(until));
+    lab.claims().create(&PostParams::default(), &pin).await.expect("the pin");
+
+    lab.volume_on("data", "kubernetes.io/hostname", disk).await;
+    lab.bare_pod(
+        "db",
+        json!({ "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "data" } }] }),
+    )
+    .await;
+    lab.pod_runs_on("db", disk).await;
+    let uid = lab.pods().get("db").await.expect("the pod").metadata.uid;
+
+    eventually("the pin ends", ACT, || async {
+        let pin = lab.claims().get("pin").await?;
+        let reason = pin.status.as_ref().and_then(|s| s.reason.as_deref());
+        ensure!(
+            phase(&pin) == NodeClaimPhase::Completed && reason == Some("Expired"),
+            "{:?}",
+            pin.status
+        );
+        Ok(())
+    })
+    .await
+    .expect("the pin expired");
+    let handed = lab.live_claims_reach(1).await;
+    assert_eq!(&handed[0].spec.slot_ref.name, disk);
+    let by = handed[0].spec.requested_by.as_deref().unwrap_or_default();
+    assert!(by.ends_with("/db"), "claimed for the pod: {by}");
+    lab.over_passes(
+        "pin",
+        Timestamp::now(),
+        QUIET_PASSES,
+        StillRunning { uid, node: disk.clone() },
+    )
+    .await;
+}
+
+/// The pod `db` is the one first seen, and runs on `node`, on every pass checked.
+struct StillRunning {
+    uid: Option<String>,
+    node: String,
+}
+
+impl AsyncCheck for StillRunning {
+    async fn check(&self, lab: &Lab, decision: &ScalerDecision) {
+        let pod = lab.pods().get("db").await.expect("the pod is still there");
+        assert_eq!(pod.metadata.uid, self.uid, "the same pod, never evicted ({decision:?})");
+        assert_eq!(running_on(&pod), Some(self.node.as_str()), "on its machine ({decision:?})");
+    }
 }

@@ -1,8 +1,10 @@
-//! The pure rules of a claim's life: its boot budget and deadline, its attempt number, and the
-//! bounds that outlive the boot window (`ready_bound`). No I/O.
+//! The pure rules of a claim's life: its boot budget and deadline, its attempt number, the
+//! bounds that outlive the boot window (`ready_bound`), and what a pin's end hands to the pods
+//! whose data its machine holds (`pin_end`). No I/O.
 
 pub mod attempt;
 pub mod budget;
+pub mod pin_end;
 pub mod ready_bound;
 
 pub use attempt::{AttemptSeed, PriorClaim, prior_of_slot, reset_of_slot, seed_attempt};

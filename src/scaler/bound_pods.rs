@@ -26,7 +26,10 @@
 //!
 //! The planner also reports, per slot, the running pods whose volumes no other machine can
 //! serve: the machine holds their data. The built-in scaler never releases a machine that
-//! holds a pod; the report says why that pod cannot move.
+//! holds a pod; the report says why that pod cannot move. When a pin or schedule window ends on
+//! such a machine, the planner claims it for the pod on the spot, while the slot's shutdown
+//! waits for that ([`crate::claim::pin_end`], D39): powering it off would evict the pod only to
+//! wake the machine for it again.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -37,6 +40,7 @@ use kube::Resource;
 use super::refusals::{Judgment, Refusal, Refusals, SlotSeen};
 use super::target::Limits;
 use crate::api::{LocalVolume, NodeClaimPhase, ScalingDriver};
+use crate::claim::pin_end;
 use crate::phase;
 use crate::placement::pods::{PodKey, is_work, pod_key};
 use crate::placement::shape::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
@@ -103,6 +107,8 @@ struct SlotShape<'a> {
     serving: bool,
     /// When its live claim became ready.
     ready_at: Option<Timestamp>,
+    /// No live claim, and the newest one was a pin that ended.
+    pin_ended: bool,
 }
 
 impl SlotShape<'_> {
@@ -153,6 +159,8 @@ pub fn plan(
                         .and_then(|c| c.status.as_ref())
                         .and_then(|s| s.ready_at.as_ref())
                         .map(|t| t.0),
+                    pin_ended: live.is_none()
+                        && s.claims.first().is_some_and(|c| pin_end::ended_at(c).is_some()),
                 }
             })
         })
@@ -219,6 +227,11 @@ pub fn plan(
     // The wakes this pass plans, by pool: each is a machine on its way, so it counts against the
     // pool's maxNodes for the next pod as much as a claim that exists.
     let mut planned: BTreeMap<usize, i32> = BTreeMap::new();
+    for held in plan.holding.values_mut() {
+        held.sort();
+        held.dedup();
+    }
+    hand_over_ended_pins(&mut plan, pools, &slots, &mut planned);
     refusals.begin_pass();
     for BoundPod { pod, volumes, fitting, groups } in bound {
         let key = pod_key(pod);
@@ -282,11 +295,36 @@ pub fn plan(
         waking.push((g, free));
     }
     refusals.end_pass();
-    for held in plan.holding.values_mut() {
-        held.sort();
-        held.dedup();
-    }
     plan
+}
+
+/// Claims, for a running pod whose data it holds, each machine whose pin ended and that no
+/// claim wants now. The machine is on already, so maxNodes does not hold it back; it counts
+/// against the limit for the pass's other wakes.
+fn hand_over_ended_pins(
+    plan: &mut Plan,
+    pools: &[&GroupSnapshot],
+    slots: &[SlotShape<'_>],
+    planned: &mut BTreeMap<usize, i32>,
+) {
+    for slot in slots.iter().filter(|s| s.pin_ended) {
+        let Some(first) = plan.holding.get(slot.name).and_then(|held| held.first()) else {
+            continue;
+        };
+        let volume = first.volume.as_deref().unwrap_or("unbound");
+        plan.wakes.push(Wake {
+            group: pools[slot.group].name().to_owned(),
+            driver: pools[slot.group].group.spec.driver,
+            slots: vec![slot.name.to_owned()],
+            pod: first.pod.clone(),
+            reason: format!(
+                "pod {} runs on slot {}, whose pin ended, and its volume claim {} \
+                 (PersistentVolume {volume}) is on that machine's disk: it stays on for the pod",
+                first.pod, slot.name, first.claim
+            ),
+        });
+        *planned.entry(slot.group).or_default() += 1;
+    }
 }
 
 /// The Warnings' words for a slot newly refused for `pod`.
@@ -716,6 +754,42 @@ mod tests {
         let Blocked { name: pod, why, .. } = &plan.blocked[0];
         assert_eq!(pod, "apps/b");
         assert!(why.contains("at maxNodes (1 of 1 machines, 1 of them woken now)"), "{why}");
+    }
+
+    /// mini-3's pin ended while db-0 runs there on its disk: the pass claims mini-3 for db-0.
+    /// A pin's end without such a pod, or any other end, claims nothing.
+    #[test]
+    fn a_pins_end_hands_a_machine_holding_data_to_its_pod() {
+        let ended = |reason: &str| {
+            let mut c = (*claim("mini-3", "workers", "completed")).clone();
+            if let Some(s) = c.status.as_mut() {
+                s.reason = Some(reason.into());
+                s.finished_at = Some(crate::fixtures::at(READY_AT));
+            }
+            Arc::new(c)
+        };
+        let slots: Vec<Arc<Slot>> = FOUR.iter().map(|s| slot(s, "workers")).collect();
+        let pool_after = |c: Arc<NodeClaim>| {
+            GroupSnapshot::build(
+                group("workers", "builtin", Some(1)),
+                &slots,
+                &[c],
+                &HashSet::new(),
+            )
+        };
+        let running = pod("db-0", Some("mini-3"), with_claim("data-db-0"));
+
+        let p = pool_after(ended(crate::claim::pin_end::EXPIRED));
+        let plan = run(std::slice::from_ref(&running), &[&p]);
+        assert_eq!(woken(&plan), [("workers".into(), vec!["mini-3".into()])], "even at maxNodes");
+        assert_eq!(plan.wakes[0].pod, "apps/db-0");
+        assert!(plan.wakes[0].reason.contains("whose pin ended"), "{}", plan.wakes[0].reason);
+
+        let plan = run(&[pod("web", Some("mini-3"), json!({}))], &[&p]);
+        assert!(plan.wakes.is_empty(), "no data on the machine: {plan:?}");
+        let p = pool_after(ended("DeletedByHand"));
+        let plan = run(std::slice::from_ref(&running), &[&p]);
+        assert!(plan.wakes.is_empty(), "released by hand: {plan:?}");
     }
 
     #[test]

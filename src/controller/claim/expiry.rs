@@ -21,8 +21,7 @@ use crate::controller::Context;
 use crate::controller::error::Result;
 use crate::phase::Writer;
 
-/// The reason an expired pin ends with.
-pub const EXPIRED: &str = "Expired";
+pub use crate::claim::pin_end::EXPIRED;
 
 /// The end of a pin, if it has one. Any other claim has none, whatever its spec says.
 pub fn end_of(claim: &NodeClaim) -> Option<Timestamp> {

@@ -19,6 +19,7 @@ use serde_json::json;
 use super::drain::{self, DrainHold, Drained};
 use super::node_removal::ShutdownJob;
 use crate::api::{LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase, ShutdownStreak};
+use crate::claim::pin_end;
 use crate::claim::ready_bound::MACHINE_GONE;
 use crate::claim::{MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_ATTEMPT_RESET_GRACE};
 use crate::controller::Context;
@@ -184,8 +185,11 @@ pub struct Facts<'a> {
     /// Since when the node's kubelet reports it Ready, when it does.
     pub ready_since: Option<Timestamp>,
     /// How long a machine back from the silence that failed its claim `MachineGone` is left to
-    /// be claimed again before its forced shutdown (`--off-node-grace`).
+    /// be claimed again before its forced shutdown (`--off-node-grace`), and how long one whose
+    /// pin ended is left to the scaler while it holds a running pod's data.
     pub heal_grace: SignedDuration,
+    /// The slot's `status.localVolumes` names running pods whose data only this machine has.
+    pub holds_data: bool,
 }
 
 /// What a shutdown pass does, decided by [`plan`].
@@ -285,6 +289,7 @@ pub fn facts<'a>(
         settle: ctx.shutdown_settle(),
         ready_since: machine::ready_since(node),
         heal_grace: ctx.off_node_grace_span(),
+        holds_data: slot.status.as_ref().is_some_and(|s| !s.local_volumes.is_empty()),
     }
 }
 
@@ -301,6 +306,15 @@ pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
         return Plan::Idle;
     }
     if let Some(until) = claimable_until(claims, facts.ready_since, facts.heal_grace)
+        && now < until
+    {
+        return Plan::SettleUntil(until);
+    }
+    // A pin that ended on a machine a running pod's data is on: the scaler claims it for the
+    // pod (D39); powering it off would evict the pod only to wake the machine for it again.
+    let newest = phase::newest(claims.iter().copied());
+    if let Some(until) = pin_end::handed_over_until(newest, facts.holds_data, facts.heal_grace)
+        && on
         && now < until
     {
         return Plan::SettleUntil(until);
@@ -538,6 +552,45 @@ mod tests {
         c
     }
 
+    /// A pin that ended while a running pod's data is on the machine: the shutdown waits the
+    /// grace for the scaler to claim the machine for the pod; without such data, or past the
+    /// grace, the machine is powered off as any unwanted one.
+    #[test]
+    fn a_pins_end_on_a_machine_holding_data_waits_for_the_scaler() {
+        let mut expired = committed_failure("pin");
+        {
+            let status = expired.status.as_mut().unwrap();
+            status.phase = Some(Completed);
+            status.reason = Some(pin_end::EXPIRED.into());
+            status.finished_at = Some(at("2026-03-04T09:58:00Z"));
+        }
+        expired.metadata.finalizers = Some(vec![crate::claim::FINALIZER.into()]);
+        let claims = [&expired];
+        let facts = |holds_data: bool, now: &str| Facts {
+            slot_name: "m1",
+            node_name: "m1",
+            namespace: "homelab",
+            claims: &claims,
+            powered_on: true,
+            unseen: None,
+            jobs: &[],
+            stored_streak: None,
+            now: at(now).0,
+            reset_grace: SignedDuration::from_mins(30),
+            settle: SignedDuration::from_secs(38),
+            ready_since: None,
+            heal_grace: SignedDuration::from_mins(5),
+            holds_data,
+        };
+        assert_eq!(
+            plan(&facts(true, "2026-03-04T10:00:00Z")),
+            Plan::SettleUntil(at("2026-03-04T10:03:00Z").0)
+        );
+        let powers_off = |p: Plan<'_>| matches!(p, Plan::PowerOff(_));
+        assert!(powers_off(plan(&facts(false, "2026-03-04T10:00:00Z"))), "no data held");
+        assert!(powers_off(plan(&facts(true, "2026-03-04T10:03:00Z"))), "past the grace");
+    }
+
     #[test]
     fn shutdown_decision_table() {
         let ready = claim_in("ready", "m1", Some(Ready), "2026-03-04T09:00:00Z");
@@ -652,6 +705,7 @@ mod tests {
                 settle: SignedDuration::from_secs(38),
                 ready_since: None,
                 heal_grace: SignedDuration::from_mins(5),
+                holds_data: false,
             }
         }
         let (no_claim, wanted, releasing, forced): ([&NodeClaim; 0], _, _, _) =
