@@ -74,6 +74,8 @@ trait ScalerSteps {
     async fn live_claims(&self) -> anyhow::Result<Vec<NodeClaim>>;
     /// Waits until exactly `want` claims are live; returns them.
     async fn live_claims_reach(&self, want: usize) -> Vec<NodeClaim>;
+    /// [`ScalerSteps::live_claims_reach`] within `deadline`.
+    async fn live_claims_within(&self, want: usize, deadline: Duration) -> Vec<NodeClaim>;
 }
 
 impl ScalerSteps for Lab {
@@ -222,7 +224,11 @@ impl ScalerSteps for Lab {
     }
 
     async fn live_claims_reach(&self, want: usize) -> Vec<NodeClaim> {
-        eventually(&format!("{want} live claims"), ACT, || async {
+        self.live_claims_within(want, ACT).await
+    }
+
+    async fn live_claims_within(&self, want: usize, deadline: Duration) -> Vec<NodeClaim> {
+        eventually(&format!("{want} live claims"), deadline, || async {
             let claims = self.live_claims().await?;
             ensure!(claims.len() == want, "{} live claims", claims.len());
             Ok(claims)
@@ -623,13 +629,7 @@ async fn a_pod_its_woken_machine_cannot_run_wakes_it_once() {
     assert!(quoted.contains(pinned_to.as_str()), "the machine named: {quoted}");
 
     // The hold releases the machine; then passes go by with the pod still pending.
-    eventually("the woken machine released", RELEASE, || async {
-        let live = lab.live_claims().await?;
-        ensure!(live.is_empty(), "{} live claims", live.len());
-        Ok(())
-    })
-    .await
-    .expect("released after the hold");
+    lab.live_claims_within(0, RELEASE).await;
     lab.over_passes("loop", Timestamp::now(), QUIET_PASSES, WokenOnce(ever)).await;
     let pod = lab.pods().get("too-big").await.expect("the pod");
     assert_eq!(running_on(&pod), None, "the pod never ran");
@@ -727,13 +727,7 @@ async fn a_volume_keyed_on_a_label_the_kubelet_registers_wakes_its_machine() {
     lab.bare_pod("first", json!({ "nodeSelector": { "kubernetes.io/hostname": disk } })).await;
     lab.pod_runs_on("first", disk).await;
     lab.pods().delete("first", &DeleteParams::default()).await.expect("delete the first pod");
-    eventually("the machine released", RELEASE, || async {
-        let live = lab.live_claims().await?;
-        ensure!(live.is_empty(), "{} live claims", live.len());
-        Ok(())
-    })
-    .await
-    .expect("released after the hold");
+    lab.live_claims_within(0, RELEASE).await;
 
     let volume_name = lab.volume_on("data", key, disk).await;
     lab.bare_pod(

@@ -127,7 +127,6 @@ struct BoundPod<'p, 's> {
     pod: &'p Pod,
     volumes: Vec<BoundVolume>,
     fitting: Vec<&'s SlotShape<'s>>,
-    groups: BTreeSet<usize>,
 }
 
 /// Plans for every pool in `pools`, learning and honouring in `refusals` the slots the scheduler
@@ -215,7 +214,7 @@ pub fn plan(
             }
         });
         if !served_by_a_pool {
-            bound.push(BoundPod { pod, volumes, fitting, groups });
+            bound.push(BoundPod { pod, volumes, fitting });
         }
     }
 
@@ -233,7 +232,7 @@ pub fn plan(
     }
     hand_over_ended_pins(&mut plan, pools, &slots, &mut planned);
     refusals.begin_pass();
-    for BoundPod { pod, volumes, fitting, groups } in bound {
+    for BoundPod { pod, volumes, fitting } in bound {
         let key = pod_key(pod);
         plan.handled.insert(key.clone());
         let judgment = Judgment::of(pod);
@@ -248,8 +247,7 @@ pub fn plan(
             }
         }
         let fitting = open;
-        let groups: BTreeSet<usize> =
-            groups.into_iter().filter(|g| fitting.iter().any(|s| s.group == *g)).collect();
+        let groups: BTreeSet<usize> = fitting.iter().map(|s| s.group).collect();
         if fitting.is_empty() || fitting.iter().any(|s| s.serving) {
             // Refused everywhere (its Warnings say so), or up on a machine: the scheduler's.
             continue;
@@ -261,11 +259,11 @@ pub fn plan(
             continue;
         }
         let who = format!("{}/{}", key.0, key.1);
-        let mut refusals = Vec::new();
+        let mut at_max = Vec::new();
         let chosen = groups.iter().find_map(|&g| {
             let pool = pools[g];
             if let Some(full) = at_max_nodes(pool, planned.get(&g).copied().unwrap_or(0)) {
-                refusals.push(full);
+                at_max.push(full);
                 return None;
             }
             let free: Vec<&str> = fitting
@@ -279,7 +277,7 @@ pub fn plan(
             plan.blocked.push(Blocked {
                 pod: pod.object_ref(&()),
                 name: who,
-                why: refusals.join("; "),
+                why: at_max.join("; "),
             });
             continue;
         };

@@ -174,6 +174,7 @@ impl Refusals {
         self.pods.retain(|_, m| m.seen_this_pass);
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }

@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -27,20 +28,12 @@ pub async fn report_blocked(recorder: &Recorder, plan: &Plan, before: &mut HashS
     for blocked in plan.blocked.iter().filter(|b| !before.contains(&b.name)) {
         tracing::info!(pod = %blocked.name, why = %blocked.why,
             "a pending pod only some machines can run waits: none may boot now");
-        let event = Event {
-            type_: EventType::Warning,
-            reason: AT_MAX_NODES.into(),
-            note: Some(format!(
-                "no machine is woken for pod {}: {}. It waits until a machine of the pool is \
-                 released, or the Group's maxNodes is raised.",
-                blocked.name, blocked.why
-            )),
-            action: "Wake".into(),
-            secondary: None,
-        };
-        if let Err(error) = recorder.publish(&event, &blocked.pod).await {
-            tracing::warn!(%error, pod = %blocked.name, "publishing a maxNodes event failed");
-        }
+        let note = format!(
+            "no machine is woken for pod {}: {}. It waits until a machine of the pool is \
+             released, or the Group's maxNodes is raised.",
+            blocked.name, blocked.why
+        );
+        warn(recorder, &blocked.pod, AT_MAX_NODES, note).await;
     }
     *before = now;
 }
@@ -79,18 +72,23 @@ pub async fn report_refused(recorder: &Recorder, plan: &Plan) {
     for refused in &plan.refused {
         tracing::warn!(pod = ?refused.pod.name, slot = ?refused.slot.name, note = %refused.note,
             "a woken machine cannot run the pod it was woken for; not waking it for that pod again");
-        let event = Event {
-            type_: EventType::Warning,
-            reason: REASON.into(),
-            note: Some(refused.note.clone()),
-            action: "Wake".into(),
-            secondary: None,
-        };
         for object in [&refused.pod, &refused.slot] {
-            if let Err(error) = recorder.publish(&event, object).await {
-                tracing::warn!(%error, object = ?object.name, "publishing a refusal event failed");
-            }
+            warn(recorder, object, REASON, refused.note.clone()).await;
         }
+    }
+}
+
+/// Publishes a Warning of `reason` on `object`; a failure is logged, never fatal.
+async fn warn(recorder: &Recorder, object: &ObjectReference, reason: &str, note: String) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Wake".into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, object).await {
+        tracing::warn!(%error, object = ?object.name, reason, "publishing an event failed");
     }
 }
 

@@ -15,11 +15,9 @@ use super::meter::{self, Reading};
 use super::undeclared;
 use super::{bmc, drain};
 use crate::api::{
-    HOSTNAME_LABEL, Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest, TaintSelector,
+    GROUP, HOSTNAME_LABEL, Node, NodeClaim, NodeStatus, ObservedPower, SlotClaimDigest,
+    TaintSelector,
 };
-
-/// The operator's own labels, which it mirrors onto a node.
-const API_GROUP_PREFIX: &str = "infra.homecluster.dev/";
 use crate::claim::ready_bound::PowerReading;
 use crate::controller::PublishedHold;
 use crate::machine;
@@ -95,7 +93,10 @@ fn registered_labels(node: &CoreNode) -> BTreeMap<String, String> {
         .labels
         .iter()
         .flatten()
-        .filter(|(key, _)| key.as_str() != HOSTNAME_LABEL && !key.starts_with(API_GROUP_PREFIX))
+        .filter(|(key, _)| {
+            let own = key.strip_prefix(GROUP).is_some_and(|rest| rest.starts_with('/'));
+            key.as_str() != HOSTNAME_LABEL && !own
+        })
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect()
 }
@@ -500,7 +501,26 @@ mod tests {
         assert!(message.contains("systemctl restart kubelet"), "{message}");
     }
 
-    /// One pass's plan: what it writes, which events it publishes, and the hold it records.
+    /// The facts of a pass over `slot` at `now` that saw nothing but `node`.
+    fn facts_of(
+        slot: &'static Node,
+        node: Option<&'static CoreNode>,
+        now: jiff::Timestamp,
+    ) -> StatusFacts<'static> {
+        StatusFacts {
+            slot,
+            node,
+            live: None,
+            newest_claim: None,
+            gate: &[],
+            shutdown_in_flight: false,
+            seen: Seen::default(),
+            meter_reading_max_age: Duration::from_secs(180),
+            published_hold: None,
+            now,
+        }
+    }
+
     /// The labels a node carries are recorded while it exists, less its hostname and the
     /// operator's own, and kept while the machine is off and has no node.
     #[test]
@@ -516,18 +536,8 @@ mod tests {
             "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
         }))
         .unwrap();
-        let facts = |slot: &'static Node, node: Option<&'static CoreNode>| StatusFacts {
-            slot,
-            node,
-            live: None,
-            newest_claim: None,
-            gate: &[],
-            shutdown_in_flight: false,
-            seen: Seen::default(),
-            meter_reading_max_age: Duration::from_secs(180),
-            published_hold: None,
-            now: "2026-03-04T09:10:00Z".parse().unwrap(),
-        };
+        let now: jiff::Timestamp = "2026-03-04T09:10:00Z".parse().unwrap();
+        let facts = |slot, node| facts_of(slot, node, now);
         let leak = |slot: Node| -> &'static Node { Box::leak(Box::new(slot)) };
         let up = plan(&facts(leak(slot.clone()), Some(Box::leak(Box::new(node)))));
         let recorded = up.status.expect("a status").node_labels;
@@ -543,6 +553,7 @@ mod tests {
         assert_eq!(kept, want, "kept while the machine has no node");
     }
 
+    /// One pass's plan: what it writes, which events it publishes, and the hold it records.
     #[test]
     fn status_plan_table() {
         use crate::api::ShutdownStreak;
@@ -572,18 +583,7 @@ mod tests {
         };
         let published = PublishedHold { since: hold.since, message: hold.message() };
         let streak = ShutdownStreak { attempts: 2, last_attempt_at: Time(now) };
-        let facts = |slot: &'static Node| StatusFacts {
-            slot,
-            node: None,
-            live: None,
-            newest_claim: None,
-            gate: &[],
-            shutdown_in_flight: false,
-            seen: Seen::default(),
-            meter_reading_max_age: Duration::from_secs(180),
-            published_hold: None,
-            now,
-        };
+        let facts = |slot: &'static Node| facts_of(slot, None, now);
         let leak = |slot: Node| -> &'static Node { Box::leak(Box::new(slot)) };
         let reasons = |plan: &StatusPlan| plan.events.iter().map(|e| e.reason).collect::<Vec<_>>();
         let reporting = |plan: &StatusPlan| {
