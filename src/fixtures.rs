@@ -24,6 +24,7 @@ pub fn slot(name: &str, group: &str) -> Node {
             node_labels: BTreeMap::new(),
             node_capacity: BTreeMap::new(),
             pricing: None,
+            power_off_gates: None,
             power_state: None,
         },
     );
@@ -45,6 +46,9 @@ pub fn group(name: &str) -> Group {
             pricing: None,
             energy: None,
             schedules: vec![],
+            power_off_gates: vec![],
+            power_off_gate_settle: None,
+            maintenance: None,
         },
     );
     group.metadata.namespace = Some("ns".into());

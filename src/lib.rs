@@ -15,6 +15,7 @@ pub mod clock;
 pub mod controller;
 pub mod field_manager;
 mod fixtures;
+pub mod gates;
 pub mod grpc;
 pub mod job_outcome;
 pub mod machine;

@@ -347,6 +347,7 @@ fn registered_metrics() -> BTreeSet<String> {
     };
     t::savings_reported("docs", &sample);
     t::slot_draw_read("docs", "m1", 1.0);
+    t::slot_power_off_held("docs", "m1", 1.0);
     let (_, text) = t::render(None);
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -317,6 +317,87 @@ async fn autoscaler_leaves_a_manual_machine_on(
     Ok(())
 }
 
+/// A data machine its pool's power-off gate holds on: cluster-autoscaler finds it unneeded and
+/// asks DeleteNodes, which refuses (the gate cannot be read: no Prometheus answers); CA takes its
+/// ToBeDeleted taint off again and records the failure, and the machine stays on, its claim
+/// ready, well past the unneeded time. Once the gate is gone, CA scales it down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_machine_its_gate_holds_stays_while_cluster_autoscaler_asks_it_down() {
+    let settings = AutoscalerSettings::default();
+    let unneeded = settings.scale_down_unneeded;
+    with_autoscaler(settings, async move |world, ca| {
+        gated_machine_outlives_autoscaler_scale_down(world, ca, unneeded).await
+    })
+    .await;
+}
+
+async fn gated_machine_outlives_autoscaler_scale_down(
+    world: &mut World,
+    ca: &Autoscaler,
+    unneeded: Duration,
+) -> Result<()> {
+    world.apply_example("pool-cluster-autoscaler.yaml").await?;
+    // Nothing listens on port 1: the gate cannot be read, so it holds.
+    let gate = r#"{"spec":{"powerOffGates":[{"name":"ceph","prometheus":{"url":"http://127.0.0.1:1","query":"ceph_health_status == 0"}}]}}"#;
+    world
+        .kubectl(&["patch", "group", "workers", "-n", NAMESPACE, "--type=merge", "-p", gate])
+        .await?;
+    world.deploy(&Workload::on_group("web", "workers", 1, "3")).await?;
+    let ran_on = world.pods_running("web", 1, ACT).await?;
+    let machine = ran_on.first().context("the pod's machine")?.clone();
+    world.scale("web", 0).await?;
+
+    let failed = "holds data its storage cannot lose now: gate ceph could not be read";
+    eventually("cluster-autoscaler's DeleteNodes refused", ACT, || async {
+        ensure!(ca.log().contains(failed), "CA has not logged the refusal yet");
+        Ok(())
+    })
+    .await?;
+    let on_and_ready = || async {
+        let claims = world.all_claims().await?;
+        let ready = claims.iter().any(|c| {
+            c.spec.slot_ref.name == machine
+                && phase(c) == NodeClaimPhase::Ready
+                && !homelab_autoscaler::phase::is_marked(c)
+        });
+        ensure!(ready, "no ready, unreleased claim on {machine}:\n{}", describe(&claims));
+        let nodes = world.nodes_of_group("workers").await?;
+        ensure!(nodes.contains(&machine), "{machine} is gone; Nodes {nodes:?}");
+        anyhow::Ok(())
+    };
+    stays("the gated machine on while cluster-autoscaler runs", unneeded * 3, &on_and_ready)
+        .await?;
+    let scaled_down = ca.metric("cluster_autoscaler_scaled_down_nodes_total").await?;
+    ensure!(scaled_down == 0.0, "CA counted {scaled_down} nodes scaled down");
+    // CA took its taint off after each refusal: the machine is left schedulable.
+    eventually("no ToBeDeleted taint left on the machine", ACT, || async {
+        let node: CoreNode = Api::all(world.client.clone()).get(&machine).await?;
+        let tainted = node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "ToBeDeletedByClusterAutoscaler");
+        ensure!(!tainted, "still tainted");
+        Ok(())
+    })
+    .await?;
+
+    world
+        .kubectl(&[
+            "patch",
+            "group",
+            "workers",
+            "-n",
+            NAMESPACE,
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/powerOffGates"}]"#,
+        ])
+        .await?;
+    world.pool_at_zero("workers", ACT).await
+}
+
 /// A pin in a cluster-autoscaler pool (`homelab-autoscaler keep-on`, run as a person would):
 /// cluster-autoscaler finds the pinned machine empty but never scales it down, well past its
 /// unneeded time, while it scales its own machines down; `release` then turns the pin off.

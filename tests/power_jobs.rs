@@ -135,6 +135,7 @@ async fn each_driver_becomes_jobs_the_apiserver_accepts() {
                 max_run_time: std::time::Duration::from_secs(300),
                 power_image: IMAGE,
                 priority_class: None,
+                step: None,
             })
             .expect("a Job");
             let created = job_api.create(&post, &job).await.unwrap_or_else(|e| {

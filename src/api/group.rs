@@ -9,6 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::common::{Pricing, TaintSelector};
+use super::power_off_gates::{MaintenanceSteps, PowerOffGate};
 use super::schedule::{GroupScheduleStatus, ScheduleWindow};
 
 /// A pool of slots. A slot joins a pool with the label `group: <pool name>`.
@@ -129,6 +130,31 @@ pub struct GroupSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Atomic)]
     pub schedules: Vec<ScheduleWindow>,
+
+    /// Conditions that must hold before a machine of the pool is powered off, whoever asked
+    /// (docs/operations.md, "Storage that must not lose a replica"). Each applies to every slot
+    /// of the pool unless a slot names the gates that concern it (`spec.powerOffGates`). A slot
+    /// some gate applies to is a data machine: of those, one at a time is on its way off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["name".into()]))]
+    pub power_off_gates: Vec<PowerOffGate>,
+
+    /// How long after a data machine's shutdown the gates are not yet trusted to have seen it
+    /// go: the time the storage takes to notice a host down (Ceph marks an OSD down within
+    /// about 30 s). The next data machine waits this long, then for every gate to hold.
+    /// Go duration syntax; default `2m`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::duration::deserialize_option"
+    )]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub power_off_gate_settle: Option<Duration>,
+
+    /// Steps run around each machine's power-off: before it is cordoned, and once it is back
+    /// and Ready (to set and clear a storage system's maintenance flag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceSteps>,
 }
 
 impl GroupSpec {

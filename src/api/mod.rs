@@ -6,6 +6,7 @@ pub mod duration;
 mod group;
 mod nodeclaim;
 mod power;
+mod power_off_gates;
 mod schedule;
 mod slot;
 
@@ -23,6 +24,7 @@ pub use power::{
     PowerAction, PowerDriverKind, PowerMeter, PowerSpec, PowerStep, PowerWatts, Redfish,
     RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
 };
+pub use power_off_gates::{KubernetesGate, MaintenanceSteps, PowerOffGate, PrometheusGate};
 pub use schedule::{GroupScheduleStatus, ScheduleWindow};
 pub use slot::{
     BmcReading, LifecyclePodSpec, LifecycleVolume, LocalVolume, MeasuredDraw, Node, NodeSpec,

@@ -33,6 +33,7 @@ use super::power::PowerSpec;
     printcolumn(name = "Power", type_ = "string", json_path = ".status.powerState"),
     printcolumn(name = "Claim", type_ = "string", json_path = ".status.lastClaim.name"),
     printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.lastClaim.attempt"),
+    printcolumn(name = "Held-By", type_ = "string", json_path = ".status.powerOffHeldBy"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.lastClaim.reason", priority = 1),
     printcolumn(name = "Watts", type_ = "number", json_path = ".status.draw.watts", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -76,6 +77,12 @@ pub struct NodeSpec {
     /// What the machine costs. Unset takes the pool's pricing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,
+    /// The pool's power-off gates that concern this machine (the ones guarding data it holds),
+    /// by name. Unset: every gate of its pool; empty: none (a machine holding no replicas goes
+    /// off whatever the storage says). A name the pool does not define holds the machine on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Set)]
+    pub power_off_gates: Option<Vec<String>>,
     /// REMOVED in v2alpha1. Desired power is no longer declared: a machine runs exactly while
     /// a live NodeClaim names its slot. Delete this field from your manifests; to start a machine
     /// by hand, create a NodeClaim. The field stays in the schema only so that an object still
@@ -229,6 +236,11 @@ pub struct NodeStatus {
     /// Kept here because the shutdown Jobs themselves are collected after their TTL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unclaimed_shutdowns: Option<ShutdownStreak>,
+    /// While the pool's power-off gates hold the machine on: the gates that hold it, or the
+    /// data machine whose power-off it waits for. The `PowerOffAllowed` condition says what
+    /// they read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_off_held_by: Option<String>,
 }
 
 /// A run of shutdown attempts with no claim to count them on.

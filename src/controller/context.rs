@@ -99,10 +99,37 @@ pub struct Context {
     /// The drain holds this term published, by slot: when each began and its message. The
     /// slot's status keeps both, but the pass the cordon's own node event wakes can run before
     /// the cache has the status the previous pass wrote, and must not start the hold again.
-    drain_holds: std::sync::Mutex<std::collections::HashMap<String, PublishedHold>>,
+    drain_holds: PublishedHolds,
+    /// The same for the power-off gates' holds.
+    gate_holds: PublishedHolds,
+    /// Reads the pools' power-off gates.
+    pub gates: crate::gates::Reader,
+    /// The data machines this term let start their power-off, by slot, and when: the turn
+    /// counts before the caches show the machine's cordon or Job (`gates::one_at_a_time`).
+    power_off_turns: std::sync::Mutex<std::collections::HashMap<String, jiff::Timestamp>>,
+    /// When each held slot's hold was last counted in the held-time metric.
+    gate_held_counted: LastReads,
 }
 
-/// A drain hold as published: since when, and what its condition and event said.
+/// The holds a term published, by slot.
+#[derive(Default)]
+struct PublishedHolds(std::sync::Mutex<std::collections::HashMap<String, PublishedHold>>);
+
+impl PublishedHolds {
+    fn get(&self, slot: &str) -> Option<PublishedHold> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(slot).cloned()
+    }
+
+    fn set(&self, slot: &str, hold: Option<PublishedHold>) {
+        let mut holds = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match hold {
+            Some(hold) => holds.insert(slot.to_owned(), hold),
+            None => holds.remove(slot),
+        };
+    }
+}
+
+/// A hold as published: since when, and what its condition and event said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublishedHold {
     pub since: jiff::Timestamp,
@@ -236,6 +263,7 @@ impl Context {
         let Clients { api: client, evictions } = clients;
         let ctx = Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
+            gates: crate::gates::Reader::new(client.clone()),
             client,
             evictions,
             namespace: stores.namespace().to_owned(),
@@ -254,7 +282,10 @@ impl Context {
             boot_hold: Hold::default(),
             meter_reads: std::sync::Mutex::default(),
             bmc_reads: std::sync::Mutex::default(),
-            drain_holds: std::sync::Mutex::default(),
+            drain_holds: PublishedHolds::default(),
+            gate_holds: PublishedHolds::default(),
+            power_off_turns: std::sync::Mutex::default(),
+            gate_held_counted: std::sync::Mutex::default(),
         });
         Ok((ctx, subscriptions))
     }
@@ -303,17 +334,65 @@ impl Context {
 
     /// The drain hold this term last published for `slot`.
     pub fn published_hold(&self, slot: &str) -> Option<PublishedHold> {
-        let holds = self.drain_holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        holds.get(slot).cloned()
+        self.drain_holds.get(slot)
     }
 
     /// Records the hold published for `slot`, or that none holds it any more.
     pub fn set_published_hold(&self, slot: &str, hold: Option<PublishedHold>) {
-        let mut holds = self.drain_holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match hold {
-            Some(hold) => holds.insert(slot.to_owned(), hold),
-            None => holds.remove(slot),
-        };
+        self.drain_holds.set(slot, hold);
+    }
+
+    /// The power-off gate hold this term last published for `slot`.
+    pub fn published_gate_hold(&self, slot: &str) -> Option<PublishedHold> {
+        self.gate_holds.get(slot)
+    }
+
+    /// Records the gate hold published for `slot`, or that none holds it any more.
+    pub fn set_published_gate_hold(&self, slot: &str, hold: Option<PublishedHold>) {
+        self.gate_holds.set(slot, hold);
+    }
+
+    /// Decides, under one lock for every slot, whether `slot`'s data machine may start its
+    /// power-off: `decide` reads when this term gave each other slot its turn; a turn it gives
+    /// is recorded for `slot` before the lock is let go, so two slots never both take one.
+    pub fn take_power_off_turn(
+        &self,
+        slot: &str,
+        decide: impl FnOnce(
+            &dyn Fn(&str) -> Option<jiff::Timestamp>,
+        ) -> crate::gates::one_at_a_time::Turn,
+    ) -> crate::gates::one_at_a_time::Turn {
+        let now = self.now();
+        let mut turns =
+            self.power_off_turns.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let turn = decide(&|other| turns.get(other).copied());
+        if turn == crate::gates::one_at_a_time::Turn::Mine {
+            turns.insert(slot.to_owned(), now);
+        }
+        turn
+    }
+
+    /// Gives back a turn `slot` took and did not use (a gate held it).
+    pub fn give_back_power_off_turn(&self, slot: &str) {
+        let mut turns =
+            self.power_off_turns.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        turns.remove(slot);
+    }
+
+    /// How long `slot` has been held since its hold was last counted (zero the first time),
+    /// and counts it now; `held: false` forgets it.
+    pub fn gate_held_for(&self, slot: &str, held: bool) -> Duration {
+        let now = self.now();
+        let mut counted =
+            self.gate_held_counted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !held {
+            counted.remove(slot);
+            return Duration::ZERO;
+        }
+        let last = counted.insert(slot.to_owned(), now);
+        last.map_or(Duration::ZERO, |last| {
+            Duration::from_secs_f64(now.duration_since(last).as_secs_f64().max(0.0))
+        })
     }
 
     /// Holds the slot's boot lock until the guard is dropped.

@@ -23,6 +23,10 @@ use crate::power;
 pub enum Lifecycle {
     Startup,
     Shutdown,
+    /// The pool's maintenance step before a machine's power-off.
+    BeforePowerOff,
+    /// The pool's maintenance step once the machine is back.
+    AfterReady,
 }
 
 impl Lifecycle {
@@ -30,6 +34,8 @@ impl Lifecycle {
         match self {
             Lifecycle::Startup => "startup",
             Lifecycle::Shutdown => "shutdown",
+            Lifecycle::BeforePowerOff => "before-power-off",
+            Lifecycle::AfterReady => "after-ready",
         }
     }
 }
@@ -46,7 +52,7 @@ pub fn shutdown_job_name(owner: &str, attempt: i32) -> String {
 
 /// Job names become a pod label value, so they are kept within 63 characters; a longer name
 /// keeps its head and gets a hash of the whole as its tail, so it stays unique and stable.
-fn bounded_name(name: &str) -> String {
+pub fn bounded_name(name: &str) -> String {
     const MAX: usize = 63;
     if name.len() <= MAX {
         return name.to_string();
@@ -84,6 +90,8 @@ pub struct JobContext<'a> {
     /// The PriorityClass of the Job's pod, so that a full cluster preempts something else
     /// rather than leave a boot pending (`--power-job-priority-class`; None: the default).
     pub priority_class: Option<&'a str>,
+    /// The pod of a maintenance step (`BeforePowerOff`, `AfterReady`), from the slot's Group.
+    pub step: Option<&'a LifecyclePodSpec>,
 }
 
 /// Why a slot cannot be turned into a Job (admission refuses such a slot; an object stored
@@ -106,6 +114,13 @@ fn source<'a>(slot: &'a Node, lifecycle: Lifecycle) -> Result<Source<'a>, NoLife
     let (pod, action) = match lifecycle {
         Lifecycle::Startup => (slot.spec.startup_pod_spec.as_ref(), PowerAction::On),
         Lifecycle::Shutdown => (slot.spec.shutdown_pod_spec.as_ref(), PowerAction::Off),
+        Lifecycle::BeforePowerOff | Lifecycle::AfterReady => {
+            return Err(NoLifecycle {
+                slot: slot.metadata.name.clone().unwrap_or_default(),
+                direction: PowerAction::Off.as_str(),
+                detail: format!("no {} step was given", lifecycle.as_str()),
+            });
+        }
     };
     let fail = |detail: String| NoLifecycle {
         slot: slot.metadata.name.clone().unwrap_or_default(),
@@ -198,7 +213,10 @@ impl Source<'_> {
 
 /// Builds the Job. Pure; the caller creates it.
 pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
-    let source = source(ctx.slot, ctx.lifecycle)?;
+    let source = match (ctx.lifecycle, ctx.step) {
+        (Lifecycle::BeforePowerOff | Lifecycle::AfterReady, Some(step)) => Source::Pod(step),
+        _ => source(ctx.slot, ctx.lifecycle)?,
+    };
     let slot_name = ctx.slot.metadata.name.clone().unwrap_or_default();
     let claim_name = ctx.claim.and_then(|c| c.metadata.name.clone());
     let mut labels = BTreeMap::from([
@@ -252,9 +270,10 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
         spec: Some(JobSpec {
             backoff_limit: Some(run.backoff_limit.unwrap_or(DEFAULT_JOB_BACKOFF_LIMIT)),
             active_deadline_seconds: Some(active_deadline),
-            ttl_seconds_after_finished: Some(
-                run.ttl_seconds_after_finished.unwrap_or(DEFAULT_JOB_TTL_SECONDS),
-            ),
+            // A succeeded step before a power-off is the record that its after-ready step is
+            // due, which may be hours later: it is kept until then (`maintenance`).
+            ttl_seconds_after_finished: (ctx.lifecycle != Lifecycle::BeforePowerOff)
+                .then(|| run.ttl_seconds_after_finished.unwrap_or(DEFAULT_JOB_TTL_SECONDS)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
                 spec: Some(pod),
@@ -518,6 +537,7 @@ mod tests {
             max_run_time: std::time::Duration::from_secs(300),
             power_image: "operator:1",
             priority_class: None,
+            step: None,
         })
         .unwrap();
         let owners = job.metadata.owner_references.clone().unwrap();
@@ -561,6 +581,7 @@ mod tests {
                     max_run_time: std::time::Duration::from_secs(300),
                     power_image: "operator:1",
                     priority_class: class,
+                    step: None,
                 })
                 .unwrap();
                 let pod = job.spec.unwrap().template.spec.unwrap();
@@ -610,6 +631,7 @@ mod tests {
                 max_run_time: std::time::Duration::from_secs(300),
                 power_image: "operator:1",
                 priority_class: None,
+                step: None,
             })
             .unwrap();
             let annotations = job.metadata.annotations.unwrap_or_default();

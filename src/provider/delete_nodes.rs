@@ -8,6 +8,9 @@
 //! (it calls DeleteNodes on such an instance every loop until it leaves the list): the claim is
 //! stamped status.failureAcknowledgedAt and is no longer listed.
 //!
+//! cluster-autoscaler's call naming a data machine that the pool's power-off gates would hold
+//! on is refused whole, before anything is written (`power_off_gates`, D40).
+//!
 //! A named node whose slot is held by a pin (a live `Manual` or `Schedule` claim not already
 //! being released) refuses the whole call before anything is written: no scaler releases a
 //! pinned machine (docs/decisions.md, D17), and releasing the other named nodes while refusing
@@ -130,6 +133,11 @@ impl Provider {
         let _writes = self.lock_writes().await;
         let snapshot = self.snapshot_for_write(caller, group).await?;
         let plan = plan_delete(&snapshot, nodes)?;
+        // cluster-autoscaler treats a deletion it was told succeeded as done; the built-in
+        // scaler's releases are held where the machine's status shows it (the slot's shutdown).
+        if caller.driver == crate::api::ScalingDriver::ClusterAutoscaler {
+            self.check_power_off_gates(&snapshot, &plan).await?;
+        }
         let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
         let now = Timestamp::now();
         let mut outcome = DeleteOutcome::default();

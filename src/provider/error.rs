@@ -75,6 +75,13 @@ pub enum ProviderError {
     #[error(transparent)]
     Pinned(Box<PinnedNode>),
 
+    #[error(
+        "slot {slot:?} of group {group:?} holds data its storage cannot lose now: {why}. \
+         Nothing was released; the machine stays on until its pool's power-off gates let it go \
+         (docs/operations.md, Storage that must not lose a replica)"
+    )]
+    PowerOffHeld { slot: String, group: String, why: String },
+
     #[error("node {node:?} is not a slot of group {group:?}")]
     NodeNotInGroup { node: String, group: String },
 
@@ -166,7 +173,8 @@ impl ProviderError {
             Self::OverCapacity { .. }
             | Self::NotEnoughFreeSlots { .. }
             | Self::BelowMinSize { .. }
-            | Self::Pinned(_) => ErrorKind::FailedPrecondition,
+            | Self::Pinned(_)
+            | Self::PowerOffHeld { .. } => ErrorKind::FailedPrecondition,
             Self::NoTemplate { .. } => ErrorKind::Unsupported,
             Self::Kube { source, .. } => kube_kind(source),
         }

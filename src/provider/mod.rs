@@ -24,6 +24,7 @@ pub mod increase;
 pub mod instances;
 pub mod node_lookup;
 pub mod options;
+mod power_off_gates;
 pub mod pricing;
 pub mod slot_choice;
 pub mod slot_pricing;
@@ -151,6 +152,8 @@ struct Inner {
     stores: Stores,
     /// Serializes writes in this process, so two calls never pick the same free slot.
     writes: tokio::sync::Mutex<()>,
+    /// Reads the pools' power-off gates before a DeleteNodes.
+    gates: crate::gates::Reader,
 }
 
 impl Provider {
@@ -165,7 +168,13 @@ impl Provider {
     /// A provider reading the process's caches (of `config.namespace`).
     pub fn on(stores: Stores, client: Client, config: ProviderConfig) -> Self {
         Self {
-            inner: Arc::new(Inner { client, config, stores, writes: tokio::sync::Mutex::new(()) }),
+            inner: Arc::new(Inner {
+                gates: crate::gates::Reader::new(client.clone()),
+                client,
+                config,
+                stores,
+                writes: tokio::sync::Mutex::new(()),
+            }),
         }
     }
 
@@ -188,6 +197,10 @@ impl Provider {
 
     pub(crate) fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    pub(crate) fn gate_reader(&self) -> &crate::gates::Reader {
+        &self.inner.gates
     }
 
     pub(crate) fn stores(&self) -> &Stores {

@@ -13,6 +13,7 @@ use prometheus_client::registry::{Registry, Unit};
 pub type Label = (&'static str, String);
 type Counters<const N: usize> = Family<[Label; N], Counter>;
 type Gauges<const N: usize> = Family<[Label; N], Gauge>;
+type FloatCounters<const N: usize> = Family<[Label; N], Counter<f64, std::sync::atomic::AtomicU64>>;
 type FloatGauges<const N: usize> = Family<[Label; N], Gauge<f64, std::sync::atomic::AtomicU64>>;
 type Histograms<const N: usize> = Family<[Label; N], Histogram, fn() -> Histogram>;
 
@@ -48,6 +49,7 @@ pub struct Metrics {
     pub energy: FloatGauges<2>,
     pub energy_cost: FloatGauges<2>,
     pub slot_draw: FloatGauges<2>,
+    pub power_off_held: FloatCounters<2>,
 }
 
 /// Request latencies: 0.5 ms to about 4 s.
@@ -91,6 +93,7 @@ impl Metrics {
             energy: Family::default(),
             energy_cost: Family::default(),
             slot_draw: Family::default(),
+            power_off_held: Family::default(),
         };
         let r = registry;
         let m = &metrics;
@@ -228,6 +231,12 @@ impl Metrics {
             "slot_draw_watts",
             "A slot's draw as its plug's meter last read it, in watts",
             m.slot_draw.clone(),
+        );
+        r.register_with_unit(
+            "slot_power_off_held",
+            "Time a slot's power-off was held on by its pool's power-off gates",
+            Unit::Seconds,
+            m.power_off_held.clone(),
         );
         metrics
     }

@@ -144,6 +144,12 @@ pub fn slot_draw_read(group: &str, slot: &str, watts: f64) {
     m().slot_draw.get_or_create(&[label("group", group), label("slot", slot)]).set(watts);
 }
 
+/// `slot`'s power-off was held by its pool's gates for `seconds` more (zero: it is counted, so
+/// every slot has the series).
+pub fn slot_power_off_held(group: &str, slot: &str, seconds: f64) {
+    m().power_off_held.get_or_create(&[label("group", group), label("slot", slot)]).inc_by(seconds);
+}
+
 /// Whether the caches this replica serves from have synced.
 pub fn set_caches_synced(synced: bool) {
     m().caches_synced.set(i64::from(synced));

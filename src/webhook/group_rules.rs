@@ -50,6 +50,20 @@ pub fn validate(group: &Group, old: Option<&Group>, facts: &GroupFacts) -> Verdi
     duration("spec.scaleDown.unneededTime", spec.scale_down.unneeded_time, MAX_PROVISION_TIME);
     duration("spec.scaleDown.unreadyTime", spec.scale_down.unready_time, MAX_PROVISION_TIME);
     duration("spec.builtin.hold", Some(spec.builtin.hold), MAX_PROVISION_TIME);
+    duration("spec.powerOffGateSettle", spec.power_off_gate_settle, MAX_PROVISION_TIME);
+    // A gate whose expression cannot compile would hold every machine of the pool on forever.
+    for (i, gate) in spec.power_off_gates.iter().enumerate() {
+        let Some(objects) = &gate.kubernetes else { continue };
+        if let Some(error) = crate::gates::kubernetes::compile_error(&objects.expression) {
+            findings.invalid(
+                "gate_expression_compiles",
+                format!(
+                    "spec.powerOffGates[{i}] ({}): the CEL expression {:?} does not compile: {error}. It sees `objects` (the list read) and, with a name, `object`; for example object.status.ceph.health == 'HEALTH_OK'",
+                    gate.name, objects.expression
+                ),
+            );
+        }
+    }
     if spec.builtin.hold < MIN_HOLD {
         findings.invalid(
             "hold_long_enough",
@@ -197,6 +211,21 @@ mod tests {
             0,
         ));
         assert_eq!((code, msg.contains("maxNodes")), (422, true), "{msg}");
+        let gate = |expression: &str| {
+            let expression = expression.to_owned();
+            move |g: &mut Group| {
+                g.spec.power_off_gates = serde_json::from_value(serde_json::json!([{
+                    "name": "ceph",
+                    "kubernetes": { "apiVersion": "ceph.rook.io/v1", "kind": "CephCluster", "expression": expression },
+                }]))
+                .unwrap();
+            }
+        };
+        let (code, msg) = deny(verdict_of(gate("object.status.("), None, 3, 0));
+        assert_eq!((code, msg.contains("spec.powerOffGates[0] (ceph)")), (422, true), "{msg}");
+        assert!(msg.contains("does not compile"), "{msg}");
+        let ok = verdict_of(gate("object.status.ceph.health == 'HEALTH_OK'"), None, 3, 0);
+        assert!(ok.is_allowed());
     }
 
     #[test]

@@ -136,6 +136,7 @@ fn startup_job(ctx: &Context, slot: &Node, claim: &NodeClaim) -> Result<Job> {
         max_run_time: ctx.timeouts.job_timeout,
         power_image: &ctx.power_image,
         priority_class: ctx.power_priority_class.as_deref(),
+        step: None,
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))
 }

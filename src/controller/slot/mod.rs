@@ -9,9 +9,11 @@
 
 mod bmc;
 mod drain;
+mod maintenance;
 mod meter;
 mod node_removal;
 mod observe;
+mod power_off_gates;
 mod shutdown;
 mod status_plan;
 mod undeclared;
@@ -108,6 +110,8 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         }
         let shutdown =
             shutdown::reconcile(&ctx, &slot, &claims, &shutdowns, node.as_deref(), unseen).await?;
+        let wanted = live.is_some_and(|c| !phase::is_marked(c));
+        maintenance::after_ready(&ctx, &slot, node.as_deref(), wanted).await?;
         let reading = meter::read_if_due(&ctx, &slot).await;
         let silent = matches!(machine::Kubelet::of(node.as_deref()), machine::Kubelet::Silent { .. });
         let bmc_reading = bmc::read_if_due(&ctx, &slot, silent).await;
@@ -115,6 +119,7 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             reading: reading.as_ref(),
             bmc_reading: bmc_reading.as_ref(),
             hold: shutdown.hold.as_ref(),
+            gate_hold: shutdown.gate_hold.as_ref(),
             streak: shutdown.streak.as_ref(),
             on_without_node: matches!(unseen, Some(shutdown::Unseen::OnWithoutNode { .. })),
         };

@@ -70,6 +70,13 @@ pub async fn write_status(
     let slot_name = slot.metadata.name.clone().unwrap_or_default();
     let gate = ctx.group_of(slot).map(|g| g.spec.node_readiness_taints.clone()).unwrap_or_default();
     let published = ctx.published_hold(&slot_name);
+    let published_gate = ctx.published_gate_hold(&slot_name);
+    let held_for = ctx.gate_held_for(&slot_name, seen.gate_hold.is_some());
+    crate::telemetry::slot_power_off_held(
+        slot.group().unwrap_or_default(),
+        &slot_name,
+        held_for.as_secs_f64(),
+    );
     let plan = status_plan::plan(&StatusFacts {
         slot,
         node,
@@ -80,6 +87,7 @@ pub async fn write_status(
         seen,
         meter_reading_max_age: ctx.meter_reading_max_age(),
         published_hold: published.as_ref(),
+        published_gate_hold: published_gate.as_ref(),
         now: ctx.now(),
     });
     for event in plan.events {
@@ -87,6 +95,9 @@ pub async fn write_status(
     }
     if let Some(hold) = plan.publish_hold {
         ctx.set_published_hold(&slot_name, hold);
+    }
+    if let Some(hold) = plan.publish_gate_hold {
+        ctx.set_published_gate_hold(&slot_name, hold);
     }
     let Some(status) = plan.status else { return Ok(()) };
     let mine = slot.status.clone().map(|s| NodeStatus { local_volumes: Vec::new(), ..s });

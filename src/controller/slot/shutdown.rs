@@ -17,7 +17,9 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::drain::{self, DrainHold, Drained};
+use super::maintenance;
 use super::node_removal::ShutdownJob;
+use super::power_off_gates::{self, GateHold};
 use crate::api::{LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase, ShutdownStreak};
 use crate::claim::pin_end;
 use crate::claim::ready_bound::MACHINE_GONE;
@@ -42,6 +44,8 @@ pub struct Pass {
     pub hold: Option<DrainHold>,
     /// The run of attempts no claim counts, when this pass added one (the slot's status keeps it).
     pub streak: Option<ShutdownStreak>,
+    /// A power-off the pool's gates hold back, before any cordon (D40).
+    pub gate_hold: Option<GateHold>,
 }
 
 impl Pass {
@@ -466,6 +470,19 @@ async fn carry_out(
     if let Some(message) = power_off.not_observed.clone() {
         ctx.publish(slot, EventType::Warning, "ShutdownNotObserved", message).await;
     }
+    // A machine that may be serving (its kubelet reports, or its plug reads it on) goes only
+    // when the pool's gates let it; a silent one is already gone from its storage's view.
+    let serving = machine::powered_on(node) || matches!(unseen, Some(Unseen::OnWithoutNode { .. }));
+    let committed = maintenance::under_way(ctx, slot, node);
+    if serving
+        && !committed
+        && let Some(hold) = power_off_gates::check(ctx, slot).await
+    {
+        return Ok(Pass { retry: Some(hold.retry), gate_hold: Some(hold), ..Pass::default() });
+    }
+    if serving && let Some(hold) = maintenance::before_power_off(ctx, slot, node).await? {
+        return Ok(Pass { retry: Some(hold.retry), gate_hold: Some(hold), ..Pass::default() });
+    }
     if let Some(node) = node {
         drain::cordon(ctx, node).await?;
         // The hold runs from when it began, kept in the slot's status, with or without a claim;
@@ -486,7 +503,7 @@ async fn carry_out(
                 return Ok(Pass {
                     retry: Some(DRAIN_RETRY),
                     hold: Some(DrainHold { pods, since, force_at }),
-                    streak: None,
+                    ..Pass::default()
                 });
             }
             tracing::warn!(
@@ -509,6 +526,7 @@ async fn carry_out(
         max_run_time: ctx.timeouts.job_timeout,
         power_image: &ctx.power_image,
         priority_class: ctx.power_priority_class.as_deref(),
+        step: None,
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
     let created = ctx.create_job(&job, FieldManager::SlotController).await?;

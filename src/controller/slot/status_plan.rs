@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 
 use super::meter::{self, Reading};
+use super::power_off_gates::{self, GateHold};
 use super::undeclared;
 use super::{bmc, drain};
 use crate::api::{
@@ -25,7 +26,7 @@ use crate::phase::{self, MachineObservation, SlotReportInput};
 use crate::quantity;
 
 /// The conditions this plan owns; the others on the status are kept as they are.
-const OWN: [&str; 7] = [
+const OWN: [&str; 8] = [
     "CapacityMatches",
     "ProviderIDMatches",
     "NodeLabelsDeclared",
@@ -33,6 +34,7 @@ const OWN: [&str; 7] = [
     "BmcRead",
     "NodeReporting",
     "Drained",
+    power_off_gates::CONDITION,
 ];
 
 /// What this pass of the slot's reconcile saw besides the objects: the plug meter's and the
@@ -42,6 +44,8 @@ pub struct Seen<'a> {
     pub reading: Option<&'a Reading>,
     pub bmc_reading: Option<&'a bmc::Reading>,
     pub hold: Option<&'a drain::DrainHold>,
+    /// A power-off the pool's gates hold back.
+    pub gate_hold: Option<&'a GateHold>,
     /// The shutdown pass's new count of attempts no claim counts; `None` keeps the stored one.
     pub streak: Option<&'a crate::api::ShutdownStreak>,
     /// The machine has no node, and its plug reads it drawing power.
@@ -65,6 +69,8 @@ pub struct StatusFacts<'a> {
     pub meter_reading_max_age: Duration,
     /// The drain hold this leadership term last published for the slot.
     pub published_hold: Option<&'a PublishedHold>,
+    /// The gate hold this leadership term last published for the slot.
+    pub published_gate_hold: Option<&'a PublishedHold>,
     pub now: jiff::Timestamp,
 }
 
@@ -84,6 +90,8 @@ pub struct StatusPlan {
     pub events: Vec<Event>,
     /// The drain hold to record as published, when it changed.
     pub publish_hold: Option<Option<PublishedHold>>,
+    /// The gate hold to record as published, when it changed.
+    pub publish_gate_hold: Option<Option<PublishedHold>>,
 }
 
 /// The labels of `node` that describe its machine: all but its hostname (placement names the
@@ -219,8 +227,22 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
             observed_generation: None,
         });
     }
+    // Only while a gate holds the power-off: which, what it read, and since when.
+    let gate_held =
+        seen.gate_hold.map(|h| PublishedHold { since: h.since, message: h.message.clone() });
+    if let Some(hold) = seen.gate_hold {
+        conditions.push(Condition {
+            type_: power_off_gates::CONDITION.into(),
+            status: "False".into(),
+            reason: hold.reason.into(),
+            message: hold.message.clone(),
+            last_transition_time: Time(hold.since),
+            observed_generation: None,
+        });
+    }
     let status = NodeStatus {
         observed_generation: slot.metadata.generation,
+        power_off_held_by: seen.gate_hold.map(|h| h.held_by.clone()),
         power_state: Some(if observed.powered_on { ObservedPower::On } else { ObservedPower::Off }),
         phase: Some(report),
         provider_id: registered_id.map(str::to_owned).or(previous.provider_id.clone()),
@@ -268,10 +290,36 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         }
     }
     let publish_hold = (published != held.as_ref()).then(|| held.clone());
+    let was_gate_held = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == power_off_gates::CONDITION)
+        .map(|c| &c.message);
+    let published_gate = facts.published_gate_hold;
+    match &gate_held {
+        Some(hold) => {
+            let known = was_gate_held == Some(&hold.message)
+                || published_gate.is_some_and(|p| p.message == hold.message);
+            if !known {
+                events.push(Event {
+                    kind: EventType::Warning,
+                    reason: "PowerOffHeld",
+                    message: hold.message.clone(),
+                });
+            }
+        }
+        None if was_gate_held.is_some() || published_gate.is_some() => events.push(Event {
+            kind: EventType::Normal,
+            reason: "PowerOffHoldEnded",
+            message: "no power-off gate holds the machine any more".into(),
+        }),
+        None => {}
+    }
+    let publish_gate_hold = (published_gate != gate_held.as_ref()).then(|| gate_held.clone());
     // The scaler's field (its own apply) is not this plan's to compare.
     let mine = slot.status.clone().map(|s| NodeStatus { local_volumes: Vec::new(), ..s });
     let status = (mine.as_ref() != Some(&status)).then_some(status);
-    StatusPlan { status, events, publish_hold }
+    StatusPlan { status, events, publish_hold, publish_gate_hold }
 }
 
 fn digest(claim: &NodeClaim) -> SlotClaimDigest {
@@ -517,6 +565,7 @@ mod tests {
             seen: Seen::default(),
             meter_reading_max_age: Duration::from_secs(180),
             published_hold: None,
+            published_gate_hold: None,
             now,
         }
     }
@@ -551,6 +600,53 @@ mod tests {
         off.status = Some(NodeStatus { node_labels: want.clone(), ..NodeStatus::default() });
         let kept = plan(&facts(leak(off), None)).status.expect("a status").node_labels;
         assert_eq!(kept, want, "kept while the machine has no node");
+    }
+
+    /// A power-off the gates hold: the condition and `powerOffHeldBy` say which gate and what
+    /// it read, the event goes out when the hold starts or changes (not again on a pass that
+    /// sees the same), and the hold's end is said once.
+    #[test]
+    fn a_gate_hold_is_shown_while_it_lasts_and_its_end_said_once() {
+        use crate::controller::slot::power_off_gates::{GateHold, HELD_BY_GATE};
+        let now: jiff::Timestamp = "2026-03-04T09:10:00Z".parse().unwrap();
+        let leak = |slot: Node| -> &'static Node { Box::leak(Box::new(slot)) };
+        let hold = GateHold {
+            since: "2026-03-04T09:05:00Z".parse().unwrap(),
+            held_by: "ceph".into(),
+            reason: HELD_BY_GATE,
+            message: "held on, serving: gate ceph is closed: the query returned no sample".into(),
+            retry: Duration::from_secs(10),
+        };
+        let slot = crate::fixtures::slot("m1", "workers");
+        let held = |slot: &'static Node, published: Option<&'static PublishedHold>| {
+            let mut facts = facts_of(slot, None, now);
+            facts.seen.gate_hold = Some(Box::leak(Box::new(hold.clone())));
+            facts.published_gate_hold = published;
+            plan(&facts)
+        };
+        let first = held(leak(slot.clone()), None);
+        let status = first.status.clone().expect("a status");
+        let condition =
+            status.conditions.iter().find(|c| c.type_ == "PowerOffAllowed").expect("condition");
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "GateHolds"));
+        assert_eq!(condition.message, hold.message);
+        assert_eq!(condition.last_transition_time.0, hold.since);
+        assert_eq!(status.power_off_held_by.as_deref(), Some("ceph"));
+        let reasons = |p: &StatusPlan| p.events.iter().map(|e| e.reason).collect::<Vec<_>>();
+        assert_eq!(reasons(&first), ["PowerOffHeld"]);
+        let published = first.publish_gate_hold.clone().expect("recorded").expect("a hold");
+        // The status not yet in the cache, but the hold recorded: no second event.
+        let again = held(leak(slot.clone()), Some(Box::leak(Box::new(published))));
+        assert!(reasons(&again).is_empty(), "{:?}", again.events);
+        // Released: the condition and the name go, and the end is said once.
+        let mut was_held = slot.clone();
+        was_held.status = Some(status);
+        let ended = plan(&facts_of(leak(was_held), None, now));
+        let status = ended.status.clone().expect("a status");
+        assert!(status.conditions.iter().all(|c| c.type_ != "PowerOffAllowed"));
+        assert_eq!(status.power_off_held_by, None);
+        assert_eq!(reasons(&ended), ["PowerOffHoldEnded"]);
+        assert_eq!(ended.publish_gate_hold, None, "nothing was recorded by this term");
     }
 
     /// One pass's plan: what it writes, which events it publishes, and the hold it records.
@@ -601,7 +697,15 @@ mod tests {
         assert_eq!(reporting(&first), (Some(ObservedPower::Off), "NoNode".to_string()));
         assert_eq!((reasons(&first), &first.publish_hold), (vec![], &None));
         let again = plan(&facts(leak(with_status(plain.clone(), first.status.clone().unwrap()))));
-        assert_eq!(again, StatusPlan { status: None, events: vec![], publish_hold: None });
+        assert_eq!(
+            again,
+            StatusPlan {
+                status: None,
+                events: vec![],
+                publish_hold: None,
+                publish_gate_hold: None
+            }
+        );
 
         // No node, the plug reading the machine on: on, and the condition says so.
         let seen = Seen { on_without_node: true, ..Seen::default() };

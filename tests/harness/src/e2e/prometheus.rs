@@ -71,6 +71,11 @@ impl Prometheus {
         Ok(prometheus)
     }
 
+    /// Its base URL, as a client names it.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// The last lines of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         crate::process::file_tail(&self.log, lines)

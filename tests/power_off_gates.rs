@@ -1,0 +1,469 @@
+//! Power-off gates against a real control plane and a real Prometheus: a pool's data machines
+//! go off one at a time, and only while the storage says it can lose one. The storage here is a
+//! stand-in: an exporter that serves `ceph_health_status` as Ceph's manager does (0 healthy,
+//! 1 warning), which the test turns degraded when a machine goes down, as Ceph reports an OSD
+//! host down; and a CRD of Longhorn's `Volume` kind whose status the test writes as
+//! longhorn-manager does. Each test runs the controllers for its own namespace.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use homelab_autoscaler::api::{LABEL_SLOT, Node};
+use homelab_harness::e2e::prometheus::Prometheus;
+use homelab_harness::lab::{Lab, With};
+use homelab_harness::slots;
+use homelab_harness::{KWOK_NODE_ANNOTATION, eventually, stays};
+use k8s_openapi::api::core::v1::Node as CoreNode;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// How long a test waits for the controllers to act.
+const ACT: Duration = Duration::from_secs(120);
+/// The pools' settle: how long after a data machine's shutdown the gates are not trusted.
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// A metrics endpoint on 127.0.0.1 serving `ceph_health_status` as Ceph's manager module
+/// exports it; the test sets the value.
+struct CephHealth {
+    addr: String,
+    status: Arc<AtomicU8>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl CephHealth {
+    async fn start() -> anyhow::Result<Self> {
+        let status = Arc::new(AtomicU8::new(0));
+        let served = status.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let value = served.load(Ordering::SeqCst);
+                async move {
+                    format!(
+                        "# HELP ceph_health_status Cluster health status\n# TYPE ceph_health_status untyped\nceph_health_status {value}\n"
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { addr, status, _server: server })
+    }
+
+    fn set(&self, status: u8) {
+        self.status.store(status, Ordering::SeqCst);
+    }
+}
+
+/// Puts `gates` on the lab's pool, with the test's settle.
+async fn gate_pool(lab: &Lab, gates: serde_json::Value) {
+    let patch = json!({ "spec": { "powerOffGates": gates, "powerOffGateSettle": format!("{}s", SETTLE.as_secs()) } });
+    lab.groups()
+        .patch("pool", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("gates");
+}
+
+/// The prometheus gate on Ceph's health.
+fn ceph_gate(prometheus_url: &str) -> serde_json::Value {
+    json!([{ "name": "ceph", "prometheus": { "url": prometheus_url, "query": "ceph_health_status == 0" } }])
+}
+
+/// Brings each slot's machine up with no claim wanting it: each is to be powered off.
+async fn machines_up(lab: &Lab, slots: &[String]) {
+    for slot in slots {
+        let node: CoreNode = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": slot, "annotations": { KWOK_NODE_ANNOTATION: "fake" } },
+        }))
+        .expect("node");
+        lab.nodes().create(&PostParams::default(), &node).await.expect("machine up");
+    }
+}
+
+/// The slots whose shutdown Jobs exist, each with the Job's creation and completion times.
+async fn shutdowns(
+    lab: &Lab,
+) -> anyhow::Result<Vec<(String, jiff::Timestamp, Option<jiff::Timestamp>)>> {
+    let jobs = lab.lifecycle_jobs("shutdown").await?;
+    Ok(jobs
+        .iter()
+        .map(|j| {
+            let slot = j
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_SLOT))
+                .cloned()
+                .unwrap_or_default();
+            let created = j.metadata.creation_timestamp.as_ref().map(|t| t.0).unwrap_or_default();
+            let done = j.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0);
+            (slot, created, done)
+        })
+        .collect())
+}
+
+/// What holds a slot's power-off, and what its condition says.
+fn held(slot: &Node) -> Option<(String, String, String)> {
+    let status = slot.status.as_ref()?;
+    let by = status.power_off_held_by.clone()?;
+    let condition = status.conditions.iter().find(|c| c.type_ == "PowerOffAllowed")?;
+    Some((by, condition.reason.clone(), condition.message.clone()))
+}
+
+async fn prometheus_scraping(source: &CephHealth) -> (Prometheus, tempfile::TempDir) {
+    let logs = tempfile::tempdir().expect("logs");
+    let prometheus = Prometheus::start(std::slice::from_ref(&source.addr), logs.path())
+        .await
+        .expect("prometheus");
+    eventually("Prometheus to have scraped Ceph's health", ACT, || async {
+        prometheus.value("ceph_health_status").await.map(|_| ())
+    })
+    .await
+    .expect("scraped");
+    (prometheus, logs)
+}
+
+/// Three data machines, demand gone: the first is powered off; its storage then reports
+/// degraded, and the others are held on, serving and uncordoned, saying which gate holds them
+/// and what it read, for as long as it does; once healthy again the second goes, and the third
+/// only after the pool's settle past the second's shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_machines_go_off_one_at_a_time_and_only_while_the_storage_is_healthy() {
+    let lab = Lab::start("gates-turn", With::Controllers).await;
+    let ceph = CephHealth::start().await.expect("exporter");
+    let (prometheus, _logs) = prometheus_scraping(&ceph).await;
+    let slots = lab.create_pool(3).await.expect("pool");
+    gate_pool(&lab, ceph_gate(&prometheus.url())).await;
+    machines_up(&lab, &slots).await;
+
+    let first = eventually("the first data machine's shutdown", ACT, || async {
+        let jobs = shutdowns(&lab).await?;
+        ensure!(!jobs.is_empty(), "no shutdown Job yet");
+        Ok(jobs)
+    })
+    .await
+    .expect("a shutdown");
+    assert_eq!(first.len(), 1, "one data machine at a time, not {first:?}");
+    let first = first[0].0.clone();
+    // Its OSDs are down: Ceph says HEALTH_WARN.
+    ceph.set(1);
+    let others: Vec<&String> = slots.iter().filter(|s| **s != first).collect();
+    for slot in &others {
+        let (by, reason, _) = eventually("the others held for their turn", ACT, || async {
+            held(&lab.slots().get(slot).await?).context("not held")
+        })
+        .await
+        .expect("held");
+        ensure_turn_or_gate(&by, &reason, &first);
+    }
+    eventually("the first machine off", ACT, || async {
+        ensure!(lab.nodes().get_opt(&first).await?.is_none(), "its node is still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    for slot in &others {
+        let (_, _, message) = eventually("the others held by the gate", ACT, || async {
+            let held = held(&lab.slots().get(slot).await?).context("not held")?;
+            ensure!(held.0 == "ceph" && held.1 == "GateHolds", "held by {held:?}");
+            Ok(held)
+        })
+        .await
+        .expect("held by ceph");
+        assert!(
+            message.contains(
+                "gate ceph is closed: the query ceph_health_status == 0 returned no sample"
+            ),
+            "{message}"
+        );
+    }
+    stays("the others on, serving, while Ceph is degraded", SETTLE, || async {
+        let jobs = shutdowns(&lab).await?;
+        ensure!(jobs.len() == 1, "shutdowns: {jobs:?}");
+        for slot in &others {
+            let node = lab.nodes().get(slot).await?;
+            ensure!(!node.spec.and_then(|s| s.unschedulable).unwrap_or(false), "{slot} cordoned");
+        }
+        Ok(())
+    })
+    .await
+    .expect("held on");
+    let published = slots::event_count(&lab.client, &lab.ns, others[0], "PowerOffHeld").await;
+    assert!(published.expect("events") >= 1, "a PowerOffHeld event");
+
+    // Recovered: the second goes, and the third waits the settle past the second's shutdown.
+    ceph.set(0);
+    let jobs = eventually("all three powered off", ACT * 2, || async {
+        let jobs = shutdowns(&lab).await?;
+        ensure!(jobs.len() == 3 && jobs.iter().all(|j| j.2.is_some()), "shutdowns: {jobs:?}");
+        Ok(jobs)
+    })
+    .await
+    .expect("all off");
+    let mut jobs = jobs;
+    jobs.sort_by_key(|j| j.1);
+    let (second_done, third_started) = (jobs[1].2.expect("done"), jobs[2].1);
+    let gap = third_started.duration_since(second_done);
+    assert!(
+        gap.as_secs_f64() >= SETTLE.as_secs_f64() - 1.0,
+        "the third shutdown started {gap:#} after the second ended, within the settle: {jobs:?}"
+    );
+    for slot in &slots {
+        lab.slots_until_unheld(slot).await;
+    }
+}
+
+fn ensure_turn_or_gate(by: &str, reason: &str, first: &str) {
+    assert!(
+        (reason == "AnotherDataMachineGoingOff" && by == first)
+            || (reason == "GateHolds" && by == "ceph"),
+        "held by {by} ({reason})"
+    );
+}
+
+trait Unheld {
+    async fn slots_until_unheld(&self, slot: &str);
+}
+
+impl Unheld for Lab {
+    async fn slots_until_unheld(&self, slot: &str) {
+        eventually("the hold gone from the slot", ACT, || async {
+            let held = held(&self.slots().get(slot).await?);
+            ensure!(held.is_none(), "still held: {held:?}");
+            Ok(())
+        })
+        .await
+        .expect("unheld");
+    }
+}
+
+/// A gate that cannot be read holds: Prometheus is not there. The slot says why, and naming no
+/// gate on the slot lets the machine go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_gate_holds_the_machine_on_until_the_slot_names_no_gate() {
+    let lab = Lab::start("gates-unread", With::Controllers).await;
+    let slots = lab.create_pool(1).await.expect("pool");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let url = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    gate_pool(&lab, ceph_gate(&url)).await;
+    machines_up(&lab, &slots).await;
+    let slot = &slots[0];
+    let (by, reason, message) = eventually("held by the unreadable gate", ACT, || async {
+        held(&lab.slots().get(slot).await?).context("not held")
+    })
+    .await
+    .expect("held");
+    assert_eq!((by.as_str(), reason.as_str()), ("ceph", "GateHolds"));
+    assert!(
+        message
+            .contains(&format!("gate ceph could not be read: Prometheus at {url} did not answer")),
+        "{message}"
+    );
+    stays("the machine on while the gate is unread", Duration::from_secs(15), || async {
+        ensure!(shutdowns(&lab).await?.is_empty(), "a shutdown Job was made");
+        Ok(())
+    })
+    .await
+    .expect("held on");
+    let patch = json!({ "spec": { "powerOffGates": [] } });
+    lab.slots().patch(slot, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("no gate");
+    eventually("the machine off", ACT, || async {
+        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    lab.slots_until_unheld(slot).await;
+}
+
+/// A CEL gate over Longhorn's volumes: the machine stays on while a volume is degraded and goes
+/// once every volume reads healthy, as longhorn-manager writes its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cel_gate_over_volumes_holds_until_every_volume_is_healthy() {
+    let lab = Lab::start("gates-cel", With::Controllers).await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(lab.client.clone());
+    let crd = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": { "name": "volumes.longhorn.io" },
+        "spec": {
+            "group": "longhorn.io", "scope": "Namespaced",
+            "names": { "kind": "Volume", "plural": "volumes", "singular": "volume", "listKind": "VolumeList" },
+            "versions": [{ "name": "v1beta2", "served": true, "storage": true,
+                "subresources": { "status": {} },
+                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } } }],
+        },
+    }))
+    .expect("crd");
+    if let Err(e) = crds.create(&PostParams::default(), &crd).await {
+        assert!(matches!(&e, kube::Error::Api(s) if s.code == 409), "creating the CRD: {e}");
+    }
+    let volumes: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        lab.client.clone(),
+        &lab.ns,
+        &kube::api::ApiResource {
+            group: "longhorn.io".into(),
+            version: "v1beta2".into(),
+            api_version: "longhorn.io/v1beta2".into(),
+            kind: "Volume".into(),
+            plural: "volumes".into(),
+        },
+    );
+    let volume = eventually("the Volume kind served", ACT, || async {
+        let volume: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
+            "metadata": { "name": "pvc-db" }, "spec": { "numberOfReplicas": 3 },
+        }))?;
+        Ok(volumes.create(&PostParams::default(), &volume).await?)
+    })
+    .await
+    .expect("volume");
+    let robustness =
+        |value: &str| json!({ "status": { "state": "attached", "robustness": value } });
+    volumes
+        .patch_status("pvc-db", &PatchParams::default(), &Patch::Merge(&robustness("degraded")))
+        .await
+        .expect("degraded");
+    let slots = lab.create_pool(1).await.expect("pool");
+    let expression = "objects.all(v, v.status.robustness == 'healthy')";
+    gate_pool(
+        &lab,
+        json!([{ "name": "longhorn", "kubernetes": {
+            "apiVersion": "longhorn.io/v1beta2", "kind": "Volume", "namespace": lab.ns, "expression": expression,
+        } }]),
+    )
+    .await;
+    machines_up(&lab, &slots).await;
+    let slot = &slots[0];
+    let (by, _, message) = eventually("held by the volumes", ACT, || async {
+        held(&lab.slots().get(slot).await?).context("not held")
+    })
+    .await
+    .expect("held");
+    assert_eq!(by, "longhorn");
+    assert!(
+        message.contains(&format!("gate longhorn is closed: {expression} is false of 1 Volume")),
+        "{message}"
+    );
+    drop(volume);
+    volumes
+        .patch_status("pvc-db", &PatchParams::default(), &Patch::Merge(&robustness("healthy")))
+        .await
+        .expect("healthy");
+    eventually("the machine off", ACT, || async {
+        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
+}
+
+/// The pool's maintenance steps around a power-off: a step before that fails holds the machine
+/// on (no cordon, no shutdown) and says so; deleted and run again where it can succeed, the
+/// machine goes off after it; booted again, the step after runs once the machine is Ready, and
+/// the record of the step before is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_steps_run_before_a_power_off_and_after_the_machine_is_back() {
+    let lab = Lab::start("gates-steps", With::Controllers).await;
+    let slots = lab.create_pool(1).await.expect("pool");
+    let slot = &slots[0];
+    let step = |on: &str, what: &str| {
+        json!({
+            "image": "registry.invalid/ceph-tools:1",
+            "command": ["ceph", "osd", what, "noout"],
+            "nodeSelector": { "homelab.test/lab": on },
+            "activeDeadlineSeconds": 5,
+            "backoffLimit": 0,
+        })
+    };
+    let steps = |before_on: &str| {
+        json!({ "spec": { "maintenance": {
+            "beforePowerOff": step(before_on, "set-group"),
+            "afterReady": step(&lab.ns, "unset-group"),
+        } } })
+    };
+    // The step before can run nowhere: its Job runs into its deadline and fails.
+    let patch = steps("nowhere");
+    lab.groups()
+        .patch("pool", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("steps");
+    machines_up(&lab, &slots).await;
+    let (by, reason, message) = eventually("held by the failed step", ACT, || async {
+        let held = held(&lab.slots().get(slot).await?).context("not held")?;
+        ensure!(held.2.contains("failed"), "not failed yet: {held:?}");
+        Ok(held)
+    })
+    .await
+    .expect("held");
+    assert_eq!(reason, "MaintenanceStep");
+    let failed = by.strip_prefix("step ").expect("the step's Job").to_owned();
+    assert!(message.contains("delete the Job to run the step again"), "{message}");
+    stays("on and uncordoned while the step has failed", Duration::from_secs(10), || async {
+        ensure!(shutdowns(&lab).await?.is_empty(), "a shutdown Job was made");
+        let node = lab.nodes().get(slot).await?;
+        ensure!(!node.spec.and_then(|s| s.unschedulable).unwrap_or(false), "cordoned");
+        Ok(())
+    })
+    .await
+    .expect("held on");
+
+    // Fixed, and run again by deleting the failed Job, as the slot says.
+    let patch = steps(&lab.ns);
+    lab.groups()
+        .patch("pool", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("steps");
+    lab.jobs().delete(&failed, &kube::api::DeleteParams::background()).await.expect("delete");
+    eventually("the machine off", ACT, || async {
+        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
+    let before = lab.lifecycle_jobs("before-power-off").await.expect("jobs");
+    assert_eq!(before.len(), 1, "the succeeded step before is kept: {before:?}");
+    assert!(lab.lifecycle_jobs("after-ready").await.expect("jobs").is_empty(), "not yet");
+
+    // Booted again: the step after runs once it is Ready, then the record goes.
+    let claim = homelab_harness::claims::provider_claim_for(
+        "back",
+        slot,
+        &lab.slots(),
+        &lab.groups(),
+        lab.timeouts,
+        "test",
+    )
+    .await
+    .expect("claim");
+    lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+    eventually("the step after run, and the record gone", ACT, || async {
+        let after = lab.lifecycle_jobs("after-ready").await?;
+        let done =
+            after.iter().any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
+        ensure!(done, "the step after has not succeeded: {}", after.len());
+        let before = lab.lifecycle_jobs("before-power-off").await?;
+        ensure!(before.is_empty(), "the step before is still kept");
+        Ok(())
+    })
+    .await
+    .expect("after");
+    let env = |job: &k8s_openapi::api::batch::v1::Job| {
+        job.spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .map(|p| p.containers[0].env.clone().unwrap_or_default())
+            .unwrap_or_default()
+    };
+    let after = lab.lifecycle_jobs("after-ready").await.expect("jobs");
+    let slot_env =
+        env(&after[0]).into_iter().find(|e| e.name == "HOMELAB_SLOT").and_then(|e| e.value);
+    assert_eq!(slot_env.as_deref(), Some(slot.as_str()), "the step names its slot");
+}
