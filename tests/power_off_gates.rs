@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use homelab_autoscaler::api::{LABEL_SLOT, Node};
+use homelab_harness::ceph::Ceph;
 use homelab_harness::e2e::prometheus::Prometheus;
 use homelab_harness::lab::{Lab, With};
 use homelab_harness::slots;
@@ -466,4 +467,184 @@ async fn maintenance_steps_run_before_a_power_off_and_after_the_machine_is_back(
     let slot_env =
         env(&after[0]).into_iter().find(|e| e.name == "HOMELAB_SLOT").and_then(|e| e.value);
     assert_eq!(slot_env.as_deref(), Some(slot.as_str()), "the step names its slot");
+}
+
+/// When each OSD was last started again, by its machine's index.
+type RestartTimes = Arc<std::sync::Mutex<Vec<Option<jiff::Timestamp>>>>;
+
+/// Keeps each OSD with its machine: OSD `i` lives on `slots[i]`. A machine whose shutdown Job
+/// succeeded after its Node appeared is off, and its OSD is killed, as a machine losing power
+/// takes its OSD down; a machine whose Node is back is on again, and its OSD starts. Returns
+/// the task and when each OSD was last started again.
+fn osds_follow_their_machines(
+    lab: &Lab,
+    slots: &[String],
+    ceph: Arc<Ceph>,
+) -> (tokio::task::JoinHandle<()>, RestartTimes) {
+    let restarted = Arc::new(std::sync::Mutex::new(vec![None; slots.len()]));
+    let (nodes, jobs, slots, record) = (lab.nodes(), lab.jobs(), slots.to_vec(), restarted.clone());
+    let task = tokio::spawn(async move {
+        let mut running = vec![true; slots.len()];
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let Ok(all_jobs) = jobs.list(&Default::default()).await else { continue };
+            for (i, slot) in slots.iter().enumerate() {
+                let Ok(node) = nodes.get_opt(slot).await else { continue };
+                let born = node.as_ref().and_then(|n| n.metadata.creation_timestamp.clone());
+                let shut_since_born = all_jobs.items.iter().any(|j| {
+                    let labels = j.metadata.labels.clone().unwrap_or_default();
+                    let done = j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0;
+                    labels.get(LABEL_SLOT) == Some(slot)
+                        && labels.get("infra.homecluster.dev/lifecycle").map(String::as_str)
+                            == Some("shutdown")
+                        && done
+                        && born.as_ref().is_some_and(|b| {
+                            j.metadata.creation_timestamp.as_ref().is_some_and(|c| c.0 >= b.0)
+                        })
+                });
+                let on = node.is_some() && !shut_since_born;
+                if running[i] && !on {
+                    ceph.stop_osd(i).expect("stop the OSD");
+                    running[i] = false;
+                } else if !running[i] && on {
+                    ceph.start_osd(i).expect("start the OSD");
+                    running[i] = true;
+                    record.lock().unwrap()[i] = Some(jiff::Timestamp::now());
+                }
+            }
+        }
+    });
+    (task, restarted)
+}
+
+/// A real Ceph cluster, one OSD on each of three machines, the pool replicated three ways
+/// (`min_size` 2), gated on Ceph's health as its manager exports it. Demand gone: the first
+/// machine goes off and its OSD with it; Ceph reports the OSD down and the data degraded, and
+/// the other two are held on, the slots quoting Ceph's own health checks, for as long as that
+/// lasts (with three replicas on three OSDs the data cannot be rebuilt elsewhere: the pool's
+/// floor is two machines). The first machine comes back: Ceph is healthy again, and a second
+/// machine goes, not before. No placement group stays inactive at any time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_ceph_cluster_loses_one_osd_machine_at_a_time() {
+    let ceph = Arc::new(Ceph::start(3).await.expect("a Ceph cluster"));
+    let logs = tempfile::tempdir().expect("logs");
+    let prometheus = Prometheus::start(std::slice::from_ref(&ceph.metrics_addr), logs.path())
+        .await
+        .expect("prometheus");
+    eventually("Prometheus to have scraped a healthy Ceph", ACT, || async {
+        ensure!(!prometheus.query("ceph_health_status == 0").await?.is_empty(), "not yet");
+        Ok(())
+    })
+    .await
+    .expect("scraped");
+    let lab = Lab::start("gates-ceph", With::Controllers).await;
+    let slots = lab.create_pool(3).await.expect("pool");
+    let gate = json!([{ "name": "ceph", "prometheus": {
+        "url": prometheus.url(), "query": "ceph_health_status == 0", "explain": "ceph_health_detail == 1",
+    } }]);
+    gate_pool(&lab, gate).await;
+    let (coupling, restarted) = osds_follow_their_machines(&lab, &slots, ceph.clone());
+    // Every two seconds: how many placement groups are not active.
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler = {
+        let (ceph, samples) = (ceph.clone(), samples.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(status) = ceph.status().await {
+                    samples.lock().unwrap().push((jiff::Timestamp::now(), status));
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
+    machines_up(&lab, &slots).await;
+
+    let first = eventually("the first OSD machine's shutdown", ACT, || async {
+        let jobs = shutdowns(&lab).await?;
+        ensure!(!jobs.is_empty(), "no shutdown Job yet");
+        Ok(jobs)
+    })
+    .await
+    .expect("a shutdown");
+    assert_eq!(first.len(), 1, "one OSD machine at a time, not {first:?}");
+    let first = first[0].0.clone();
+    let index = slots.iter().position(|s| *s == first).expect("a slot of the pool");
+    let others: Vec<&String> = slots.iter().filter(|s| **s != first).collect();
+    for slot in &others {
+        let (_, _, message) = eventually("held by Ceph's health", ACT, || async {
+            let held = held(&lab.slots().get(slot).await?).context("not held")?;
+            ensure!(held.0 == "ceph" && held.2.contains("OSD_DOWN"), "held by {held:?}");
+            Ok(held)
+        })
+        .await
+        .expect("held by ceph");
+        assert!(
+            message.contains("the query ceph_health_status == 0 returned no sample"),
+            "{message}"
+        );
+    }
+    stays("the other two on while Ceph is degraded", SETTLE + Duration::from_secs(10), || async {
+        let jobs = shutdowns(&lab).await?;
+        ensure!(jobs.len() == 1, "shutdowns: {jobs:?}");
+        Ok(())
+    })
+    .await
+    .expect("held on");
+    let status = ceph.status().await.expect("status");
+    assert_eq!(status.health, "HEALTH_WARN", "{status:?}");
+    assert_eq!(status.active, status.pgs, "every placement group active with one OSD down");
+
+    // The first machine comes back (a claim for it): Ceph heals, and one more may go.
+    let claim = homelab_harness::claims::provider_claim_for(
+        "back",
+        &first,
+        &lab.slots(),
+        &lab.groups(),
+        lab.timeouts,
+        "test",
+    )
+    .await
+    .expect("claim");
+    lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+    let jobs =
+        eventually("a second OSD machine off once Ceph is healthy again", ACT * 2, || async {
+            let jobs = shutdowns(&lab).await?;
+            ensure!(jobs.len() == 2 && jobs.iter().all(|j| j.2.is_some()), "shutdowns: {jobs:?}");
+            Ok(jobs)
+        })
+        .await
+        .expect("a second off");
+    let back = restarted.lock().unwrap()[index].expect("the first machine's OSD started again");
+    let second = jobs.iter().find(|j| j.0 != first).expect("the second");
+    assert!(
+        second.1 >= back,
+        "the second shutdown {second:?} began before the first OSD was back at {back}"
+    );
+    let third = slots.iter().find(|s| **s != first && **s != second.0).expect("the third");
+    eventually("the third held again", ACT, || async {
+        let held = held(&lab.slots().get(third).await?).context("not held")?;
+        ensure!(held.2.contains("OSD_DOWN"), "held by {held:?}");
+        Ok(())
+    })
+    .await
+    .expect("the third held");
+
+    coupling.abort();
+    sampler.abort();
+    // Peering after an OSD dies takes a few seconds; no placement group stays inactive longer.
+    let samples = samples.lock().unwrap().clone();
+    let mut inactive_since: Option<jiff::Timestamp> = None;
+    for (at, status) in &samples {
+        if status.active < status.pgs {
+            let since = *inactive_since.get_or_insert(*at);
+            let lasted = at.duration_since(since);
+            assert!(
+                lasted.as_secs() < 15,
+                "placement groups inactive for {lasted:#} at {at}: {status:?}"
+            );
+        } else {
+            inactive_since = None;
+        }
+    }
+    assert!(samples.len() > 20, "{} samples", samples.len());
 }

@@ -38,6 +38,11 @@ pub struct PrometheusGate {
     /// The PromQL expression that returns samples while the machine may go.
     #[schemars(length(min = 1))]
     pub query: String,
+    /// A second query, read only while the gate is closed, whose samples the slot quotes as
+    /// the storage's own words, for example `ceph_health_detail == 1` (Ceph's health checks:
+    /// `OSD_DOWN`, `PG_DEGRADED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explain: Option<String>,
 }
 
 /// A CEL expression over Kubernetes objects of any kind, for storage that keeps its health in

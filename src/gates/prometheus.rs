@@ -7,22 +7,32 @@ use super::Verdict;
 /// How many samples a reading quotes.
 const QUOTED: usize = 3;
 
-/// Runs the gate's query and judges the answer.
+/// Runs the gate's query and judges the answer; a closed gate quotes its `explain` query too.
 pub async fn read(http: &reqwest::Client, gate: &PrometheusGate) -> (Verdict, String) {
-    let url = format!("{}/api/v1/query", gate.url.trim_end_matches('/'));
-    let sent = http.get(&url).query(&[("query", gate.query.as_str())]).send().await;
+    let (verdict, said) = ask(http, &gate.url, &gate.query).await;
+    let Some(explain) = gate.explain.as_deref().filter(|_| verdict == Verdict::Closed) else {
+        return (verdict, said);
+    };
+    match ask(http, &gate.url, explain).await {
+        (Verdict::Open, words) => (verdict, format!("{said}; {words}")),
+        (_, words) => (verdict, format!("{said} ({words})")),
+    }
+}
+
+/// Runs one instant query and judges the answer.
+async fn ask(http: &reqwest::Client, base: &str, query: &str) -> (Verdict, String) {
+    let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
+    let sent = http.get(&url).query(&[("query", query)]).send().await;
     let response = match sent {
         Ok(response) => response,
         Err(e) => {
-            return (Verdict::Unread, format!("Prometheus at {} did not answer: {e}", gate.url));
+            return (Verdict::Unread, format!("Prometheus at {base} did not answer: {e}"));
         }
     };
     let status = response.status();
     match response.text().await {
-        Ok(body) => judge(&gate.query, status.as_u16(), &body),
-        Err(e) => {
-            (Verdict::Unread, format!("Prometheus at {} answered {status}, unread: {e}", gate.url))
-        }
+        Ok(body) => judge(query, status.as_u16(), &body),
+        Err(e) => (Verdict::Unread, format!("Prometheus at {base} answered {status}, unread: {e}")),
     }
 }
 

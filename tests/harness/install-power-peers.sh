@@ -3,7 +3,9 @@
 #   - ipmi_sim and ipmitool (Debian `openipmi`, `ipmitool`): an IPMI BMC over RMCP+;
 #   - sshd (Debian `openssh-server`): the SSH shutdown;
 #   - sushy-emulator (PyPI `sushy-tools`, in a virtualenv under the cache): a Redfish BMC;
-#   - fakebmc (PyPI `pyghmi`, same virtualenv): an IPMI BMC that does not answer the RMCP ping.
+#   - fakebmc (PyPI `pyghmi`, same virtualenv): an IPMI BMC that does not answer the RMCP ping;
+#   - Ceph (Debian `ceph-mon`, `ceph-mgr`, `ceph-osd`, `ceph-common`): the storage the power-off
+#     gates guard (tests/power_off_gates.rs, tests/harness/src/ceph.rs).
 # Idempotent and quick when everything is there. Nothing lands in the repository.
 set -euo pipefail
 
@@ -18,6 +20,10 @@ command -v ipmitool >/dev/null 2>&1 || missing+=(ipmitool)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+for ceph in ceph-mon ceph-mgr ceph-osd; do
+  [ -x "/usr/bin/$ceph" ] || missing+=("$ceph")
+done
+command -v ceph >/dev/null 2>&1 || missing+=(ceph-common)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "install-power-peers: installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
@@ -45,4 +51,4 @@ if ! [ -x "$PEERS/venv/bin/fakebmc" ] \
   echo "install-power-peers: installing pyghmi $PYGHMI_VERSION into $PEERS/venv"
   "$PEERS/venv/bin/pip" install -q --disable-pip-version-check "pyghmi==$PYGHMI_VERSION"
 fi
-echo "install-power-peers: ready (ipmi_sim, ipmitool, sshd, $PEERS/venv/bin/sushy-emulator, $PEERS/venv/bin/fakebmc)"
+echo "install-power-peers: ready (ipmi_sim, ipmitool, sshd, $PEERS/venv/bin/sushy-emulator, $PEERS/venv/bin/fakebmc, ceph)"

@@ -23,6 +23,7 @@
 pub mod admission;
 mod base;
 pub mod binaries;
+pub mod ceph;
 pub mod cert_manager;
 pub mod claims;
 mod control_plane;
