@@ -23,7 +23,45 @@ struct Env {
     _logs: FailureLogs<'static>,
 }
 
+/// A node named as cluster-autoscaler names it.
+fn node_ref(name: &str) -> homelab_autoscaler::provider::NodeRef {
+    homelab_autoscaler::provider::NodeRef { name: name.to_owned(), ..Default::default() }
+}
+
 impl Env {
+    /// Waits until the provider's caches count `machines` wanted machines in the pool.
+    async fn until_target(&self, caller: &Caller, machines: i32) {
+        eventually("the provider to see the pool's machines", CACHE_LAG, || async {
+            let target = self.provider.target_size(caller, "pool")?;
+            anyhow::ensure!(target == machines, "target {target}");
+            Ok(())
+        })
+        .await
+        .expect("synced");
+    }
+
+    /// Creates `<slot>-1` as admission would have stamped it, and makes it ready.
+    async fn ready_claim(
+        &self,
+        slot: &str,
+        request: serde_json::Value,
+        by: &str,
+        finalizers: &[&str],
+    ) {
+        let api: Api<NodeClaim> = Api::namespaced(self.client.clone(), &self.ns);
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+            "metadata": { "name": format!("{slot}-1"), "finalizers": finalizers },
+            "spec": { "slotRef": { "name": slot }, "request": request, "requestedBy": by },
+        }))
+        .expect("claim");
+        api.create(&PostParams::default(), &claim).await.expect("create claim");
+        let ready = Patch::Merge(json!({ "status": { "phase": "ready" } }));
+        api.patch_status(&format!("{slot}-1"), &PatchParams::default(), &ready)
+            .await
+            .expect("ready");
+    }
+
     async fn claims(&self) -> Vec<NodeClaim> {
         let api: Api<NodeClaim> = Api::namespaced(self.client.clone(), &self.ns);
         api.list(&ListParams::default()).await.expect("list claims").items
@@ -206,7 +244,6 @@ async fn delete_nodes_naming_a_pinned_machine_is_refused_and_releases_nothing() 
         &[("pinned", 1.0, None), ("scaled", 1.0, None)],
     )
     .await;
-    let api: Api<NodeClaim> = Api::namespaced(env.client.clone(), &env.ns);
     let (pinned, scaled) = (format!("{}-pinned", env.ns), format!("{}-scaled", env.ns));
     // A person's pin on one slot (no admission in this suite: the fields it would stamp are
     // written here), cluster-autoscaler's own claim on the other; both ready.
@@ -215,31 +252,11 @@ async fn delete_nodes_naming_a_pinned_machine_is_refused_and_releases_nothing() 
         if call == "IncreaseSize" {
             request["delta"] = json!(1);
         }
-        let claim: NodeClaim = serde_json::from_value(json!({
-            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
-            "metadata": { "name": format!("{slot}-1") },
-            "spec": { "slotRef": { "name": slot }, "request": request, "requestedBy": by },
-        }))
-        .expect("claim");
-        api.create(&PostParams::default(), &claim).await.expect("create claim");
-        let ready = Patch::Merge(json!({ "status": { "phase": "ready" } }));
-        api.patch_status(&format!("{slot}-1"), &PatchParams::default(), &ready)
-            .await
-            .expect("ready");
+        env.ready_claim(slot, request, by, &[]).await;
     }
     let ca = Caller::cluster_autoscaler();
-    eventually("the provider to see both machines", CACHE_LAG, || async {
-        let target = env.provider.target_size(&ca, "pool")?;
-        anyhow::ensure!(target == 2, "target {target}");
-        Ok(())
-    })
-    .await
-    .expect("synced");
-
-    let node = |name: &str| homelab_autoscaler::provider::NodeRef {
-        name: name.to_owned(),
-        ..Default::default()
-    };
+    env.until_target(&ca, 2).await;
+    let node = node_ref;
     let refused = env
         .provider
         .delete_nodes(&ca, "pool", &[node(&scaled), node(&pinned)])
@@ -269,4 +286,102 @@ async fn delete_nodes_naming_a_pinned_machine_is_refused_and_releases_nothing() 
     let outcome =
         env.provider.delete_nodes(&ca, "pool", &[node(&scaled)]).await.expect("its own machine");
     assert_eq!(outcome.released, [format!("{scaled}-1")]);
+}
+
+/// cluster-autoscaler names every empty node of a group in one DeleteNodes: of the data
+/// machines among them, one is released and the others are refused with why; a machine whose
+/// turn has not come (another is on its way off) or whose gate holds is not released either.
+/// The gate here is CEL over a ConfigMap the storage would keep its health in.
+#[tokio::test]
+async fn delete_nodes_releases_one_data_machine_at_a_time_and_none_a_gate_holds() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Node as CoreNode};
+    let env = env(
+        "provider-gates",
+        ScalingDriver::ClusterAutoscaler,
+        &[("a", 1.0, None), ("b", 1.0, None), ("c", 1.0, None)],
+    )
+    .await;
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let health = |healthy: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": { "name": "storage-health" }, "data": { "healthy": healthy },
+        }))
+        .expect("configmap")
+    };
+    maps.create(&PostParams::default(), &health("true")).await.expect("health");
+    let gates = json!({ "spec": { "powerOffGates": [{ "name": "storage", "kubernetes": {
+        "apiVersion": "v1", "kind": "ConfigMap", "namespace": env.ns, "name": "storage-health",
+        "expression": "object.data.healthy == 'true'",
+    } }] } });
+    Api::<Group>::namespaced(env.client.clone(), &env.ns)
+        .patch("pool", &PatchParams::default(), &Patch::Merge(&gates))
+        .await
+        .expect("gates");
+    let nodes: Api<CoreNode> = Api::all(env.client.clone());
+    let name = |s: &str| format!("{}-{s}", env.ns);
+    for slot in ["a", "b", "c"].map(name) {
+        // The finalizer admission adds: a released claim stays until its machine is off.
+        let request = json!({ "call": "IncreaseSize", "group": "pool", "delta": 1 });
+        env.ready_claim(&slot, request, "ca", &[homelab_autoscaler::claim::FINALIZER]).await;
+        let node: CoreNode =
+            serde_json::from_value(json!({ "metadata": { "name": slot } })).expect("node");
+        nodes.create(&PostParams::default(), &node).await.expect("node");
+        let up = Patch::Merge(
+            json!({ "status": { "conditions": [{ "type": "Ready", "status": "True" }] } }),
+        );
+        nodes.patch_status(&slot, &PatchParams::default(), &up).await.expect("node ready");
+    }
+    let ca = Caller::cluster_autoscaler();
+    env.until_target(&ca, 3).await;
+    let node = |slot: &str| node_ref(&name(slot));
+    let released = |slot: &str| {
+        let claims = env.claims();
+        let slot = name(slot);
+        async move {
+            claims.await.iter().any(|c| {
+                c.spec.slot_ref.name == slot
+                    && c.status.as_ref().is_some_and(|s| s.scale_down_requested_at.is_some())
+            })
+        }
+    };
+
+    // Two data machines in one call: the first goes, the second is refused with why.
+    let refused = env.provider.delete_nodes(&ca, "pool", &[node("a"), node("b")]).await;
+    let refused = refused.expect_err("one data machine at a time");
+    assert_eq!(refused.kind(), ErrorKind::FailedPrecondition);
+    let message = refused.to_string();
+    assert!(message.contains(&format!("slot \"{}\"", name("b"))), "{message}");
+    assert!(message.contains(&format!("data machine {} goes off first", name("a"))), "{message}");
+    assert!(released("a").await && !released("b").await, "a released, b kept");
+
+    // The next, while the first is on its way off: its turn has not come.
+    eventually("the provider to see a released", CACHE_LAG, || async {
+        let refused = env.provider.delete_nodes(&ca, "pool", &[node("c")]).await;
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        anyhow::ensure!(message.contains("its release is under way"), "{message}");
+        Ok(())
+    })
+    .await
+    .expect("refused for its turn");
+    assert!(!released("c").await);
+
+    // The first is off (no Node), but the storage says it is not healthy: the gate holds.
+    nodes.delete(&name("a"), &Default::default()).await.expect("a off");
+    let set = |healthy: &str| Patch::Merge(json!({ "data": { "healthy": healthy } }));
+    maps.patch("storage-health", &PatchParams::default(), &set("false")).await.expect("sick");
+    eventually("refused by the gate", CACHE_LAG, || async {
+        let refused = env.provider.delete_nodes(&ca, "pool", &[node("c")]).await;
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        anyhow::ensure!(
+            message.contains("gate storage is closed: object.data.healthy == 'true' is false of ConfigMap storage-health"),
+            "{message}"
+        );
+        Ok(())
+    })
+    .await
+    .expect("refused by the gate");
+    assert!(!released("c").await);
+    maps.patch("storage-health", &PatchParams::default(), &set("true")).await.expect("healthy");
+    let outcome = env.provider.delete_nodes(&ca, "pool", &[node("c")]).await.expect("released");
+    assert_eq!(outcome.released, [format!("{}-1", name("c"))]);
 }

@@ -8,8 +8,8 @@
 //! (it calls DeleteNodes on such an instance every loop until it leaves the list): the claim is
 //! stamped status.failureAcknowledgedAt and is no longer listed.
 //!
-//! cluster-autoscaler's call naming a data machine that the pool's power-off gates would hold
-//! on is refused whole, before anything is written (`power_off_gates`, D40).
+//! A data machine that the pool's power-off gates would hold on is not released, and
+//! cluster-autoscaler's call then fails naming it (`power_off_gates`, D40).
 //!
 //! A named node whose slot is held by a pin (a live `Manual` or `Schedule` claim not already
 //! being released) refuses the whole call before anything is written: no scaler releases a
@@ -132,12 +132,16 @@ impl Provider {
     ) -> Result<DeleteOutcome, ProviderError> {
         let _writes = self.lock_writes().await;
         let snapshot = self.snapshot_for_write(caller, group).await?;
-        let plan = plan_delete(&snapshot, nodes)?;
+        let mut plan = plan_delete(&snapshot, nodes)?;
         // cluster-autoscaler treats a deletion it was told succeeded as done; the built-in
         // scaler's releases are held where the machine's status shows it (the slot's shutdown).
-        if caller.driver == crate::api::ScalingDriver::ClusterAutoscaler {
-            self.check_power_off_gates(&snapshot, &plan).await?;
-        }
+        let held = match caller.driver {
+            crate::api::ScalingDriver::ClusterAutoscaler => {
+                self.held_by_power_off_gates(&snapshot, &plan).await
+            }
+            crate::api::ScalingDriver::Builtin => Vec::new(),
+        };
+        plan.retain(|p| !held.iter().any(|(slot, _)| *slot == p.slot));
         let api: Api<NodeClaim> = Api::namespaced(self.client().clone(), &self.config().namespace);
         let now = Timestamp::now();
         let mut outcome = DeleteOutcome::default();
@@ -166,6 +170,9 @@ impl Provider {
                     && outcome.acknowledged.iter().all(|n| shown(n, &is_acknowledged))
             })
             .await;
+        if let Some(refusal) = super::power_off_gates::refusal(snapshot.name(), &held) {
+            return Err(refusal);
+        }
         Ok(outcome)
     }
 

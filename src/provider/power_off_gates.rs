@@ -2,7 +2,9 @@
 //! D40). A deletion cluster-autoscaler is told succeeded while the machine stays on leaves its
 //! ToBeDeleted taint on the node for good; a refused one makes it take the taint off, record
 //! `ScaleDownFailed` and try again later. So a data machine whose power-off the gates would
-//! hold is refused here, before anything is released, with what holds it.
+//! hold is not released, and the call fails naming it and what holds it; the other named
+//! machines (at most one data machine among them) are released, so that a call naming several
+//! empty data machines at once still makes progress, one at a time.
 
 use jiff::SignedDuration;
 
@@ -15,37 +17,35 @@ use super::error::ProviderError;
 use super::groups::GroupSnapshot;
 
 impl Provider {
-    /// Refuses the call when a named data machine may not go now: another data machine of the
-    /// pool is on its way off (or named in the same call), or one of its gates holds.
-    pub(super) async fn check_power_off_gates(
+    /// The named data machines that may not go now, each with why: one whose turn has not come
+    /// (another data machine of the pool is on its way off, or goes first in this same call) or
+    /// whose gates hold. The first that may go is not among them.
+    pub(super) async fn held_by_power_off_gates(
         &self,
         snapshot: &GroupSnapshot,
         plan: &[NodeRelease],
-    ) -> Result<(), ProviderError> {
+    ) -> Vec<(String, String)> {
         let pool = &snapshot.group.spec;
         let settle = SignedDuration::try_from(gates::settle(pool)).unwrap_or(SignedDuration::MAX);
         let now = jiff::Timestamp::now();
-        let mut named_data_machine: Option<&str> = None;
+        let mut going: Option<&str> = None;
+        let mut held = Vec::new();
         for release in plan.iter().filter(|r| !r.release.is_empty()) {
             let Some(state) = snapshot.slot(&release.slot) else { continue };
             let slot = &state.slot;
             if !gates::is_data_machine(pool, &slot.spec) {
                 continue;
             }
-            let held = |why: String| ProviderError::PowerOffHeld {
-                slot: release.slot.clone(),
-                group: snapshot.name().to_owned(),
-                why,
-            };
-            if let Some(first) = named_data_machine {
-                return Err(held(format!(
-                    "data machine {first} is named in the same call; one data machine goes off at a time"
-                )));
+            if let Some(first) = going {
+                let why = format!("data machine {first} goes off first; one at a time");
+                held.push((release.slot.clone(), why));
+                continue;
             }
-            named_data_machine = Some(&release.slot);
             let (me, peers) = gates::peers::around(self.stores(), pool, slot);
             if let Turn::Wait { peer, why, .. } = one_at_a_time::decide(&me, &peers, now, settle) {
-                return Err(held(format!("data machine {peer} is on its way off ({why})")));
+                let why = format!("data machine {peer} is on its way off ({why})");
+                held.push((release.slot.clone(), why));
+                continue;
             }
             let (applying, mut readings) = gates::applying(pool, &slot.spec);
             for gate in applying {
@@ -63,10 +63,20 @@ impl Provider {
                     format!("gate {} {how}: {}", r.gate, r.said)
                 })
                 .collect();
-            if !holding.is_empty() {
-                return Err(held(holding.join("; ")));
+            if holding.is_empty() {
+                going = Some(&release.slot);
+            } else {
+                held.push((release.slot.clone(), holding.join("; ")));
             }
         }
-        Ok(())
+        held
     }
+}
+
+/// The refusal of the held machines, for the caller.
+pub(super) fn refusal(group: &str, held: &[(String, String)]) -> Option<ProviderError> {
+    let (slot, why) = held.first()?;
+    let more: Vec<String> = held[1..].iter().map(|(s, w)| format!("slot {s:?}: {w}")).collect();
+    let why = if more.is_empty() { why.clone() } else { format!("{why}; and {}", more.join("; ")) };
+    Some(ProviderError::PowerOffHeld { slot: slot.clone(), group: group.to_owned(), why })
 }

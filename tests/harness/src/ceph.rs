@@ -5,7 +5,10 @@
 //! test process however it ends, and a machine going off is its OSD killed, as a machine that
 //! loses power takes its OSD down with it. Failure detection is tuned for one host (a peer OSD
 //! reports a dead one within seconds), and the pool is replicated three ways with `min_size` 2:
-//! one OSD down leaves the data degraded but available, two would not.
+//! one OSD down leaves the data degraded but available, two would not. The monitor's checks of
+//! the host's free disk are off: a build machine's disk is often nearly full, and the cluster
+//! writes a few megabytes (a monitor refuses to start below `mon data avail crit`, by default
+//! 5 % free, and warns below 30 %).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +17,8 @@ use anyhow::{Context as _, Result, bail, ensure};
 use tokio::process::Command;
 
 use crate::eventually;
-use crate::process::{Janitor, Process};
+use crate::ports::free_port;
+use crate::process::{Janitor, Process, file_tail};
 
 /// One OSD's bluestore file: sparse, so it costs what is written.
 const OSD_BYTES: u64 = 1 << 30;
@@ -94,10 +98,15 @@ impl Ceph {
             let conf = conf.clone();
             async move { cli(&conf, &args.iter().map(String::as_str).collect::<Vec<_>>()).await }
         };
-        eventually("the Ceph monitor answering", Duration::from_secs(60), || {
-            ceph_cli(vec!["-s".into()])
+        // A loaded machine (the suites run in lanes beside the builds) slows the monitor's
+        // start; a monitor that died says why in its log.
+        eventually("the Ceph monitor answering", Duration::from_secs(180), || async {
+            mon.ensure_running()?;
+            ceph_cli(vec!["-s".into()]).await
         })
-        .await?;
+        .await
+        .with_context(|| format!("the monitor's log:\n{}", mon.log_tail(30)))
+        .with_context(|| format!("its own log:\n{}", file_tail(&root.join("log/mon.a.log"), 30)))?;
         let owned = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
         for (key, value) in [
             ("mgr/prometheus/server_addr", "127.0.0.1".to_string()),
@@ -200,7 +209,7 @@ impl Ceph {
     }
 
     fn log_tail(&self) -> String {
-        crate::process::file_tail(&self.root.join("log/cluster.log"), 20)
+        file_tail(&self.root.join("log/cluster.log"), 20)
     }
 }
 
@@ -265,8 +274,8 @@ osd pool default size = 3
 osd pool default min size = 2
 osd pool default pg autoscale mode = off
 mgr initial modules = prometheus
-mon data avail warn = 2
-mon data avail crit = 1
+mon data avail warn = 0
+mon data avail crit = 0
 mon osd reporter subtree level = osd
 mon osd min down reporters = 1
 mon osd adjust heartbeat grace = false
@@ -339,9 +348,4 @@ fn uuid() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")
         .map(|u| u.trim().to_owned())
         .unwrap_or_default()
-}
-
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
 }
