@@ -43,6 +43,12 @@ impl Reading {
     pub fn open(&self) -> bool {
         self.verdict == Verdict::Open
     }
+
+    /// What holds, as the slot and cluster-autoscaler are told it.
+    pub fn holding(&self) -> String {
+        let how = if self.verdict == Verdict::Unread { "could not be read" } else { "is closed" };
+        format!("gate {} {how}: {}", self.gate, self.said)
+    }
 }
 
 /// The gates that concern a slot: those it names (`spec.powerOffGates`), or every gate of its

@@ -9,7 +9,7 @@
 use jiff::SignedDuration;
 
 use crate::gates::one_at_a_time::{self, Turn};
-use crate::gates::{self, Reading, Verdict};
+use crate::gates::{self, Reading};
 
 use super::Provider;
 use super::delete_nodes::NodeRelease;
@@ -51,18 +51,8 @@ impl Provider {
             for gate in applying {
                 readings.push(self.gate_reader().read(gate).await);
             }
-            let holding: Vec<String> = readings
-                .iter()
-                .filter(|r| !r.open())
-                .map(|r: &Reading| {
-                    let how = if r.verdict == Verdict::Unread {
-                        "could not be read"
-                    } else {
-                        "is closed"
-                    };
-                    format!("gate {} {how}: {}", r.gate, r.said)
-                })
-                .collect();
+            let holding: Vec<String> =
+                readings.iter().filter(|r| !r.open()).map(Reading::holding).collect();
             if holding.is_empty() {
                 going = Some(&release.slot);
             } else {

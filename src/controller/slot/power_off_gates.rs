@@ -76,14 +76,7 @@ pub async fn check(ctx: &Context, slot: &Node) -> Option<GateHold> {
     }
     ctx.give_back_power_off_turn(name);
     let held_by: Vec<&str> = holding.iter().map(|r| r.gate.as_str()).collect();
-    let said: Vec<String> = holding
-        .iter()
-        .map(|r| {
-            let how =
-                if r.verdict == gates::Verdict::Unread { "could not be read" } else { "is closed" };
-            format!("gate {} {how}: {}", r.gate, r.said)
-        })
-        .collect();
+    let said: Vec<String> = holding.iter().map(|r| r.holding()).collect();
     let message = format!(
         "held on, serving: {}. The machine is powered off once every gate holds; to let it go now, set the slot's spec.powerOffGates to []",
         said.join("; ")
