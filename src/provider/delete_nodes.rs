@@ -137,7 +137,12 @@ impl Provider {
         // scaler's releases are held where the machine's status shows it (the slot's shutdown).
         let held = match caller.driver {
             crate::api::ScalingDriver::ClusterAutoscaler => {
-                self.held_by_power_off_gates(&snapshot, &plan).await
+                let released: Vec<&str> = plan
+                    .iter()
+                    .filter(|p| !p.release.is_empty())
+                    .map(|p| p.slot.as_str())
+                    .collect();
+                self.held_by_power_off_gates(&snapshot, &released).await
             }
             crate::api::ScalingDriver::Builtin => Vec::new(),
         };

@@ -12,39 +12,39 @@ use crate::gates::one_at_a_time::{self, Turn};
 use crate::gates::{self, Reading};
 
 use super::Provider;
-use super::delete_nodes::NodeRelease;
 use super::error::ProviderError;
 use super::groups::GroupSnapshot;
 
 impl Provider {
-    /// The named data machines that may not go now, each with why: one whose turn has not come
-    /// (another data machine of the pool is on its way off, or goes first in this same call) or
-    /// whose gates hold. The first that may go is not among them.
+    /// Of the slots a call would release (`released`), the data machines that may not go now,
+    /// each with why: one whose turn has not come (another data machine of the pool is on its
+    /// way off, or goes first in this same call) or whose gates hold. The first that may go is
+    /// not among them.
     pub(super) async fn held_by_power_off_gates(
         &self,
         snapshot: &GroupSnapshot,
-        plan: &[NodeRelease],
+        released: &[&str],
     ) -> Vec<(String, String)> {
         let pool = &snapshot.group.spec;
         let settle = SignedDuration::try_from(gates::settle(pool)).unwrap_or(SignedDuration::MAX);
         let now = jiff::Timestamp::now();
         let mut going: Option<&str> = None;
         let mut held = Vec::new();
-        for release in plan.iter().filter(|r| !r.release.is_empty()) {
-            let Some(state) = snapshot.slot(&release.slot) else { continue };
+        for &name in released {
+            let Some(state) = snapshot.slot(name) else { continue };
             let slot = &state.slot;
             if !gates::is_data_machine(pool, &slot.spec) {
                 continue;
             }
             if let Some(first) = going {
                 let why = format!("data machine {first} goes off first; one at a time");
-                held.push((release.slot.clone(), why));
+                held.push((name.to_owned(), why));
                 continue;
             }
             let (me, peers) = gates::peers::around(self.stores(), pool, slot);
             if let Turn::Wait { peer, why, .. } = one_at_a_time::decide(&me, &peers, now, settle) {
                 let why = format!("data machine {peer} is on its way off ({why})");
-                held.push((release.slot.clone(), why));
+                held.push((name.to_owned(), why));
                 continue;
             }
             let (applying, mut readings) = gates::applying(pool, &slot.spec);
@@ -54,9 +54,9 @@ impl Provider {
             let holding: Vec<String> =
                 readings.iter().filter(|r| !r.open()).map(Reading::holding).collect();
             if holding.is_empty() {
-                going = Some(&release.slot);
+                going = Some(name);
             } else {
-                held.push((release.slot.clone(), holding.join("; ")));
+                held.push((name.to_owned(), holding.join("; ")));
             }
         }
         held
