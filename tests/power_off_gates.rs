@@ -163,12 +163,7 @@ async fn data_machines_go_off_one_at_a_time_and_only_while_the_storage_is_health
         .expect("held");
         ensure_turn_or_gate(&by, &reason, &first);
     }
-    eventually("the first machine off", ACT, || async {
-        ensure!(lab.nodes().get_opt(&first).await?.is_none(), "its node is still there");
-        Ok(())
-    })
-    .await
-    .expect("off");
+    until_off(&lab, &first).await;
     for slot in &others {
         let (_, _, message) = eventually("the others held by the gate", ACT, || async {
             let held = held(&lab.slots().get(slot).await?).context("not held")?;
@@ -216,7 +211,7 @@ async fn data_machines_go_off_one_at_a_time_and_only_while_the_storage_is_health
         "the third shutdown started {gap:#} after the second ended, within the settle: {jobs:?}"
     );
     for slot in &slots {
-        lab.slots_until_unheld(slot).await;
+        until_unheld(&lab, slot).await;
     }
 }
 
@@ -228,20 +223,25 @@ fn ensure_turn_or_gate(by: &str, reason: &str, first: &str) {
     );
 }
 
-trait Unheld {
-    async fn slots_until_unheld(&self, slot: &str);
+/// Waits until nothing holds the slot's power-off.
+async fn until_unheld(lab: &Lab, slot: &str) {
+    eventually("the hold gone from the slot", ACT, || async {
+        let held = held(&lab.slots().get(slot).await?);
+        ensure!(held.is_none(), "still held: {held:?}");
+        Ok(())
+    })
+    .await
+    .expect("unheld");
 }
 
-impl Unheld for Lab {
-    async fn slots_until_unheld(&self, slot: &str) {
-        eventually("the hold gone from the slot", ACT, || async {
-            let held = held(&self.slots().get(slot).await?);
-            ensure!(held.is_none(), "still held: {held:?}");
-            Ok(())
-        })
-        .await
-        .expect("unheld");
-    }
+/// Waits until the slot's machine is off: its Node is gone.
+async fn until_off(lab: &Lab, slot: &str) {
+    eventually("the machine off", ACT, || async {
+        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
+        Ok(())
+    })
+    .await
+    .expect("off");
 }
 
 /// A gate that cannot be read holds: Prometheus is not there. The slot says why, and naming no
@@ -275,13 +275,8 @@ async fn an_unreadable_gate_holds_the_machine_on_until_the_slot_names_no_gate() 
     .expect("held on");
     let patch = json!({ "spec": { "powerOffGates": [] } });
     lab.slots().patch(slot, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("no gate");
-    eventually("the machine off", ACT, || async {
-        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
-        Ok(())
-    })
-    .await
-    .expect("off");
-    lab.slots_until_unheld(slot).await;
+    until_off(&lab, slot).await;
+    until_unheld(&lab, slot).await;
 }
 
 /// A CEL gate over Longhorn's volumes: the machine stays on while a volume is degraded and goes
@@ -317,7 +312,7 @@ async fn a_cel_gate_over_volumes_holds_until_every_volume_is_healthy() {
             plural: "volumes".into(),
         },
     );
-    let volume = eventually("the Volume kind served", ACT, || async {
+    eventually("the Volume kind served", ACT, || async {
         let volume: kube::api::DynamicObject = serde_json::from_value(json!({
             "apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
             "metadata": { "name": "pvc-db" }, "spec": { "numberOfReplicas": 3 },
@@ -353,17 +348,11 @@ async fn a_cel_gate_over_volumes_holds_until_every_volume_is_healthy() {
         message.contains(&format!("gate longhorn is closed: {expression} is false of 1 Volume")),
         "{message}"
     );
-    drop(volume);
     volumes
         .patch_status("pvc-db", &PatchParams::default(), &Patch::Merge(&robustness("healthy")))
         .await
         .expect("healthy");
-    eventually("the machine off", ACT, || async {
-        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
-        Ok(())
-    })
-    .await
-    .expect("off");
+    until_off(&lab, slot).await;
 }
 
 /// The pool's maintenance steps around a power-off: a step before that fails holds the machine
@@ -423,12 +412,7 @@ async fn maintenance_steps_run_before_a_power_off_and_after_the_machine_is_back(
         .await
         .expect("steps");
     lab.jobs().delete(&failed, &kube::api::DeleteParams::background()).await.expect("delete");
-    eventually("the machine off", ACT, || async {
-        ensure!(lab.nodes().get_opt(slot).await?.is_none(), "its node is still there");
-        Ok(())
-    })
-    .await
-    .expect("off");
+    until_off(&lab, slot).await;
     let before = lab.lifecycle_jobs("before-power-off").await.expect("jobs");
     assert_eq!(before.len(), 1, "the succeeded step before is kept: {before:?}");
     assert!(lab.lifecycle_jobs("after-ready").await.expect("jobs").is_empty(), "not yet");

@@ -53,38 +53,32 @@ pub async fn before_power_off(
     let name = slot.metadata.name.as_deref().unwrap_or_default();
     let now = ctx.now();
     let current = this_time_up(ctx, name, node);
-    let held = |job: &str, message: String| GateHold {
+    // A step just made runs, as one found running does.
+    let (job_name, ran) = match current {
+        Some(job) => (job.metadata.name.clone().unwrap_or_default(), outcome(&job)),
+        None => {
+            let job_name = jobs::bounded_name(&format!("{name}-before-off-{}", now.as_second()));
+            start(ctx, slot, Lifecycle::BeforePowerOff, &job_name, step).await?;
+            (job_name, JobOutcome::Running)
+        }
+    };
+    let message = match ran {
+        JobOutcome::Succeeded { .. } => return Ok(None),
+        JobOutcome::Running => format!(
+            "held on, serving: the pool's maintenance step before a power-off runs first (Job {job_name})"
+        ),
+        JobOutcome::Failed => format!(
+            "held on, serving: the pool's maintenance step before a power-off failed (Job {job_name}); see kubectl logs -n {} job/{job_name}, and delete the Job to run the step again",
+            ctx.namespace
+        ),
+    };
+    Ok(Some(GateHold {
         since: hold_since(ctx, slot, CONDITION_REASON_STEP, now),
-        held_by: format!("step {job}"),
+        held_by: format!("step {job_name}"),
         reason: CONDITION_REASON_STEP,
         message,
         retry: RECHECK,
-    };
-    let Some(job) = current else {
-        let job_name = jobs::bounded_name(&format!("{name}-before-off-{}", now.as_second()));
-        start(ctx, slot, Lifecycle::BeforePowerOff, &job_name, step).await?;
-        let message = format!(
-            "held on, serving: the pool's maintenance step before a power-off runs first (Job {job_name})"
-        );
-        return Ok(Some(held(&job_name, message)));
-    };
-    let job_name = job.metadata.name.clone().unwrap_or_default();
-    match outcome(&job) {
-        JobOutcome::Succeeded { .. } => Ok(None),
-        JobOutcome::Running => Ok(Some(held(
-            &job_name,
-            format!(
-                "held on, serving: the pool's maintenance step before a power-off runs first (Job {job_name})"
-            ),
-        ))),
-        JobOutcome::Failed => Ok(Some(held(
-            &job_name,
-            format!(
-                "held on, serving: the pool's maintenance step before a power-off failed (Job {job_name}); see kubectl logs -n {} job/{job_name}, and delete the Job to run the step again",
-                ctx.namespace
-            ),
-        ))),
-    }
+    }))
 }
 
 /// Runs the step after, for each step before a power-off that succeeded, once the machine is
