@@ -388,7 +388,25 @@ if [[ $want == storage || $want == e2e || $want == all ]]; then
   locked local-path-provisioner build local-path-provisioner "" "" \
     local-path-provisioner=github.com/rancher/local-path-provisioner
 fi
+# Longhorn's CustomResourceDefinitions, for the suite whose gate reads Longhorn's volumes: a file
+# of its manager's published module (k8s/crds.yaml, the CRD part of Longhorn's Helm chart), not
+# a program. The module is downloaded, checked against go/longhorn-crds/go.sum, and the file
+# copied, keyed like a binary by its wrapper.
+fetch_longhorn_crds() {
+  local name=longhorn-crds.yaml key dir
+  key=$(wrapper_key longhorn-crds)
+  if [[ -f "$bin/$name" && "$(cat "$(key_file "$name")" 2>/dev/null)" == "$key" ]]; then
+    log "$name: cached"; return 0
+  fi
+  dir=$(cd "$here/go/longhorn-crds" && go mod download -json github.com/longhorn/longhorn-manager |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -f $dir/k8s/crds.yaml ]] || { log "longhorn-manager's module holds no k8s/crds.yaml"; return 1; }
+  install -m 0644 "$dir/k8s/crds.yaml" "$bin/$name.tmp" && mv -f "$bin/$name.tmp" "$bin/$name"
+  echo "$key" > "$(key_file "$name")"
+  log "$name: from $(basename "$dir")"
+}
 if [[ $want == e2e || $want == all ]]; then
+  locked longhorn-crds fetch_longhorn_crds
   locked helm build helm "$helm_ld" "" helm=helm.sh/helm/v3/cmd/helm
   locked crane build crane "" "" crane=github.com/google/go-containerregistry/cmd/crane
   locked cert-manager build_cert_manager

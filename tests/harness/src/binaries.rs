@@ -67,6 +67,7 @@ impl Profile {
                 "promtool",
                 "cert-manager-controller",
                 "cert-manager-cainjector",
+                "longhorn-crds.yaml",
             ]);
         }
         if self == Profile::Machines {

@@ -4,8 +4,10 @@
 //! own. The daemons run in the foreground under the harness's wrapper, so they end with the
 //! test process however it ends, and a machine going off is its OSD killed, as a machine that
 //! loses power takes its OSD down with it. Failure detection is tuned for one host (a peer OSD
-//! reports a dead one within seconds), and the pool is replicated three ways with `min_size` 2:
-//! one OSD down leaves the data degraded but available, two would not. The monitor's checks of
+//! reports a dead one within seconds). Each OSD sits in a CRUSH host named after its machine,
+//! and a [`Layout`] says how many copies the pool keeps and how soon a down OSD is marked out
+//! (the monitor's floor on OSDs in, `mon osd min in ratio`, is off: with three OSDs its 75 %
+//! would forbid marking any out). The monitor's checks of
 //! the host's free disk are off: a build machine's disk is often nearly full, and the cluster
 //! writes a few megabytes (a monitor refuses to start below `mon data avail crit`, by default
 //! 5 % free, and warns below 30 %).
@@ -23,6 +25,33 @@ use crate::process::{Janitor, Process, file_tail};
 /// One OSD's bluestore file: sparse, so it costs what is written.
 const OSD_BYTES: u64 = 1 << 30;
 
+/// How a test's cluster is laid out.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// One OSD for each, in a CRUSH host of that name: a machine's Kubernetes node name, which
+    /// is what a maintenance step names when it sets a flag on the machine's OSDs.
+    pub hosts: Vec<String>,
+    /// Copies of each object.
+    pub size: u32,
+    /// Copies that must be up for an object to be served.
+    pub min_size: u32,
+    /// How long an OSD may be down before the monitor marks it out and its data is rebuilt on
+    /// the others; `None` is Ceph's own 10 minutes.
+    pub down_out_after: Option<Duration>,
+}
+
+impl Layout {
+    /// `osds` OSDs (hosts `machine-<i>`), each object on three of them, served while two are up.
+    pub fn replicated_three_ways(osds: usize) -> Layout {
+        Layout {
+            hosts: (0..osds).map(|i| format!("machine-{i}")).collect(),
+            size: 3,
+            min_size: 2,
+            down_out_after: None,
+        }
+    }
+}
+
 /// A running cluster; its daemons stop and its directory goes when it is dropped.
 pub struct Ceph {
     root: PathBuf,
@@ -36,9 +65,14 @@ pub struct Ceph {
 }
 
 impl Ceph {
-    /// Brings up a cluster with `osds` OSDs and a pool of a few objects, and waits until it is
-    /// `HEALTH_OK` with every placement group active and clean.
+    /// Brings up a cluster with `osds` OSDs and a pool of a few objects, replicated three ways,
+    /// and waits until it is `HEALTH_OK` with every placement group active and clean.
     pub async fn start(osds: usize) -> Result<Ceph> {
+        Self::start_with(Layout::replicated_three_ways(osds)).await
+    }
+
+    /// [`Ceph::start`] laid out as `layout` says.
+    pub async fn start_with(layout: Layout) -> Result<Ceph> {
         let root = tempfile::Builder::new().prefix("homelab-ceph-").tempdir()?.keep();
         let janitor = Janitor::start(&root)?;
         for dir in ["run", "log", "crash", "keyrings", "mon/a", "mgr/x", "osd", "tmp"] {
@@ -47,7 +81,7 @@ impl Ceph {
         let (mon_port, metrics_port) = (free_port()?, free_port()?);
         let conf = root.join("ceph.conf");
         let fsid = uuid();
-        std::fs::write(&conf, config(&root, &fsid, mon_port))?;
+        std::fs::write(&conf, config(&root, &fsid, mon_port, &layout))?;
         let keys = root.join("keyrings");
         let mon_key = keys.join("mon.a.keyring");
         let admin_key = keys.join("client.admin.keyring");
@@ -129,18 +163,20 @@ impl Ceph {
         std::fs::write(keys.join("mgr.x.keyring"), mgr_key)?;
         let mgr = daemon("ceph-mgr", "ceph-mgr", &["-i", "x"])?;
         let mut osd_daemons = Vec::new();
-        for _ in 0..osds {
+        for host in &layout.hosts {
             let (id, osd_uuid) = new_osd(&conf, &root).await?;
             let id = id.to_string();
             std::fs::create_dir_all(root.join("osd").join(&id))?;
             run("ceph-osd", &["-c", &conf_s, "-i", &id, "--mkfs", "--osd-uuid", &osd_uuid]).await?;
-            osd_daemons.push(daemon(&format!("ceph-osd.{id}"), "ceph-osd", &["-i", &id])?);
+            let location = format!("--crush-location=root=default host={host}");
+            let args = ["-i", id.as_str(), location.as_str()];
+            osd_daemons.push(daemon(&format!("ceph-osd.{id}"), "ceph-osd", &args)?);
         }
         ceph_cli(owned(&["osd", "pool", "create", "data", "8", "8", "replicated"])).await?;
         ceph_cli(owned(&["osd", "pool", "application", "enable", "data", "rados"])).await?;
         let object = root.join("tmp/object");
         std::fs::write(&object, vec![7u8; 65536])?;
-        for i in 0..5 {
+        for i in 0..20 {
             let name = format!("object-{i}");
             run("rados", &["-c", &conf_s, "-p", "data", "put", &name, &path(&object)]).await?;
         }
@@ -155,6 +191,11 @@ impl Ceph {
         };
         ceph.until_healthy(Duration::from_secs(180)).await?;
         Ok(ceph)
+    }
+
+    /// The cluster's config file, as `CEPH_CONF` names it to the `ceph` command line.
+    pub fn conf(&self) -> &Path {
+        &self.conf
     }
 
     /// Runs the `ceph` command line against the cluster: its output.
@@ -192,6 +233,32 @@ impl Ceph {
             active: count(&|s| s.split('+').any(|p| p == "active")),
             clean: count(&|s| s == "active+clean"),
         })
+    }
+
+    /// How many OSDs are up, and how many in (the monitor marks an OSD out once it has been
+    /// down too long, and its data is then rebuilt elsewhere).
+    pub async fn osds_up_and_in(&self) -> Result<(u64, u64)> {
+        let stat: serde_json::Value =
+            serde_json::from_str(&self.cli(&["osd", "stat", "-f", "json"]).await?)?;
+        let count = |key: &str| stat[key].as_u64().with_context(|| format!("{key} in {stat}"));
+        Ok((count("num_up_osds")?, count("num_in_osds")?))
+    }
+
+    /// Objects copied to another OSD by recovery or backfill since the cluster began: the
+    /// counter of data movement, summed over every placement group.
+    pub async fn objects_recovered(&self) -> Result<u64> {
+        let dump: serde_json::Value =
+            serde_json::from_str(&self.cli(&["pg", "dump", "pgs", "-f", "json"]).await?)?;
+        let stats = dump["pg_stats"].as_array().with_context(|| format!("pg_stats in {dump}"))?;
+        Ok(stats.iter().filter_map(|pg| pg["stat_sum"]["num_objects_recovered"].as_u64()).sum())
+    }
+
+    /// The flags set on CRUSH host `host` (`noout`, `noin`…).
+    pub async fn host_flags(&self, host: &str) -> Result<Vec<String>> {
+        let dump: serde_json::Value =
+            serde_json::from_str(&self.cli(&["osd", "dump", "-f", "json"]).await?)?;
+        let flags = dump["crush_node_flags"][host].as_array().cloned().unwrap_or_default();
+        Ok(flags.iter().filter_map(|f| f.as_str().map(str::to_owned)).collect())
     }
 
     /// Waits until the cluster is `HEALTH_OK` with every placement group active and clean.
@@ -245,8 +312,10 @@ async fn new_osd(conf: &Path, root: &Path) -> Result<(u32, String)> {
     Ok((id, osd_uuid))
 }
 
-fn config(root: &Path, fsid: &str, mon_port: u16) -> String {
+fn config(root: &Path, fsid: &str, mon_port: u16, layout: &Layout) -> String {
     let d = root.display();
+    let (size, min_size) = (layout.size, layout.min_size);
+    let down_out = layout.down_out_after.map_or(600, |after| after.as_secs());
     format!(
         "[global]
 fsid = {fsid}
@@ -270,8 +339,8 @@ mgr data = {d}/mgr/$id
 osd data = {d}/osd/$id
 tmp dir = {d}/tmp
 osd crush chooseleaf type = 0
-osd pool default size = 3
-osd pool default min size = 2
+osd pool default size = {size}
+osd pool default min size = {min_size}
 osd pool default pg autoscale mode = off
 mgr initial modules = prometheus
 mon data avail warn = 0
@@ -279,6 +348,8 @@ mon data avail crit = 0
 mon osd reporter subtree level = osd
 mon osd min down reporters = 1
 mon osd adjust heartbeat grace = false
+mon osd down out interval = {down_out}
+mon osd min in ratio = 0
 osd heartbeat interval = 1
 osd heartbeat grace = 5
 ms async op threads = 1
