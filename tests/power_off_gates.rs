@@ -3,20 +3,17 @@
 //! Ceph cluster (tests/harness/src/ceph.rs), its OSDs killed and started with their machines;
 //! Longhorn's own CRDs, whose volume status the test writes as longhorn-manager does (Longhorn's
 //! manager and engines cannot run here); and, where a test steps the storage's health by hand,
-//! an exporter serving `ceph_health_status` as Ceph's manager does. The maintenance steps that
-//! must reach Ceph run on a host kubelet (tests/harness/src/host_kubelet.rs). Each test runs the
-//! controllers for its own namespace.
+//! an exporter serving `ceph_health_status` as Ceph's manager does. Each test runs the
+//! controllers for its own namespace. tests/real_machines.rs runs Ceph's OSDs on real machines.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use homelab_autoscaler::api::{LABEL_SLOT, Node};
-use homelab_harness::ceph::{Ceph, Layout};
+use homelab_harness::ceph::Ceph;
 use homelab_harness::e2e::prometheus::Prometheus;
-use homelab_harness::host_kubelet::HostKubelet;
 use homelab_harness::lab::{Lab, With};
 use homelab_harness::slots;
 use homelab_harness::{
@@ -26,8 +23,6 @@ use k8s_openapi::api::core::v1::Node as CoreNode;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// The label of a lab's host kubelet's Node, which the steps that must reach Ceph select.
-const ON_HOST: &str = "homelab.test/host-kubelet";
 /// How long a test waits for the controllers to act.
 const ACT: Duration = Duration::from_secs(120);
 /// The pools' settle: how long after a data machine's shutdown the gates are not trusted.
@@ -625,119 +620,4 @@ async fn a_real_ceph_cluster_loses_one_osd_machine_at_a_time() {
         }
     }
     assert!(samples.len() > 20, "{} samples", samples.len());
-}
-
-/// Ceph's `noout` around a power-off, set and cleared by the pool's maintenance steps: Jobs run
-/// by a host kubelet, so the steps' `ceph` commands reach the test's real cluster, written as
-/// docs/operations.md's recipe writes them. Three OSD machines, each object on two of them, and
-/// a monitor that marks an OSD out 10 s after it went down (Ceph's default is 10 minutes):
-/// without the flag, the OSD of a machine that is off is marked out and its objects are copied
-/// to the others. With it, the first machine goes off with its CRUSH host flagged `noout`; while
-/// it is off no OSD is marked out and no object is recovered or backfilled; back and Ready, the
-/// step after clears the flag.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_noout_step_keeps_ceph_from_moving_data_while_its_machine_is_off() {
-    let lab = Lab::start("gates-noout", With::Controllers).await;
-    let slots = lab.create_pool(3).await.expect("pool");
-    let layout = Layout {
-        hosts: slots.clone(),
-        size: 2,
-        min_size: 1,
-        down_out_after: Some(Duration::from_secs(10)),
-    };
-    let ceph = Arc::new(Ceph::start_with(layout).await.expect("a Ceph cluster"));
-    let logs = tempfile::tempdir().expect("logs");
-    let prometheus = Prometheus::start(std::slice::from_ref(&ceph.metrics_addr), logs.path())
-        .await
-        .expect("prometheus");
-    eventually("Prometheus to have scraped a healthy Ceph", ACT, || async {
-        ensure!(!prometheus.query("ceph_health_status == 0").await?.is_empty(), "not yet");
-        Ok(())
-    })
-    .await
-    .expect("scraped");
-    let host = format!("{}-host", lab.ns);
-    let on_host = BTreeMap::from([(ON_HOST.to_owned(), lab.ns.clone())]);
-    let conf = ceph.conf().display().to_string();
-    let kubelet = HostKubelet::start(
-        lab.client.clone(),
-        &host,
-        on_host,
-        vec![("CEPH_CONF".to_owned(), conf)],
-    )
-    .await
-    .expect("host kubelet");
-    let step = |what: &str| {
-        json!({
-            "image": "quay.io/ceph/ceph:v16",
-            "command": ["sh", "-c", format!("ceph osd {what} noout \"$HOMELAB_NODE_NAME\"")],
-            "nodeSelector": { ON_HOST: lab.ns },
-            "backoffLimit": 0,
-        })
-    };
-    let patch = json!({ "spec": { "maintenance": {
-        "beforePowerOff": step("set-group"), "afterReady": step("unset-group"),
-    } } });
-    lab.groups()
-        .patch("pool", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("steps");
-    gate_pool(&lab, ceph_gate(&prometheus.url())).await;
-    let (coupling, _) = osds_follow_their_machines(&lab, &slots, ceph.clone());
-    machines_up(&lab, &slots).await;
-
-    let first = eventually("the first OSD machine off", ACT, || async {
-        let jobs = shutdowns(&lab).await?;
-        let off = jobs.iter().find(|j| j.2.is_some()).context("none off yet")?;
-        Ok(off.0.clone())
-    })
-    .await
-    .expect("a machine off");
-    let flags = ceph.host_flags(&first).await.expect("flags");
-    assert_eq!(flags, ["noout"], "the step before flagged the machine's host");
-    let recovered = ceph.objects_recovered().await.expect("recovered");
-    let watched = Duration::from_secs(40);
-    let went_down = AtomicBool::new(false);
-    stays("no OSD out, no object moved, while the machine is off", watched, || {
-        let (ceph, went_down) = (ceph.clone(), &went_down);
-        async move {
-            let (up, r#in) = ceph.osds_up_and_in().await?;
-            if up == 2 {
-                went_down.store(true, Ordering::SeqCst);
-            }
-            ensure!(r#in == 3, "{} OSDs in, {up} up", r#in);
-            let now = ceph.objects_recovered().await?;
-            ensure!(now == recovered, "{} objects recovered or backfilled", now - recovered);
-            Ok(())
-        }
-    })
-    .await
-    .expect("no data movement");
-    assert!(went_down.load(Ordering::SeqCst), "the machine's OSD never went down");
-    assert_eq!(shutdowns(&lab).await.expect("shutdowns").len(), 1, "one machine at a time");
-
-    let claim = homelab_harness::claims::provider_claim_for(
-        "back",
-        &first,
-        &lab.slots(),
-        &lab.groups(),
-        lab.timeouts,
-        "test",
-    )
-    .await
-    .expect("claim");
-    lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
-    eventually("the step after run, and the flag cleared", ACT, || async {
-        let after = lab.lifecycle_jobs("after-ready").await?;
-        let done =
-            after.iter().any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
-        ensure!(done, "the step after has not succeeded: {}", after.len());
-        let flags = ceph.host_flags(&first).await?;
-        ensure!(flags.is_empty(), "{first} still flagged {flags:?}");
-        Ok(())
-    })
-    .await
-    .expect("noout cleared");
-    coupling.abort();
-    kubelet.remove().await.expect("host kubelet removed");
 }

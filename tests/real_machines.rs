@@ -8,18 +8,25 @@
 //!
 //! Scenarios: a machine cut off past the grace keeps its Node; a drain that a disruption budget
 //! refuses keeps the machine on; a power cut at the readiness gate ends with one machine serving;
-//! a pinned machine whose containerd is stopped (NotReady) stays on and claimed.
+//! a pinned machine whose containerd is stopped (NotReady) stays on and claimed; three machines
+//! each running a real Ceph OSD go off one at a time, and only while Ceph is healthy.
 //!
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
 //! The first run builds the `machines` programs and the operator's image (`make image`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use homelab_autoscaler::api::{ClaimCall, Group, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase};
+use homelab_autoscaler::api::{
+    ClaimCall, Group, LABEL_LIFECYCLE, LABEL_SLOT, Node, NodeClaim, NodeClaimPhase,
+};
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::scaler::{self, ScalerConfig};
+use homelab_harness::ceph::{Ceph, Layout};
 use homelab_harness::claims::{phase, provider_claim_for};
+use homelab_harness::e2e::prometheus::Prometheus;
+use homelab_harness::host_kubelet::HostKubelet;
 use homelab_harness::machine::{Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerState};
 use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, claim_ready, clear_taint, machine_settings, operator_image,
@@ -49,6 +56,17 @@ async fn apply_pool(
     readiness_taint: Option<&str>,
     machines: &[(&Machine, &str)],
 ) -> Result<()> {
+    apply_pool_with(plane, ns, readiness_taint, machines, "").await
+}
+
+/// [`apply_pool`] with `group_spec`, more of the Group's spec (YAML lines indented by two).
+async fn apply_pool_with(
+    plane: &ControlPlane,
+    ns: &str,
+    readiness_taint: Option<&str>,
+    machines: &[(&Machine, &str)],
+    group_spec: &str,
+) -> Result<()> {
     let gate = readiness_taint.map_or_else(String::new, |key| format!("{{ key: {key} }}"));
     let mut manifest = format!(
         r#"apiVersion: infra.homecluster.dev/v2alpha1
@@ -58,6 +76,7 @@ metadata:
 spec:
   driver: builtin
   nodeReadinessTaints: [{gate}]
+{group_spec}
 "#
     );
     for (machine, key) in machines {
@@ -632,4 +651,324 @@ async fn a_pinned_machine_whose_containerd_is_stopped_stays_on_and_claimed() {
     .expect("ready again");
     assert_eq!(m1.boots(), 1, "booted once, never power-cycled");
     one.operator.cancel();
+}
+
+/// How long after a data machine's shutdown the Ceph scenarios' gates are not trusted.
+const GATE_SETTLE: Duration = Duration::from_secs(20);
+/// The label of a scenario's host kubelet's Node, which the steps that must reach Ceph select.
+const ON_HOST: &str = "homelab.test/host-kubelet";
+
+/// A pool of real machines each running one OSD of a real Ceph cluster, and a real Prometheus
+/// scraping Ceph's manager. Fields drop in order: the machines' log guards first.
+struct CephPool {
+    _logs: Vec<MachineLogs>,
+    machines: Vec<(Machine, String)>,
+    ceph: Arc<Ceph>,
+    prometheus: Prometheus,
+    _prometheus_logs: tempfile::TempDir,
+}
+
+impl CephPool {
+    /// A machine `<ns>-m<i>` for each of three OSDs laid out by `layout` (its hosts are set to
+    /// the machines' names), the cluster filled and healthy, and scraped healthy.
+    async fn start(space: &TestNamespace, lan: &Lan, layout: Layout) -> CephPool {
+        let names: Vec<String> = (1..=3).map(|i| format!("{}-m{i}", space.ns)).collect();
+        let layout = Layout { hosts: names.clone(), ..layout };
+        let (ceph, osds) = Ceph::for_machines(&layout).await.expect("a Ceph cluster");
+        let mut machines = Vec::new();
+        for (name, osd) in names.iter().zip(osds) {
+            let spec = MachineSpec { services: vec![osd], ..MachineSpec::named(name) };
+            let (machine, key) = pool_machine(space.plane, lan, spec).await.expect("machine");
+            machine.power_on().await.expect("power on");
+            machines.push((machine, key));
+        }
+        let logs = machines.iter().map(|(m, _)| m.logs_on_failure()).collect();
+        ceph.fill().await.expect("Ceph healthy with its OSDs on the machines");
+        let prometheus_logs = tempfile::tempdir().expect("logs");
+        let prometheus =
+            Prometheus::start(std::slice::from_ref(&ceph.metrics_addr), prometheus_logs.path())
+                .await
+                .expect("prometheus");
+        eventually("Prometheus to have scraped a healthy Ceph", ACT, || async {
+            ensure!(!prometheus.query("ceph_health_status == 0").await?.is_empty(), "not yet");
+            Ok(())
+        })
+        .await
+        .expect("scraped");
+        CephPool {
+            _logs: logs,
+            machines,
+            ceph: Arc::new(ceph),
+            prometheus,
+            _prometheus_logs: prometheus_logs,
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.machines.iter().map(|(m, _)| m.name().to_owned()).collect()
+    }
+
+    fn machine(&self, slot: &str) -> Option<&Machine> {
+        self.machines.iter().find(|(m, _)| m.name() == slot).map(|(m, _)| m)
+    }
+
+    /// Applies the pool with kubectl, gated on Ceph's health (its own words explaining a hold),
+    /// with `more` of the Group's spec.
+    async fn apply(&self, space: &TestNamespace, more: &str) {
+        let gates = format!(
+            r#"  powerOffGateSettle: {}s
+  powerOffGates:
+  - name: ceph
+    prometheus:
+      url: "{}"
+      query: ceph_health_status == 0
+      explain: ceph_health_detail == 1
+{more}"#,
+            GATE_SETTLE.as_secs(),
+            self.prometheus.url()
+        );
+        let pool: Vec<(&Machine, &str)> =
+            self.machines.iter().map(|(m, k)| (m, k.as_str())).collect();
+        apply_pool_with(space.plane, &space.ns, None, &pool, &gates).await.expect("pool");
+    }
+
+    /// Waits for the first machine to be shut down and off: its slot.
+    async fn first_off(&self, space: &TestNamespace) -> String {
+        let first = eventually("the first OSD machine's shutdown", ACT, || async {
+            let jobs = shutdowns(space).await?;
+            ensure!(!jobs.is_empty(), "no shutdown Job yet");
+            Ok(jobs)
+        })
+        .await
+        .expect("a shutdown");
+        assert_eq!(first.len(), 1, "one OSD machine at a time, not {first:?}");
+        let first = first[0].0.clone();
+        let machine = self.machine(&first).expect("a machine of the pool");
+        eventually("the first machine off", ACT, || async {
+            let state = machine.power_state().await;
+            ensure!(state == PowerState::Off, "{state:?}");
+            Ok(())
+        })
+        .await
+        .expect("off");
+        first
+    }
+}
+
+/// The slots whose shutdown Jobs exist in the scenario's namespace, with when each was made.
+async fn shutdowns(space: &TestNamespace) -> Result<Vec<(String, jiff::Timestamp)>> {
+    let jobs: Api<Job> = Api::namespaced(space.client.clone(), &space.ns);
+    let params = ListParams::default().labels(&format!("{LABEL_LIFECYCLE}=shutdown"));
+    Ok(jobs
+        .list(&params)
+        .await?
+        .items
+        .iter()
+        .map(|j| {
+            let slot = j.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SLOT));
+            let created = j.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (slot.cloned().unwrap_or_default(), created.unwrap_or_default())
+        })
+        .collect())
+}
+
+/// What holds a slot's power-off, and what its condition says.
+async fn held(space: &TestNamespace, slot: &str) -> Result<(String, String)> {
+    let slots: Api<Node> = Api::namespaced(space.client.clone(), &space.ns);
+    let status = slots.get(slot).await?.status.context("no status")?;
+    let by = status.power_off_held_by.context("not held")?;
+    let condition = status.conditions.iter().find(|c| c.type_ == "PowerOffAllowed");
+    Ok((by, condition.map(|c| c.message.clone()).unwrap_or_default()))
+}
+
+/// A real Ceph cluster on the real machines: the monitor and manager on the test host, one OSD
+/// on each of three pool machines, run by the machine (in its cgroup, started at every boot), so
+/// that powering the machine off (an SSH shutdown from a power Job on the hub) takes its OSD
+/// down; each object on three OSDs, served while two are up; the pool gated on Ceph's health as
+/// the manager exports it to a real Prometheus. No demand: the first machine goes off; Ceph
+/// reports the OSD down, and the other two are held on, quoting Ceph's own health checks, past
+/// the settle. The first machine claimed back (Wake-on-LAN), its OSD starts with it, Ceph is
+/// healthy again, and a second machine goes; the third is held again. Sampled every second:
+/// never two OSDs down at once, no placement group inactive for longer than peering takes.
+/// Without the pool's gates, all three go at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ceph_osd_machines_go_off_one_at_a_time_and_only_while_ceph_is_healthy() {
+    let (space, lan, hub) = scenario("ceph").await;
+    let _hub_logs = hub.logs_on_failure();
+    let pool = CephPool::start(&space, &lan, Layout::replicated_three_ways(3)).await;
+    let ceph = pool.ceph.clone();
+    // Every second: how many OSDs are up, and the placement groups' states.
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler = {
+        let (ceph, samples) = (ceph.clone(), samples.clone());
+        tokio::spawn(async move {
+            loop {
+                if let (Ok((up, _)), Ok(status)) =
+                    (ceph.osds_up_and_in().await, ceph.status().await)
+                {
+                    samples.lock().unwrap().push((jiff::Timestamp::now(), up, status));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(space.plane, &space.ns, &image, machine_settings()).await;
+    pool.apply(&space, "").await;
+
+    let first = pool.first_off(&space).await;
+    let names = pool.names();
+    for slot in names.iter().filter(|n| **n != first) {
+        let (_, message) = eventually("held by Ceph's health", ACT, || async {
+            let (by, message) = held(&space, slot).await?;
+            ensure!(by == "ceph" && message.contains("OSD_DOWN"), "held by {by}: {message}");
+            Ok((by, message))
+        })
+        .await
+        .expect("held by ceph");
+        let quoted = "the query ceph_health_status == 0 returned no sample";
+        assert!(message.contains(quoted), "{message}");
+    }
+    let settle = GATE_SETTLE + Duration::from_secs(10);
+    stays("the other two on while Ceph is degraded", settle, || async {
+        let jobs = shutdowns(&space).await?;
+        ensure!(jobs.len() == 1, "shutdowns: {jobs:?}");
+        Ok(())
+    })
+    .await
+    .expect("held on");
+
+    // The first machine comes back: its OSD starts with it, Ceph heals, and one more may go.
+    claim_ready(&space.client, &space.ns, "back", &first).await;
+    let second = eventually("a second OSD machine off once Ceph is healthy again", ACT * 2, || {
+        let (pool, space, first) = (&pool, &space, &first);
+        async move {
+            let jobs = shutdowns(space).await?;
+            let second = jobs.iter().find(|j| j.0 != *first).context("no second shutdown yet")?;
+            let state = pool.machine(&second.0).context("a pool machine")?.power_state().await;
+            ensure!(state == PowerState::Off, "{} is {state:?}", second.0);
+            Ok(second.0.clone())
+        }
+    })
+    .await
+    .expect("a second off");
+    let third = names.iter().find(|n| **n != first && **n != second).expect("the third");
+    eventually("the third held again", ACT, || async {
+        let (_, message) = held(&space, third).await?;
+        ensure!(message.contains("OSD_DOWN"), "{message}");
+        Ok(())
+    })
+    .await
+    .expect("the third held");
+
+    sampler.abort();
+    operator.cancel();
+    let samples = samples.lock().unwrap().clone();
+    assert!(samples.len() > 30, "{} samples", samples.len());
+    let fewest = samples.iter().map(|s| s.1).min().unwrap_or(0);
+    assert_eq!(fewest, 2, "OSDs up at the worst moment (never two down at once)");
+    let mut inactive_since: Option<jiff::Timestamp> = None;
+    for (at, _, status) in &samples {
+        if status.active < status.pgs {
+            let since = *inactive_since.get_or_insert(*at);
+            let lasted = at.duration_since(since);
+            assert!(
+                lasted.as_secs() < 15,
+                "placement groups inactive {lasted:#} at {at}: {status:?}"
+            );
+        } else {
+            inactive_since = None;
+        }
+    }
+}
+
+/// Ceph's `noout` around a real power-off, set and cleared by the pool's maintenance steps as
+/// docs/operations.md's recipe writes them. The steps run on a host kubelet (their `ceph`
+/// commands must reach the test's cluster; no image of Ceph's is served here); the OSDs run on
+/// the machines. Each object on two of three OSDs, and a monitor that marks an OSD out 10 s
+/// after it went down (Ceph's default is 10 minutes): without the flag, the OSD of a machine
+/// that is off is marked out and its objects are copied to the others (seen: out 15 s after its
+/// machine went off). With it, the first machine goes off with its CRUSH host flagged `noout`;
+/// for 40 s no OSD is marked out, no placement group is remapped, backfilling or recovering, and
+/// no object has been recovered since before the power-off; back and Ready, the step after
+/// clears the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noout_step_keeps_ceph_from_moving_data_while_its_machine_is_off() {
+    let (space, lan, hub) = scenario("noout").await;
+    let _hub_logs = hub.logs_on_failure();
+    let layout = Layout {
+        hosts: Vec::new(),
+        size: 2,
+        min_size: 1,
+        down_out_after: Some(Duration::from_secs(10)),
+    };
+    let pool = CephPool::start(&space, &lan, layout).await;
+    let ceph = pool.ceph.clone();
+    let host = format!("{}-host", space.ns);
+    let on_host = std::collections::BTreeMap::from([(ON_HOST.to_owned(), space.ns.clone())]);
+    let conf = ceph.conf().display().to_string();
+    let kubelet =
+        HostKubelet::start(space.client.clone(), &host, on_host, vec![("CEPH_CONF".into(), conf)])
+            .await
+            .expect("host kubelet");
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(space.plane, &space.ns, &image, machine_settings()).await;
+    let step = |what: &str| {
+        format!(
+            r#"      image: quay.io/ceph/ceph:v16
+      command: [sh, -c, 'ceph osd {what} noout "$HOMELAB_NODE_NAME"']
+      nodeSelector: {{ "{ON_HOST}": "{ns}" }}
+      backoffLimit: 0"#,
+            ns = space.ns
+        )
+    };
+    let steps = format!(
+        "  maintenance:\n    beforePowerOff:\n{}\n    afterReady:\n{}",
+        step("set-group"),
+        step("unset-group")
+    );
+    let recovered = ceph.objects_recovered().await.expect("recovered");
+    pool.apply(&space, &steps).await;
+
+    let first = pool.first_off(&space).await;
+    let flags = ceph.host_flags(&first).await.expect("flags");
+    assert_eq!(flags, ["noout"], "the step before flagged the machine's host");
+    let went_down = std::sync::atomic::AtomicBool::new(false);
+    let watched = Duration::from_secs(40);
+    stays("no OSD out, no object moved, while the machine is off", watched, || {
+        let (ceph, went_down) = (ceph.clone(), &went_down);
+        async move {
+            let (up, r#in) = ceph.osds_up_and_in().await?;
+            if up == 2 {
+                went_down.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            ensure!(r#in == 3, "{} OSDs in, {up} up", r#in);
+            let status = ceph.status().await?;
+            ensure!(status.moving == 0, "placement groups moving data: {status:?}");
+            let now = ceph.objects_recovered().await?;
+            ensure!(now == recovered, "objects recovered or backfilled: {recovered}, now {now}");
+            Ok(())
+        }
+    })
+    .await
+    .expect("no data movement");
+    assert!(went_down.load(std::sync::atomic::Ordering::SeqCst), "its OSD never went down");
+    assert_eq!(shutdowns(&space).await.expect("shutdowns").len(), 1, "one machine at a time");
+
+    claim_ready(&space.client, &space.ns, "back", &first).await;
+    let jobs: Api<Job> = Api::namespaced(space.client.clone(), &space.ns);
+    eventually("the step after run, and the flag cleared", ACT, || async {
+        let params = ListParams::default().labels(&format!("{LABEL_LIFECYCLE}=after-ready"));
+        let after = jobs.list(&params).await?.items;
+        let done =
+            after.iter().any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
+        ensure!(done, "the step after has not succeeded: {}", after.len());
+        let flags = ceph.host_flags(&first).await?;
+        ensure!(flags.is_empty(), "{first} still flagged {flags:?}");
+        Ok(())
+    })
+    .await
+    .expect("noout cleared");
+    operator.cancel();
+    kubelet.remove().await.expect("host kubelet removed");
 }

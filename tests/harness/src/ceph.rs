@@ -19,6 +19,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use tokio::process::Command;
 
 use crate::eventually;
+use crate::machine::Service;
 use crate::ports::free_port;
 use crate::process::{Janitor, Process, file_tail};
 
@@ -73,6 +74,21 @@ impl Ceph {
 
     /// [`Ceph::start`] laid out as `layout` says.
     pub async fn start_with(layout: Layout) -> Result<Ceph> {
+        let (mut ceph, osds) = Self::for_machines(&layout).await?;
+        let (tmp, logs) = (ceph.root.join("tmp"), ceph.root.join("log"));
+        for osd in osds {
+            ceph.osds.push(Process::spawn(&osd.name, &osd.program, &osd.args, &tmp, &logs)?);
+        }
+        ceph.fill().await?;
+        Ok(ceph)
+    }
+
+    /// A cluster whose OSDs the machines run: the monitor and manager started, and for each of
+    /// `layout`'s hosts an OSD made and the service that runs it, for that machine's
+    /// [`MachineSpec::services`](crate::machine::MachineSpec). The OSDs share the host's
+    /// loopback with the monitor, in the machine's cgroup, so they live and die with its power.
+    /// Call [`Ceph::fill`] once the machines are on.
+    pub async fn for_machines(layout: &Layout) -> Result<(Ceph, Vec<Service>)> {
         let root = tempfile::Builder::new().prefix("homelab-ceph-").tempdir()?.keep();
         let janitor = Janitor::start(&root)?;
         for dir in ["run", "log", "crash", "keyrings", "mon/a", "mgr/x", "osd", "tmp"] {
@@ -81,7 +97,7 @@ impl Ceph {
         let (mon_port, metrics_port) = (free_port()?, free_port()?);
         let conf = root.join("ceph.conf");
         let fsid = uuid();
-        std::fs::write(&conf, config(&root, &fsid, mon_port, &layout))?;
+        std::fs::write(&conf, config(&root, &fsid, mon_port, layout))?;
         let keys = root.join("keyrings");
         let mon_key = keys.join("mon.a.keyring");
         let admin_key = keys.join("client.admin.keyring");
@@ -162,35 +178,55 @@ impl Ceph {
         .await?;
         std::fs::write(keys.join("mgr.x.keyring"), mgr_key)?;
         let mgr = daemon("ceph-mgr", "ceph-mgr", &["-i", "x"])?;
-        let mut osd_daemons = Vec::new();
+        let mut osds = Vec::new();
         for host in &layout.hosts {
             let (id, osd_uuid) = new_osd(&conf, &root).await?;
             let id = id.to_string();
             std::fs::create_dir_all(root.join("osd").join(&id))?;
             run("ceph-osd", &["-c", &conf_s, "-i", &id, "--mkfs", "--osd-uuid", &osd_uuid]).await?;
-            let location = format!("--crush-location=root=default host={host}");
-            let args = ["-i", id.as_str(), location.as_str()];
-            osd_daemons.push(daemon(&format!("ceph-osd.{id}"), "ceph-osd", &args)?);
-        }
-        ceph_cli(owned(&["osd", "pool", "create", "data", "8", "8", "replicated"])).await?;
-        ceph_cli(owned(&["osd", "pool", "application", "enable", "data", "rados"])).await?;
-        let object = root.join("tmp/object");
-        std::fs::write(&object, vec![7u8; 65536])?;
-        for i in 0..20 {
-            let name = format!("object-{i}");
-            run("rados", &["-c", &conf_s, "-p", "data", "put", &name, &path(&object)]).await?;
+            osds.push(Service {
+                name: format!("ceph-osd.{id}"),
+                program: PathBuf::from(which("ceph-osd")?),
+                args: vec![
+                    "-f".into(),
+                    "-c".into(),
+                    conf_s.clone(),
+                    "-i".into(),
+                    id,
+                    format!("--crush-location=root=default host={host}"),
+                ],
+                host_network: true,
+            });
         }
         let ceph = Ceph {
             root: root.clone(),
             conf: conf.clone(),
             metrics_addr: format!("127.0.0.1:{metrics_port}"),
-            osds: osd_daemons,
+            osds: Vec::new(),
             _mgr: mgr,
             _mon: mon,
             _janitor: janitor,
         };
-        ceph.until_healthy(Duration::from_secs(180)).await?;
-        Ok(ceph)
+        Ok((ceph, osds))
+    }
+
+    /// Creates the pool and writes its objects (the OSDs must be up), then waits until every
+    /// placement group is active and clean.
+    pub async fn fill(&self) -> Result<()> {
+        let conf_s = path(&self.conf);
+        let ceph_cli = |args: Vec<String>| async move {
+            self.cli(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+        };
+        let owned = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        ceph_cli(owned(&["osd", "pool", "create", "data", "8", "8", "replicated"])).await?;
+        ceph_cli(owned(&["osd", "pool", "application", "enable", "data", "rados"])).await?;
+        let object = self.root.join("tmp/object");
+        std::fs::write(&object, vec![7u8; 65536])?;
+        for i in 0..20 {
+            let name = format!("object-{i}");
+            run("rados", &["-c", &conf_s, "-p", "data", "put", &name, &path(&object)]).await?;
+        }
+        self.until_healthy(Duration::from_secs(180)).await
     }
 
     /// The cluster's config file, as `CEPH_CONF` names it to the `ceph` command line.
@@ -214,7 +250,8 @@ impl Ceph {
     }
 
     /// The cluster's health and its placement groups: `HEALTH_OK`, `HEALTH_WARN`…, the number of
-    /// placement groups, how many are active, and how many active and clean.
+    /// placement groups, how many are active, how many active and clean, and how many moving
+    /// data.
     pub async fn status(&self) -> Result<Status> {
         let text = self.cli(&["status", "-f", "json"]).await?;
         let status: serde_json::Value = serde_json::from_str(&text)?;
@@ -232,6 +269,11 @@ impl Ceph {
             pgs: pgs["num_pgs"].as_u64().unwrap_or(0),
             active: count(&|s| s.split('+').any(|p| p == "active")),
             clean: count(&|s| s == "active+clean"),
+            moving: count(&|s| {
+                s.split('+').any(|p| {
+                    p == "remapped" || p.starts_with("backfill") || p.starts_with("recover")
+                })
+            }),
         })
     }
 
@@ -287,6 +329,8 @@ pub struct Status {
     pub pgs: u64,
     pub active: u64,
     pub clean: u64,
+    /// Placement groups whose data is being moved: remapped, backfilling or recovering.
+    pub moving: u64,
 }
 
 /// Runs the `ceph` command line against the cluster of `conf`: its output.

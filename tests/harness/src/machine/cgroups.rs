@@ -31,8 +31,9 @@ impl Cgroups {
         format!("{}/{name}", self.root)
     }
 
-    /// Creates the machine's subtree. Idempotent: called at every power-on.
-    pub fn create(&self) -> Result<()> {
+    /// Creates the machine's subtree, with a group for each of `services` beside its own.
+    /// Idempotent: called at every power-on.
+    pub fn create(&self, services: &[&str]) -> Result<()> {
         let hierarchies = hierarchies()?;
         if !hierarchies.iter().any(|h| h.ends_with("freezer")) {
             bail!(
@@ -45,7 +46,7 @@ impl Cgroups {
             fs::create_dir_all(&pods)
                 .with_context(|| format!("creating cgroup {}", pods.display()))?;
         }
-        for service in ["containerd", "kubelet", "sshd"] {
+        for service in ["containerd", "kubelet", "sshd"].iter().chain(services) {
             let path = self.procs_file(service);
             let dir = path.parent().context("a cgroup.procs path has a parent")?;
             fs::create_dir_all(dir)

@@ -91,6 +91,23 @@ pub struct MachineSpec {
     /// closing): boot, as with the BIOS setting "restore on AC power loss: power on", or stay
     /// off until something presses "on". Without a plug mains is never cut.
     pub power_on_with_ac: bool,
+    /// Programs the machine's OS starts at every boot, after containerd and the kubelet (as
+    /// units ordered after them): a storage daemon that lives and dies with the machine.
+    pub services: Vec<Service>,
+}
+
+/// A program a machine runs while it is on, in its cgroup: killed with the machine's power, and
+/// started again at the next boot. Its log is the machine's `logs/boot-<n>/<name>.log`.
+#[derive(Clone, Debug)]
+pub struct Service {
+    /// Names its cgroup and its log (not `containerd`, `kubelet`, `sshd` or `pods`).
+    pub name: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// In the host's network namespace (as a pod with `hostNetwork` on a machine that shares
+    /// its host's network), not the machine's: for a daemon whose peers are on the host's
+    /// loopback.
+    pub host_network: bool,
 }
 
 impl MachineSpec {

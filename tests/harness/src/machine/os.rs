@@ -14,17 +14,20 @@ use super::Board;
 use crate::process::Process;
 use crate::{progress, wait};
 
-/// Joins the cgroup whose `cgroup.procs` is `$1`, then runs `$4…` in network namespace `$2` with
-/// `$3` in front of PATH. exec all the way, so the harness's wrapper kills the program itself.
+/// Joins the cgroup whose `cgroup.procs` is `$1`, then runs `$4…` in network namespace `$2`
+/// (the host's when `$2` is empty) with `$3` in front of PATH. exec all the way, so the harness's
+/// wrapper kills the program itself.
 const ENTER_SCRIPT: &str = r#"
 echo $$ > "$1" || exit 1
 export PATH="$3:$PATH"
+[ -n "$2" ] || exec "${@:4}"
 exec nsenter --net="$2" -- "${@:4}"
 "#;
 
 /// The running services of a powered machine.
 pub(crate) struct Os {
-    // Field order is drop order: the kubelet goes before its runtime.
+    // Field order is drop order: the services, then the kubelet before its runtime.
+    _services: Vec<Process>,
     kubelet: Process,
     sshd: Option<Process>,
     containerd: Process,
@@ -34,7 +37,8 @@ impl Os {
     /// Boots: containerd, the pause image imported (a no-op once it is on the disk), the kubelet.
     pub async fn boot(board: &Board, boot: u32) -> Result<Self> {
         let started = Instant::now();
-        board.cgroups.create()?;
+        let services: Vec<&str> = board.spec.services.iter().map(|s| s.name.as_str()).collect();
+        board.cgroups.create(&services)?;
         let logs = board.disk.logs().join(format!("boot-{boot}"));
         let containerd = spawn(
             board,
@@ -65,12 +69,16 @@ impl Os {
             |kubelet| kubelet.ensure_running().is_ok(),
         )
         .await?;
+        let mut services = Vec::new();
+        for service in &board.spec.services {
+            services.push(spawn_in(board, &logs, service)?);
+        }
         progress(&format!(
             "machine {} booted (containerd and kubelet up) in {:.1?}",
             board.name,
             started.elapsed()
         ));
-        Ok(Self { kubelet, sshd, containerd })
+        Ok(Self { _services: services, kubelet, sshd, containerd })
     }
 
     pub fn kubelet(&self) -> &Process {
@@ -103,12 +111,34 @@ fn spawn_program(
     program: &Path,
     args: Vec<String>,
 ) -> Result<Process> {
+    let netns = super::netns::path(&board.netns).display().to_string();
+    enter(board, logs, service, &netns, program, args)
+}
+
+/// Starts one of the spec's services: in its cgroup, and its network namespace.
+fn spawn_in(board: &Board, logs: &Path, service: &super::Service) -> Result<Process> {
+    let netns = if service.host_network {
+        String::new()
+    } else {
+        super::netns::path(&board.netns).display().to_string()
+    };
+    enter(board, logs, &service.name, &netns, &service.program, service.args.clone())
+}
+
+fn enter(
+    board: &Board,
+    logs: &Path,
+    service: &str,
+    netns: &str,
+    program: &Path,
+    args: Vec<String>,
+) -> Result<Process> {
     let mut all = vec![
         "-c".to_owned(),
         ENTER_SCRIPT.to_owned(),
         format!("enter-{service}"),
         board.cgroups.procs_file(service).display().to_string(),
-        super::netns::path(&board.netns).display().to_string(),
+        netns.to_owned(),
         // containerd finds its shim on PATH; the shim runs runc by the configured path.
         board.bin.path("containerd").parent().map(|p| p.display().to_string()).unwrap_or_default(),
         program.display().to_string(),
