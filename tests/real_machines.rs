@@ -664,7 +664,9 @@ struct CephPool {
     _logs: Vec<MachineLogs>,
     machines: Vec<(Machine, String)>,
     ceph: Arc<Ceph>,
-    prometheus: Prometheus,
+    /// Until the test stops it; its URL stays in the pool's gate.
+    prometheus: Option<Prometheus>,
+    prometheus_url: String,
     _prometheus_logs: tempfile::TempDir,
 }
 
@@ -699,9 +701,15 @@ impl CephPool {
             _logs: logs,
             machines,
             ceph: Arc::new(ceph),
-            prometheus,
+            prometheus_url: prometheus.url(),
+            prometheus: Some(prometheus),
             _prometheus_logs: prometheus_logs,
         }
+    }
+
+    /// Stops the pool's Prometheus: its gate can no longer be read.
+    fn stop_prometheus(&mut self) {
+        self.prometheus = None;
     }
 
     fn names(&self) -> Vec<String> {
@@ -725,7 +733,7 @@ impl CephPool {
       explain: ceph_health_detail == 1
 {more}"#,
             GATE_SETTLE.as_secs(),
-            self.prometheus.url()
+            self.prometheus_url
         );
         let pool: Vec<(&Machine, &str)> =
             self.machines.iter().map(|(m, k)| (m, k.as_str())).collect();
@@ -788,14 +796,15 @@ async fn held(space: &TestNamespace, slot: &str) -> Result<(String, String)> {
 /// the manager exports it to a real Prometheus. No demand: the first machine goes off; Ceph
 /// reports the OSD down, and the other two are held on, quoting Ceph's own health checks, past
 /// the settle. The first machine claimed back (Wake-on-LAN), its OSD starts with it, Ceph is
-/// healthy again, and a second machine goes; the third is held again. Sampled every second:
-/// never two OSDs down at once, no placement group inactive for longer than peering takes.
-/// Without the pool's gates, all three go at once.
+/// healthy again, and a second machine goes; the third is held again. Prometheus stopped and the
+/// second machine back, Ceph is healthy, yet the third stays on, saying its gate cannot be read.
+/// Sampled every second: never two OSDs down at once, no placement group inactive for longer
+/// than peering takes. Without the pool's gates, all three go at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ceph_osd_machines_go_off_one_at_a_time_and_only_while_ceph_is_healthy() {
     let (space, lan, hub) = scenario("ceph").await;
     let _hub_logs = hub.logs_on_failure();
-    let pool = CephPool::start(&space, &lan, Layout::replicated_three_ways(3)).await;
+    let mut pool = CephPool::start(&space, &lan, Layout::replicated_three_ways(3)).await;
     let ceph = pool.ceph.clone();
     // Every second: how many OSDs are up, and the placement groups' states.
     let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -860,6 +869,28 @@ async fn ceph_osd_machines_go_off_one_at_a_time_and_only_while_ceph_is_healthy()
     })
     .await
     .expect("the third held");
+
+    // Prometheus goes away, and the second machine comes back: Ceph is healthy, but no machine
+    // of the pool goes off while its gate cannot be read, and the third says why.
+    pool.stop_prometheus();
+    claim_ready(&space.client, &space.ns, "back-again", &second).await;
+    ceph.until_healthy(ACT).await.expect("Ceph healthy with three OSDs");
+    eventually("the third held by the unreadable gate", ACT, || async {
+        let (by, message) = held(&space, third).await?;
+        let unread =
+            format!("could not be read: Prometheus at {} did not answer", pool.prometheus_url);
+        ensure!(by == "ceph" && message.contains(&unread), "held by {by}: {message}");
+        Ok(())
+    })
+    .await
+    .expect("held by the unreadable gate");
+    stays("every machine on while the gate cannot be read", GATE_SETTLE, || async {
+        let jobs = shutdowns(&space).await?;
+        ensure!(jobs.len() == 2, "shutdowns: {jobs:?}");
+        Ok(())
+    })
+    .await
+    .expect("held on");
 
     sampler.abort();
     operator.cancel();

@@ -54,12 +54,12 @@ impl HostKubelet {
             .create(&PostParams::default(), &node)
             .await
             .with_context(|| format!("registering the host kubelet's Node {name}"))?;
-        heartbeat(&nodes, name).await?;
+        heartbeat(&nodes, name, true).await?;
         let (node_name, node_api) = (name.to_owned(), nodes.clone());
         let task = tokio::spawn(async move {
             let mut started = BTreeSet::new();
             loop {
-                if let Err(error) = heartbeat(&node_api, &node_name).await {
+                if let Err(error) = heartbeat(&node_api, &node_name, false).await {
                     eprintln!("host kubelet {node_name}: heartbeat: {error:#}");
                 }
                 if let Err(error) = sync_pods(&client, &node_name, &env, &mut started).await {
@@ -88,19 +88,30 @@ impl Drop for HostKubelet {
     }
 }
 
-/// Posts the Node's status as a live kubelet does: Ready now, room for pods.
-async fn heartbeat(nodes: &Api<Node>, name: &str) -> Result<()> {
+/// Posts the Node's status as a live kubelet does: Ready, room for pods. Only the first post
+/// (`registering`) sets when it turned Ready; the later ones move the heartbeat alone.
+async fn heartbeat(nodes: &Api<Node>, name: &str, registering: bool) -> Result<()> {
     let now = jiff::Timestamp::now().to_string();
     let capacity = json!({ "cpu": "8", "memory": "16Gi", "pods": "110" });
+    let mut ready = json!({
+        "type": "Ready", "status": "True", "reason": "KubeletReady",
+        "message": "the host kubelet of the test harness runs pods as host processes",
+        "lastHeartbeatTime": now,
+    });
+    if registering {
+        ready["lastTransitionTime"] = json!(now);
+    }
+    // Kubernetes names architectures as Go does.
+    let architecture = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
     let status = json!({ "status": {
-        "conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": "the host kubelet of the test harness runs pods as host processes",
-            "lastHeartbeatTime": now, "lastTransitionTime": now,
-        }],
+        "conditions": [ready],
         "capacity": capacity, "allocatable": capacity,
         "nodeInfo": {
-            "architecture": std::env::consts::ARCH, "operatingSystem": "linux",
+            "architecture": architecture, "operatingSystem": "linux",
             "kubeletVersion": "host", "kubeProxyVersion": "", "containerRuntimeVersion": "host",
             "kernelVersion": "", "osImage": "", "machineID": "", "systemUUID": "", "bootID": "",
         },
@@ -127,7 +138,8 @@ async fn sync_pods(
         let name = pod.name_any();
         let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
         if pod.metadata.deletion_timestamp.is_some() {
-            // Its process ended or was never started: the kubelet confirms the deletion.
+            // The kubelet confirms the deletion; a step still running is left to end on its own
+            // (these are short commands), as no container runtime can stop it.
             api.delete(&name, &DeleteParams::default().grace_period(0)).await.ok();
             continue;
         }
