@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use homelab_autoscaler::api::{LABEL_SLOT, Node};
-use homelab_harness::ceph::Ceph;
+use homelab_autoscaler::api::LABEL_SLOT;
+use homelab_harness::ceph::{Ceph, longest_inactive};
 use homelab_harness::e2e::prometheus::Prometheus;
 use homelab_harness::lab::{Lab, With};
-use homelab_harness::slots;
+use homelab_harness::slots::{self, power_off_hold};
 use homelab_harness::{
     Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, longhorn, stays,
 };
@@ -112,14 +112,6 @@ async fn shutdowns(
         .collect())
 }
 
-/// What holds a slot's power-off, and what its condition says.
-fn held(slot: &Node) -> Option<(String, String, String)> {
-    let status = slot.status.as_ref()?;
-    let by = status.power_off_held_by.clone()?;
-    let condition = status.conditions.iter().find(|c| c.type_ == "PowerOffAllowed")?;
-    Some((by, condition.reason.clone(), condition.message.clone()))
-}
-
 async fn prometheus_scraping(source: &CephHealth) -> (Prometheus, tempfile::TempDir) {
     let logs = tempfile::tempdir().expect("logs");
     let prometheus = Prometheus::start(std::slice::from_ref(&source.addr), logs.path())
@@ -160,7 +152,7 @@ async fn data_machines_go_off_one_at_a_time_and_only_while_the_storage_is_health
     let others: Vec<&String> = slots.iter().filter(|s| **s != first).collect();
     for slot in &others {
         let (by, reason, _) = eventually("the others held for their turn", ACT, || async {
-            held(&lab.slots().get(slot).await?).context("not held")
+            power_off_hold(&lab.slots().get(slot).await?).context("not held")
         })
         .await
         .expect("held");
@@ -169,7 +161,7 @@ async fn data_machines_go_off_one_at_a_time_and_only_while_the_storage_is_health
     until_off(&lab, &first).await;
     for slot in &others {
         let (_, _, message) = eventually("the others held by the gate", ACT, || async {
-            let held = held(&lab.slots().get(slot).await?).context("not held")?;
+            let held = power_off_hold(&lab.slots().get(slot).await?).context("not held")?;
             ensure!(held.0 == "ceph" && held.1 == "GateHolds", "held by {held:?}");
             Ok(held)
         })
@@ -229,7 +221,7 @@ fn ensure_turn_or_gate(by: &str, reason: &str, first: &str) {
 /// Waits until nothing holds the slot's power-off.
 async fn until_unheld(lab: &Lab, slot: &str) {
     eventually("the hold gone from the slot", ACT, || async {
-        let held = held(&lab.slots().get(slot).await?);
+        let held = power_off_hold(&lab.slots().get(slot).await?);
         ensure!(held.is_none(), "still held: {held:?}");
         Ok(())
     })
@@ -260,7 +252,7 @@ async fn an_unreadable_gate_holds_the_machine_on_until_the_slot_names_no_gate() 
     machines_up(&lab, &slots).await;
     let slot = &slots[0];
     let (by, reason, message) = eventually("held by the unreadable gate", ACT, || async {
-        held(&lab.slots().get(slot).await?).context("not held")
+        power_off_hold(&lab.slots().get(slot).await?).context("not held")
     })
     .await
     .expect("held");
@@ -328,7 +320,7 @@ async fn a_cel_gate_over_volumes_holds_until_every_volume_is_healthy() {
     machines_up(&lab, &slots).await;
     let slot = &slots[0];
     let (by, _, message) = eventually("held by the volumes", ACT, || async {
-        held(&lab.slots().get(slot).await?).context("not held")
+        power_off_hold(&lab.slots().get(slot).await?).context("not held")
     })
     .await
     .expect("held");
@@ -376,7 +368,7 @@ async fn maintenance_steps_run_before_a_power_off_and_after_the_machine_is_back(
         .expect("steps");
     machines_up(&lab, &slots).await;
     let (by, reason, message) = eventually("held by the failed step", ACT, || async {
-        let held = held(&lab.slots().get(slot).await?).context("not held")?;
+        let held = power_off_hold(&lab.slots().get(slot).await?).context("not held")?;
         ensure!(held.2.contains("failed"), "not failed yet: {held:?}");
         Ok(held)
     })
@@ -545,7 +537,7 @@ async fn a_real_ceph_cluster_loses_one_osd_machine_at_a_time() {
     let others: Vec<&String> = slots.iter().filter(|s| **s != first).collect();
     for slot in &others {
         let (_, _, message) = eventually("held by Ceph's health", ACT, || async {
-            let held = held(&lab.slots().get(slot).await?).context("not held")?;
+            let held = power_off_hold(&lab.slots().get(slot).await?).context("not held")?;
             ensure!(held.0 == "ceph" && held.2.contains("OSD_DOWN"), "held by {held:?}");
             Ok(held)
         })
@@ -595,7 +587,7 @@ async fn a_real_ceph_cluster_loses_one_osd_machine_at_a_time() {
     );
     let third = slots.iter().find(|s| **s != first && **s != second.0).expect("the third");
     eventually("the third held again", ACT, || async {
-        let held = held(&lab.slots().get(third).await?).context("not held")?;
+        let held = power_off_hold(&lab.slots().get(third).await?).context("not held")?;
         ensure!(held.2.contains("OSD_DOWN"), "held by {held:?}");
         Ok(())
     })
@@ -606,18 +598,11 @@ async fn a_real_ceph_cluster_loses_one_osd_machine_at_a_time() {
     sampler.abort();
     // Peering after an OSD dies takes a few seconds; no placement group stays inactive longer.
     let samples = samples.lock().unwrap().clone();
-    let mut inactive_since: Option<jiff::Timestamp> = None;
-    for (at, status) in &samples {
-        if status.active < status.pgs {
-            let since = *inactive_since.get_or_insert(*at);
-            let lasted = at.duration_since(since);
-            assert!(
-                lasted.as_secs() < 15,
-                "placement groups inactive for {lasted:#} at {at}: {status:?}"
-            );
-        } else {
-            inactive_since = None;
-        }
+    if let Some((lasted, at, status)) = longest_inactive(&samples) {
+        assert!(
+            lasted.as_secs() < 15,
+            "placement groups inactive for {lasted:#} at {at}: {status:?}"
+        );
     }
     assert!(samples.len() > 20, "{} samples", samples.len());
 }

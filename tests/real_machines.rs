@@ -23,7 +23,7 @@ use homelab_autoscaler::api::{
 };
 use homelab_autoscaler::controller::MachineSettings;
 use homelab_autoscaler::scaler::{self, ScalerConfig};
-use homelab_harness::ceph::{Ceph, Layout};
+use homelab_harness::ceph::{Ceph, Layout, longest_inactive};
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::e2e::prometheus::Prometheus;
 use homelab_harness::host_kubelet::HostKubelet;
@@ -32,7 +32,7 @@ use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, claim_ready, clear_taint, machine_settings, operator_image,
     pool_machine, scenario, secret, start_operator, timeouts, wake_and_ssh_power,
 };
-use homelab_harness::slots::{condition, event_reasons, node_reporting};
+use homelab_harness::slots::{condition, event_reasons, node_reporting, power_off_hold};
 use homelab_harness::{ControlPlane, TestNamespace, eventually, ready_status, stays};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -783,10 +783,19 @@ async fn shutdowns(space: &TestNamespace) -> Result<Vec<(String, jiff::Timestamp
 /// What holds a slot's power-off, and what its condition says.
 async fn held(space: &TestNamespace, slot: &str) -> Result<(String, String)> {
     let slots: Api<Node> = Api::namespaced(space.client.clone(), &space.ns);
-    let status = slots.get(slot).await?.status.context("no status")?;
-    let by = status.power_off_held_by.context("not held")?;
-    let condition = status.conditions.iter().find(|c| c.type_ == "PowerOffAllowed");
-    Ok((by, condition.map(|c| c.message.clone()).unwrap_or_default()))
+    let (by, _, message) = power_off_hold(&slots.get(slot).await?).context("not held")?;
+    Ok((by, message))
+}
+
+/// Fails if the scenario's namespace ever has other than `count` shutdown Jobs for `duration`.
+async fn shutdowns_stay(space: &TestNamespace, count: usize, what: &str, duration: Duration) {
+    stays(what, duration, || async {
+        let jobs = shutdowns(space).await?;
+        ensure!(jobs.len() == count, "shutdowns: {jobs:?}");
+        Ok(())
+    })
+    .await
+    .expect("held on");
 }
 
 /// A real Ceph cluster on the real machines: the monitor and manager on the test host, one OSD
@@ -839,13 +848,7 @@ async fn ceph_osd_machines_go_off_one_at_a_time_and_only_while_ceph_is_healthy()
         assert!(message.contains(quoted), "{message}");
     }
     let settle = GATE_SETTLE + Duration::from_secs(10);
-    stays("the other two on while Ceph is degraded", settle, || async {
-        let jobs = shutdowns(&space).await?;
-        ensure!(jobs.len() == 1, "shutdowns: {jobs:?}");
-        Ok(())
-    })
-    .await
-    .expect("held on");
+    shutdowns_stay(&space, 1, "the other two on while Ceph is degraded", settle).await;
 
     // The first machine comes back: its OSD starts with it, Ceph heals, and one more may go.
     claim_ready(&space.client, &space.ns, "back", &first).await;
@@ -884,13 +887,7 @@ async fn ceph_osd_machines_go_off_one_at_a_time_and_only_while_ceph_is_healthy()
     })
     .await
     .expect("held by the unreadable gate");
-    stays("every machine on while the gate cannot be read", GATE_SETTLE, || async {
-        let jobs = shutdowns(&space).await?;
-        ensure!(jobs.len() == 2, "shutdowns: {jobs:?}");
-        Ok(())
-    })
-    .await
-    .expect("held on");
+    shutdowns_stay(&space, 2, "every machine on while the gate cannot be read", GATE_SETTLE).await;
 
     sampler.abort();
     operator.cancel();
@@ -898,18 +895,9 @@ async fn ceph_osd_machines_go_off_one_at_a_time_and_only_while_ceph_is_healthy()
     assert!(samples.len() > 30, "{} samples", samples.len());
     let fewest = samples.iter().map(|s| s.1).min().unwrap_or(0);
     assert_eq!(fewest, 2, "OSDs up at the worst moment (never two down at once)");
-    let mut inactive_since: Option<jiff::Timestamp> = None;
-    for (at, _, status) in &samples {
-        if status.active < status.pgs {
-            let since = *inactive_since.get_or_insert(*at);
-            let lasted = at.duration_since(since);
-            assert!(
-                lasted.as_secs() < 15,
-                "placement groups inactive {lasted:#} at {at}: {status:?}"
-            );
-        } else {
-            inactive_since = None;
-        }
+    let statuses: Vec<_> = samples.into_iter().map(|(at, _, status)| (at, status)).collect();
+    if let Some((lasted, at, status)) = longest_inactive(&statuses) {
+        assert!(lasted.as_secs() < 15, "placement groups inactive {lasted:#} at {at}: {status:?}");
     }
 }
 

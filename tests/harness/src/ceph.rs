@@ -69,12 +69,7 @@ impl Ceph {
     /// Brings up a cluster with `osds` OSDs and a pool of a few objects, replicated three ways,
     /// and waits until it is `HEALTH_OK` with every placement group active and clean.
     pub async fn start(osds: usize) -> Result<Ceph> {
-        Self::start_with(Layout::replicated_three_ways(osds)).await
-    }
-
-    /// [`Ceph::start`] laid out as `layout` says.
-    pub async fn start_with(layout: Layout) -> Result<Ceph> {
-        let (mut ceph, osds) = Self::for_machines(&layout).await?;
+        let (mut ceph, osds) = Self::for_machines(&Layout::replicated_three_ways(osds)).await?;
         let (tmp, logs) = (ceph.root.join("tmp"), ceph.root.join("log"));
         for osd in osds {
             ceph.osds.push(Process::spawn(&osd.name, &osd.program, &osd.args, &tmp, &logs)?);
@@ -320,6 +315,26 @@ impl Ceph {
     fn log_tail(&self) -> String {
         file_tail(&self.root.join("log/cluster.log"), 20)
     }
+}
+
+/// The longest stretch of `samples` (in time order) in which some placement group was not
+/// active: how long it lasted, when, and the status at its end; `None` if there was none.
+pub fn longest_inactive(
+    samples: &[(jiff::Timestamp, Status)],
+) -> Option<(jiff::SignedDuration, jiff::Timestamp, Status)> {
+    let mut longest: Option<(jiff::SignedDuration, jiff::Timestamp, Status)> = None;
+    let mut since = None;
+    for (at, status) in samples {
+        if status.active == status.pgs {
+            since = None;
+            continue;
+        }
+        let lasted = at.duration_since(*since.get_or_insert(*at));
+        if longest.as_ref().is_none_or(|(l, _, _)| lasted > *l) {
+            longest = Some((lasted, *at, status.clone()));
+        }
+    }
+    longest
 }
 
 /// What `ceph status` says of the cluster.

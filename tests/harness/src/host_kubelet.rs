@@ -15,15 +15,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 
-/// How often the Node's Ready condition is renewed and its pods looked at; well inside
-/// kube-controller-manager's 20 s grace.
+/// How often the Node's Ready condition is renewed; well inside kube-controller-manager's 20 s
+/// grace.
 const BEAT: Duration = Duration::from_secs(2);
 
 /// A running host kubelet; its Node is deleted by [`HostKubelet::remove`], and its loop ends
@@ -57,15 +59,28 @@ impl HostKubelet {
         heartbeat(&nodes, name, true).await?;
         let (node_name, node_api) = (name.to_owned(), nodes.clone());
         let task = tokio::spawn(async move {
+            // The pods bound to the node, as a kubelet watches them.
+            let bound = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+            let mut pods =
+                watcher(Api::<Pod>::all(client.clone()), bound).default_backoff().boxed();
+            let mut beat = tokio::time::interval(BEAT);
             let mut started = BTreeSet::new();
             loop {
-                if let Err(error) = heartbeat(&node_api, &node_name, false).await {
-                    eprintln!("host kubelet {node_name}: heartbeat: {error:#}");
+                tokio::select! {
+                    _ = beat.tick() => {
+                        if let Err(error) = heartbeat(&node_api, &node_name, false).await {
+                            eprintln!("host kubelet {node_name}: heartbeat: {error:#}");
+                        }
+                    }
+                    event = pods.next() => match event {
+                        Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                            sync_pod(&client, pod, &env, &mut started).await;
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(error)) => eprintln!("host kubelet {node_name}: pods: {error:#}"),
+                        None => return,
+                    },
                 }
-                if let Err(error) = sync_pods(&client, &node_name, &env, &mut started).await {
-                    eprintln!("host kubelet {node_name}: pods: {error:#}");
-                }
-                tokio::time::sleep(BEAT).await;
             }
         });
         Ok(HostKubelet { name: name.to_owned(), nodes, task })
@@ -123,37 +138,32 @@ async fn heartbeat(nodes: &Api<Node>, name: &str, registering: bool) -> Result<(
     Ok(())
 }
 
-/// Starts every pod bound to the node that has not started yet, each in a task of its own that
-/// reports its end; lets go of deleted pods.
-async fn sync_pods(
+/// Starts a pod bound to the node that has not started yet, in a task of its own that reports
+/// its end; lets go of a deleted one.
+async fn sync_pod(
     client: &Client,
-    node: &str,
+    pod: Pod,
     env: &[(String, String)],
     started: &mut BTreeSet<String>,
-) -> Result<()> {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let bound = pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?;
-    for pod in bound.items {
-        let (Some(ns), Some(uid)) = (pod.namespace(), pod.uid()) else { continue };
-        let name = pod.name_any();
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        if pod.metadata.deletion_timestamp.is_some() {
-            // The kubelet confirms the deletion; a step still running is left to end on its own
-            // (these are short commands), as no container runtime can stop it.
-            api.delete(&name, &DeleteParams::default().grace_period(0)).await.ok();
-            continue;
-        }
-        if !started.insert(uid) {
-            continue;
-        }
-        let env = env.to_vec();
-        tokio::spawn(async move {
-            if let Err(error) = run_pod(&api, &pod, &env).await {
-                eprintln!("host kubelet: pod {name}: {error:#}");
-            }
-        });
+) {
+    let (Some(ns), Some(uid)) = (pod.namespace(), pod.uid()) else { return };
+    let name = pod.name_any();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    if pod.metadata.deletion_timestamp.is_some() {
+        // The kubelet confirms the deletion; a step still running is left to end on its own
+        // (these are short commands), as no container runtime can stop it.
+        api.delete(&name, &DeleteParams::default().grace_period(0)).await.ok();
+        return;
     }
-    Ok(())
+    if !started.insert(uid) {
+        return;
+    }
+    let env = env.to_vec();
+    tokio::spawn(async move {
+        if let Err(error) = run_pod(&api, &pod, &env).await {
+            eprintln!("host kubelet: pod {name}: {error:#}");
+        }
+    });
 }
 
 /// Runs the pod's container to its end and reports it: Running, then Succeeded or Failed.

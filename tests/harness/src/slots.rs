@@ -18,6 +18,14 @@ pub fn condition_reason(slot: &Node, type_: &str) -> Option<String> {
     conditions.iter().find(|c| c.type_ == type_).map(|c| c.reason.clone())
 }
 
+/// What holds the slot's power-off (`status.powerOffHeldBy`), with its `PowerOffAllowed`
+/// condition's reason and message; `None` while nothing holds it.
+pub fn power_off_hold(slot: &Node) -> Option<(String, String, String)> {
+    let by = slot.status.as_ref()?.power_off_held_by.clone()?;
+    let (_, message) = condition(slot, "PowerOffAllowed")?;
+    Some((by, condition_reason(slot, "PowerOffAllowed")?, message))
+}
+
 /// The slot's `NodeReporting` condition: whether its kubelet reports, and why not.
 pub fn node_reporting(slot: &Node) -> Option<(bool, String)> {
     condition(slot, "NodeReporting")
