@@ -11,16 +11,17 @@ ifdef KUBE_VERSION
 export HOMELAB_KUBE_VERSION := $(KUBE_VERSION)
 endif
 
-.PHONY: test test-fast demo bench manifests lint image reliability-long soak
+.PHONY: test test-fast demo bench manifests lint lint-format image reliability-long soak
 
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## the power drivers against real protocol peers (installed by install-power-peers.sh), and the
 ## real-machine tier (network namespaces running a real kubelet and containerd; needs root).
 ## The test executables of `cargo test --workspace --all-targets` run three at a time
 ## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
-## The programs the suites that run alone need (the `cluster` profile) and the operator's image
-## (the tests' `image-test` profile) are built beside the test build; the rest of the Go programs
+## The programs the suites that run alone need (the `cluster` profile) are built beside the test
+## build, the operator's image linked from its crates; the rest of the Go programs
 ## (the `all` profile) build beside the suites at nice 19, in the time they spend waiting on clocks.
+## HOMELAB_TEST_CLIPPY=1 (.ci/run) makes the test build clippy's too: a lint warning fails it.
 test:
 	tests/harness/install-power-peers.sh
 	HOMELAB_TEST_BUILD_FIRST=cluster $(if $(ONLY),,HOMELAB_TEST_IMAGE_FIRST=1 HOMELAB_TEST_BUILD_BESIDE=all) \
@@ -59,13 +60,17 @@ manifests:
 	cargo run --locked -q -- manifests write
 
 ## lint: formatting, the workflows (actionlint, built by build-binaries.sh under its lock, and
-## a check that every repository command they call exists) and clippy, as CI runs them. Clippy
-## keeps its own target dir, so that it can run beside `make test` (as .ci/run does) without
-## waiting on the test build's lock.
-lint:
+## a check that every repository command they call exists) and clippy. Clippy keeps its own
+## target dir, so that it never waits on the test build's lock. .ci/run runs `lint-format`
+## beside `make test` and has the test build run clippy's lints (HOMELAB_TEST_CLIPPY=1), the same
+## lints without a second build of every dependency.
+lint: lint-format
+	CARGO_TARGET_DIR=$(CACHE)/lint-target cargo clippy --workspace --all-targets --locked -- -D warnings
+
+## lint-format: formatting and the workflows, `make lint` without clippy.
+lint-format:
 	cargo fmt --all -- --check
 	tests/harness/lint-workflows.sh
-	CARGO_TARGET_DIR=$(CACHE)/lint-target cargo clippy --workspace --all-targets --locked -- -D warnings
 
 ## soak: the seeded fault run on real machines at length, under the built-in scaler
 ## (tests/real_machines_faults.rs) or, with DRIVER=cluster-autoscaler, under the real

@@ -11,9 +11,15 @@
 #   scripts/build-image.sh [OUT.tar]     (default: $CARGO_TARGET_DIR/image/homelab-autoscaler.tar)
 #
 # Environment: IMAGE (default ghcr.io/homecluster-dev/homelab-autoscaler), TAG (default the
-# crate's version), IMAGE_PROFILE (the cargo profile of the binary, default `release`; the tests
-# pass `image-test`, Cargo.toml says why), CARGO_TARGET_DIR, HOMELAB_TEST_CACHE (where crane is
-# built).
+# crate's version), IMAGE_PROFILE (the cargo profile of the binary, default `release`),
+# CARGO_TARGET_DIR, HOMELAB_TEST_CACHE (where crane is built).
+#
+# IMAGE_PROFILE=dev is the tests' image: the binary is linked statically from the crates the test
+# build (`cargo test`, the `dev` profile, in CARGO_TARGET_DIR as its build dir) has compiled, so
+# it costs one link instead of a second build of every dependency. Only the final link is
+# static: std decides at that link whether libc is linked statically (crt-static), so crates
+# compiled for the dynamic test build serve. The binary is uplifted into a target dir of its own,
+# so the test build's own `homelab-autoscaler` stays the dynamic one the suites run.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,13 +32,18 @@ profile=${IMAGE_PROFILE:-release}
 triple=x86_64-unknown-linux-gnu
 log() { printf '[image] %s\n' "$*" >&2; }
 
-log "building the static binary ($profile, $triple, crt-static)"
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --profile "$profile" --locked --target "$triple" --bin homelab-autoscaler --manifest-path "$root/Cargo.toml"
-# cargo's directory for a profile is its name, but `dev`'s is `debug`.
-profile_dir=$profile
-[[ $profile != dev ]] || profile_dir=debug
-binary=$target_dir/$triple/$profile_dir/homelab-autoscaler
+if [[ $profile == dev ]]; then
+  log "linking the static binary from the test build's crates (dev, crt-static at the link)"
+  CARGO_BUILD_BUILD_DIR=$target_dir CARGO_TARGET_DIR=$target_dir/image-link \
+    cargo rustc --profile dev --locked --bin homelab-autoscaler --manifest-path "$root/Cargo.toml" \
+    -- -C target-feature=+crt-static -C strip=debuginfo
+  binary=$target_dir/image-link/debug/homelab-autoscaler
+else
+  log "building the static binary ($profile, $triple, crt-static)"
+  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+    cargo build --profile "$profile" --locked --target "$triple" --bin homelab-autoscaler --manifest-path "$root/Cargo.toml"
+  binary=$target_dir/$triple/$profile/homelab-autoscaler
+fi
 
 bin_dir=$("$root/tests/harness/build-binaries.sh" image | tail -n 1)
 crane=$bin_dir/crane

@@ -2,9 +2,9 @@
 //! packs it with crane into an OCI layout tarball. This unpacks that tarball as a runtime would
 //! (index → manifest → config and layer), checks the image's entrypoint, non-root user, platform
 //! and labels, and runs the binary taken out of the layer: statically linked (no ELF
-//! interpreter), it makes a CA and certificate with its TLS stack. The binary is built with the
-//! tests' image profile (`image-test`, the debug profile's build, stripped): the script,
-//! target, static linking and packing are `make image`'s.
+//! interpreter), it makes a CA and certificate with its TLS stack. The binary is the tests'
+//! (`IMAGE_PROFILE=dev`: linked statically from the test build's crates, without debug info):
+//! the script, static linking and packing are `make image`'s.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -19,9 +19,10 @@
 # Environment: HOMELAB_TEST_LANES (default 3) executables at once. HOMELAB_TEST_BUILD_FIRST names
 # a build-binaries.sh profile to build beside the test build (`make test` passes `cluster`, what
 # the suites that run alone need), and HOMELAB_TEST_IMAGE_FIRST=1 builds the operator's image
-# there too (scripts/build-image.sh with the tests' profile, handed to the suites as
-# HOMELAB_OPERATOR_IMAGE): on two cores the Go build and the two cargo builds fill each other's
-# serial stretches, and the first suite starts when all three are done. HOMELAB_TEST_BUILD_BESIDE names
+# there too (scripts/build-image.sh with IMAGE_PROFILE=dev: linked from the test build's crates,
+# handed to the suites as HOMELAB_OPERATOR_IMAGE): on two cores the Go build and the cargo build
+# fill each other's serial stretches, and the first suite starts when both are done.
+# HOMELAB_TEST_CLIPPY=1 lints the workspace in the test build (below). HOMELAB_TEST_BUILD_BESIDE names
 # a build-binaries.sh profile to build beside the suites, at nice 19 (`make test` passes
 # `all`): the suites that run alone and many in the lanes wait on clocks, not on the CPU,
 # so the Go programs that only some suites need are built in that idle time instead of before
@@ -58,6 +59,16 @@ cd "$root"
 rm -rf "$logs"
 mkdir -p "$logs"
 
+# With HOMELAB_TEST_CLIPPY=1 (.ci/run) the test build is also the lint: the workspace's crates
+# are compiled by clippy-driver, as `cargo clippy` checks them, and a warning fails the build.
+# One build compiles and lints instead of a second, check-only build of every dependency. The
+# image linked from the test build's crates (below) takes the same wrapper, so it shares them.
+if [[ -n ${HOMELAB_TEST_CLIPPY:-} ]]; then
+  RUSTC_WORKSPACE_WRAPPER=$(rustc --print sysroot)/bin/clippy-driver
+  CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+  export RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+fi
+
 # The builds beside the test build (HOMELAB_TEST_BUILD_FIRST, HOMELAB_TEST_IMAGE_FIRST), each in
 # a process group of its own, so that a failed test build stops them whole.
 # before NAME WHAT COMMAND...: runs COMMAND beside the test build, its output in $logs/NAME.log.
@@ -81,7 +92,7 @@ fi
 if [[ -n ${HOMELAB_TEST_IMAGE_FIRST:-} ]]; then
   # The profile is the harness's TEST_IMAGE_PROFILE (tests/harness/src/real_lab.rs).
   export HOMELAB_OPERATOR_IMAGE=${CARGO_TARGET_DIR:-$root/target}/image/homelab-autoscaler-tests.tar
-  before image-first "scripts/build-image.sh, profile image-test" env IMAGE_PROFILE=image-test \
+  before image-first "scripts/build-image.sh, linked from the test build" env IMAGE_PROFILE=dev \
     "$root/scripts/build-image.sh" "$HOMELAB_OPERATOR_IMAGE"
 fi
 

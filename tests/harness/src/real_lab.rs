@@ -58,9 +58,9 @@ pub fn machine_settings() -> MachineSettings {
     }
 }
 
-/// The cargo profile of the tests' operator image (Cargo.toml's `image-test`: the debug
-/// profile's build without debug info, where `make image` builds `release`).
-pub const TEST_IMAGE_PROFILE: &str = "image-test";
+/// The cargo profile of the tests' operator image: `dev`, which scripts/build-image.sh links
+/// statically from the crates the test build compiled, where `make image` builds `release`.
+pub const TEST_IMAGE_PROFILE: &str = "dev";
 
 /// The operator's image as `make image` builds it (with [`TEST_IMAGE_PROFILE`]), once per test
 /// process; or the tarball that `HOMELAB_OPERATOR_IMAGE` names, built before (`make test` builds
