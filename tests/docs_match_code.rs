@@ -60,6 +60,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
             "--scale-down-gpu-utilization-threshold",
             "--ignore-daemonsets-utilization",
             "--startup-taint",
+            "--expander",
             "--scan-interval",
         ],
     ),

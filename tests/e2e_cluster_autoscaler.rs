@@ -3,6 +3,7 @@
 //! cluster-autoscaler 1.36.1 as processes, each scenario on a control plane of its own.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -1228,4 +1229,180 @@ async fn churn_node(
         }
         tokio::time::sleep(CHURN_EVERY).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_machine_boots_only_for_gpu_work_and_is_upcoming_until_its_device_plugin_registers() {
+    with_autoscaler(settings_with(&["--expander=price"]), async |world, ca| {
+        autoscaler_boots_the_gpu_machine_only_for_gpu_work(world, ca).await
+    })
+    .await;
+}
+
+/// The label both pools' slots declare, which the workloads select (it keeps them off the lab).
+const WORKERS_LABEL: (&str, &str) = ("homelab.test/pool", "workers");
+/// How long after its kubelet the GPU machine's device plugin registers the GPU.
+const DEVICE_PLUGIN_AFTER: &str = "40s";
+
+/// Two groups at zero, as docs/operations.md sets a GPU box up: `desks` (two 4-CPU machines at
+/// 0.02/h) and `gpus` (one 16-CPU machine with `nvidia.com/gpu: 1` at 0.12/h, its GPU type under
+/// the GPULabel `accelerator`), scaled by the real cluster-autoscaler with its price expander
+/// (every slot declares a pod rate too, without which the expander scores every option alike).
+/// A pod that asks no GPU boots a desk and never the GPU box; a pod that asks for the GPU boots
+/// the GPU box and nothing else. The GPU box's Node registers without the GPU, which its device
+/// plugin registers 40 s later: all that time cluster-autoscaler counts the machine as not
+/// started (upcoming), never as unready, and boots nothing more for the pod.
+async fn autoscaler_boots_the_gpu_machine_only_for_gpu_work(
+    world: &mut World,
+    ca: &Autoscaler,
+) -> Result<()> {
+    let t = Instant::now();
+    kubectl_apply(world, &gpu_pools()).await?;
+    world.note("groups desks (2 × 4 CPUs, 0.02/h) and gpus (16 CPUs and a GPU, 0.12/h) at zero", t);
+
+    let t = Instant::now();
+    kubectl_apply(world, &[worker_deployment("cpu-work", None)]).await?;
+    let nodes = world.pods_running("cpu-work", 1, ACT).await?;
+    world.quiet_loops(ca, 3).await?;
+    ensure!(nodes == ["desk-1"] || nodes == ["desk-2"], "the CPU pod runs on {nodes:?}");
+    ensure!(
+        world.claims_seen("gpus").is_empty(),
+        "the GPU box booted for CPU work:\n{}",
+        describe(&world.claims_seen("gpus"))
+    );
+    world.note(
+        format!("a pod without a GPU: cluster-autoscaler booted {nodes:?}, not the GPU box"),
+        t,
+    );
+
+    let t = Instant::now();
+    kubectl_apply(world, &[worker_deployment("gpu-work", Some("1"))]).await?;
+    let nodes_api: Api<CoreNode> = Api::all(world.client.clone());
+    let client = world.client.clone();
+    // From the GPU box's registration until its device plugin registers the GPU, every reading
+    // of CA's status counts it as not started; one that counts it ready or unready ends the
+    // wait with that reading. The status is read before the Node: a GPU does not go once
+    // allocatable, so a Node still without one means the status was made without one too.
+    let seen_not_started = AtomicBool::new(false);
+    let miscounted = eventually("the GPU box's device plugin to register", ACT, || async {
+        let status = Autoscaler::status(&client).await?;
+        let counts = status
+            .group("gpus")
+            .map(|g| g.health.node_counts.registered.clone())
+            .unwrap_or_default();
+        let node = nodes_api.get_opt("gpu-1").await?.context("gpu-1 has no Node yet")?;
+        let allocatable = node.status.and_then(|s| s.allocatable).unwrap_or_default();
+        let has_gpu = allocatable.get("nvidia.com/gpu").is_some_and(|q| q.0 != "0");
+        if !has_gpu && (counts.ready > 0 || counts.unready.total > 0) {
+            return Ok(Some(format!("{counts:?}")));
+        }
+        if !has_gpu && counts.not_started == 1 {
+            seen_not_started.store(true, Ordering::Relaxed);
+        }
+        ensure!(has_gpu, "no GPU allocatable on gpu-1 yet; CA's status for gpus: {counts:?}");
+        Ok(None)
+    })
+    .await?;
+    if let Some(counts) = miscounted {
+        anyhow::bail!("before its GPU registered, CA counted the GPU box as started: {counts}");
+    }
+    ensure!(
+        seen_not_started.into_inner(),
+        "CA's status never counted the GPU box before its GPU registered"
+    );
+    let nodes = world.pods_running("gpu-work", 1, ACT).await?;
+    ensure!(nodes == ["gpu-1"], "the GPU pod runs on {nodes:?}");
+    world.quiet_loops(ca, 5).await?;
+    let gpu_claims = world.claims_made_by_increase_size("gpus", 1)?;
+    ensure!(gpu_claims[0].spec.slot_ref.name == "gpu-1", "{}", describe(&gpu_claims));
+    world.claims_made_by_increase_size("desks", 1)?;
+    autoscaler_unharmed(world, ca, 0).await?;
+    world.note(
+        format!(
+            "the GPU pod: the GPU box booted, not started to CA for the {DEVICE_PLUGIN_AFTER} its \
+             device plugin took, the pod on {nodes:?}, one claim per pool"
+        ),
+        t,
+    );
+    Ok(())
+}
+
+/// The two pools, as JSON for kubectl.
+fn gpu_pools() -> Vec<serde_json::Value> {
+    let lab = json!({ "image": "busybox:1.36", "nodeSelector": { "homelab.demo/role": "lab" } });
+    let group = |name: &str| {
+        json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
+            "metadata": { "name": name, "namespace": NAMESPACE },
+            "spec": { "driver": "cluster-autoscaler", "nodeReadinessTaints": [] },
+        })
+    };
+    let slot = |name: &str,
+                group: &str,
+                rate: f64,
+                capacity: serde_json::Value,
+                labels: serde_json::Value| {
+        json!({
+            "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Node",
+            "metadata": { "name": name, "namespace": NAMESPACE, "labels": { "group": group } },
+            "spec": {
+                "kubernetesNodeName": name,
+                "pricing": { "hourlyRate": rate, "podRate": 0.001 },
+                "nodeLabels": labels,
+                "nodeCapacity": capacity,
+                "startupPodSpec": lab,
+                "shutdownPodSpec": lab,
+            },
+        })
+    };
+    let desk = json!({ "cpu": "4", "memory": "16Gi", "pods": "110" });
+    let workers = json!({ WORKERS_LABEL.0: WORKERS_LABEL.1 });
+    let mut gpu_box = slot(
+        "gpu-1",
+        "gpus",
+        0.12,
+        json!({ "cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "1" }),
+        json!({ WORKERS_LABEL.0: WORKERS_LABEL.1, "accelerator": "rtx-3060" }),
+    );
+    gpu_box["metadata"]["annotations"] = json!({ homelab_autoscaler::simulator::DEVICE_PLUGIN_AFTER_ANNOTATION: DEVICE_PLUGIN_AFTER });
+    vec![
+        group("desks"),
+        group("gpus"),
+        slot("desk-1", "desks", 0.02, desk.clone(), workers.clone()),
+        slot("desk-2", "desks", 0.02, desk, workers),
+        gpu_box,
+    ]
+}
+
+/// A one-replica Deployment on the workers' machines, asking for `gpus` of `nvidia.com/gpu`.
+fn worker_deployment(name: &str, gpus: Option<&str>) -> serde_json::Value {
+    let mut resources = json!({ "requests": { "cpu": "1" } });
+    if let Some(gpus) = gpus {
+        resources["limits"] = json!({ "nvidia.com/gpu": gpus });
+    }
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "replicas": 1,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": {
+                    "nodeSelector": { WORKERS_LABEL.0: WORKERS_LABEL.1 },
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{ "name": "app", "image": "nginx:1.27", "resources": resources }],
+                },
+            },
+        },
+    })
+}
+
+/// `kubectl apply` of `objects`, written as a JSON list.
+async fn kubectl_apply(world: &World, objects: &[serde_json::Value]) -> Result<()> {
+    let list = json!({ "apiVersion": "v1", "kind": "List", "items": objects });
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), serde_json::to_vec(&list)?)?;
+    world.kubectl(&["apply", "-f", &file.path().to_string_lossy()]).await?;
+    Ok(())
 }

@@ -173,6 +173,22 @@ pub async fn boot(client: &Client, registration: Registration) -> Result<Boot, S
     }
 }
 
+/// The kubelet reports `resources` in its Node's capacity and allocatable, as it does when a
+/// device plugin registers them (or, at `0`, before a plugin it knew has registered again).
+pub async fn report_extended(
+    client: &Client,
+    node_name: &str,
+    resources: &BTreeMap<String, Quantity>,
+) -> Result<(), SimulatorError> {
+    let nodes: Api<CoreNode> = Api::all(client.clone());
+    let patch = json!({ "status": { "capacity": resources, "allocatable": resources } });
+    nodes
+        .patch_status(node_name, &FieldManager::Simulator.patch(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_err(format!("reporting the device plugin's resources on {node_name}")))?;
+    Ok(())
+}
+
 /// The kubelet of an existing Node runs again: kwok's stages turn the node Ready (after its
 /// network, if `network_down`), and kube-controller-manager takes its unreachable taints off.
 /// Returns whether the Node existed.

@@ -22,14 +22,22 @@
 //! `ignores-shutdown` (the kubelet keeps running after a shutdown Job), `registers-not-ready`
 //! (the node is NotReady, as a kubelet's is before its CNI is up, and turns Ready after
 //! `simulator.infra.homecluster.dev/not-ready-for`, default 30s).
+//!
+//! A slot's extended resources (`nvidia.com/gpu` and any other `vendor/name` in its
+//! `nodeCapacity`) are on the Node from its registration, unless the slot has the annotation
+//! `simulator.infra.homecluster.dev/device-plugin-after` (a duration): then they come from a
+//! device plugin, as on a real machine. The kubelet registers its Node without them (one that
+//! takes its Node over reports them as 0, a registered plugin's resources having no devices
+//! until it registers again), and the plugin registers that long after the kubelet started.
 
 pub mod kubelet;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, Patch};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -39,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{Group, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_SLOT, Node};
 use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
+use crate::placement::shape::is_extended;
 
 pub use kubelet::{
     DISTRIBUTION_ANNOTATION, KUBELET_ANNOTATION, KUBELET_NETWORK_ANNOTATION, KUBELET_STOPPED,
@@ -50,6 +59,9 @@ pub const BEHAVIOUR_ANNOTATION: &str = "simulator.infra.homecluster.dev/behaviou
 /// How long a `registers-not-ready` machine stays NotReady (a duration such as `30s`).
 pub const NOT_READY_FOR_ANNOTATION: &str = "simulator.infra.homecluster.dev/not-ready-for";
 const DEFAULT_NOT_READY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long after the kubelet a device plugin registers the slot's extended resources.
+pub const DEVICE_PLUGIN_AFTER_ANNOTATION: &str =
+    "simulator.infra.homecluster.dev/device-plugin-after";
 
 /// Settings of the simulator.
 #[derive(Clone, Debug, clap::Args)]
@@ -142,6 +154,22 @@ fn not_ready_for(slot: &Node) -> Option<std::time::Duration> {
     Some(configured.map_or(DEFAULT_NOT_READY_FOR, Into::into))
 }
 
+/// When the machine's device plugin registers after its kubelet, if one plays it.
+fn device_plugin_after(slot: &Node) -> Option<std::time::Duration> {
+    annotation(slot, DEVICE_PLUGIN_AFTER_ANNOTATION)
+        .and_then(|d| crate::api::duration::parse_go_duration(d).ok())
+        .filter(|d| !d.is_negative())
+        .map(Into::into)
+}
+
+/// The slot's declared capacity split into what the kubelet reports itself and the extended
+/// resources a device plugin adds.
+fn split_capacity(
+    capacity: &BTreeMap<String, Quantity>,
+) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+    capacity.clone().into_iter().partition(|(name, _)| !is_extended(name))
+}
+
 /// The kubelet's `--register-with-taints`: the Group's readiness taints, then
 /// cluster-autoscaler's startup taint unless the slot plays a kubelet registered without it.
 fn registration_taints(slot: &Node, readiness: &[Taint]) -> Vec<Taint> {
@@ -192,7 +220,12 @@ async fn power_on(
     tokio::time::sleep(args.boot_delay.into()).await;
 
     let node_name = slot.spec.kubernetes_node_name.clone();
-    let capacity = (!slot.spec.node_capacity.is_empty()).then(|| slot.spec.node_capacity.clone());
+    let plugin_after = device_plugin_after(&slot);
+    let (own, from_plugin) = match plugin_after {
+        Some(_) => split_capacity(&slot.spec.node_capacity),
+        None => (slot.spec.node_capacity.clone(), BTreeMap::new()),
+    };
+    let capacity = (!own.is_empty()).then_some(own);
     // A slow kubelet's node says its network is down; kwok's stages leave it NotReady until
     // the annotation goes (tests/harness/kwok/stages.yaml).
     let slow = not_ready_for(&slot);
@@ -204,7 +237,8 @@ async fn power_on(
         capacity,
         network_down: slow.is_some(),
     };
-    match kubelet::boot(client, registration).await? {
+    let booted = kubelet::boot(client, registration).await?;
+    match booted {
         kubelet::Boot::Registered => tracing::info!(
             node = node_name,
             "machine booted; its kubelet registered the node with its registration taints"
@@ -214,6 +248,21 @@ async fn power_on(
         }
     }
     let nodes: Api<CoreNode> = Api::all(client.clone());
+    if let Some(after) = plugin_after.filter(|_| !from_plugin.is_empty()) {
+        if booted == kubelet::Boot::Resumed {
+            let none =
+                from_plugin.keys().map(|name| (name.clone(), Quantity("0".into()))).collect();
+            kubelet::report_extended(client, &node_name, &none).await?;
+        }
+        let (client, node_name) = (client.clone(), node_name.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            match kubelet::report_extended(&client, &node_name, &from_plugin).await {
+                Ok(()) => tracing::info!(node = node_name, "device plugin registered"),
+                Err(error) => tracing::warn!(%error, node = node_name, "device plugin"),
+            }
+        });
+    }
     if let Some(delay) = slow {
         tokio::time::sleep(delay).await;
         let network_up =
@@ -266,4 +315,47 @@ async fn power_off(
         tracing::info!(node = node_name, "machine powered off; its kubelet stopped");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_plugin_adds_the_extended_resources_and_the_kubelet_reports_the_rest() {
+        let declared: BTreeMap<String, Quantity> = [
+            ("cpu", "16"),
+            ("memory", "64Gi"),
+            ("hugepages-2Mi", "1Gi"),
+            ("nvidia.com/gpu", "1"),
+            ("example.com/resource", "2"),
+        ]
+        .into_iter()
+        .map(|(name, amount)| (name.to_owned(), Quantity(amount.into())))
+        .collect();
+        let (own, from_plugin) = split_capacity(&declared);
+        assert_eq!(own.keys().collect::<Vec<_>>(), ["cpu", "hugepages-2Mi", "memory"]);
+        assert_eq!(
+            from_plugin.keys().collect::<Vec<_>>(),
+            ["example.com/resource", "nvidia.com/gpu"]
+        );
+    }
+
+    #[test]
+    fn only_a_slot_with_the_annotation_has_a_device_plugin_that_registers_late() {
+        let slot = |after: Option<&str>| {
+            let mut slot = crate::fixtures::slot("gpu-1", "gpus");
+            if let Some(after) = after {
+                slot.metadata.annotations =
+                    Some([(DEVICE_PLUGIN_AFTER_ANNOTATION.to_owned(), after.to_owned())].into());
+            }
+            slot
+        };
+        assert_eq!(device_plugin_after(&slot(None)), None);
+        assert_eq!(
+            device_plugin_after(&slot(Some("40s"))),
+            Some(std::time::Duration::from_secs(40))
+        );
+        assert_eq!(device_plugin_after(&slot(Some("soon"))), None);
+    }
 }
