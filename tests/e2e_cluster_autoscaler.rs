@@ -1257,11 +1257,11 @@ async fn autoscaler_boots_the_gpu_machine_only_for_gpu_work(
     ca: &Autoscaler,
 ) -> Result<()> {
     let t = Instant::now();
-    kubectl_apply(world, &gpu_pools()).await?;
+    homelab_harness::install::apply(&world.plane, &gpu_pools()).await?;
     world.note("groups desks (2 × 4 CPUs, 0.02/h) and gpus (16 CPUs and a GPU, 0.12/h) at zero", t);
 
     let t = Instant::now();
-    kubectl_apply(world, &[worker_deployment("cpu-work", None)]).await?;
+    homelab_harness::install::apply(&world.plane, &[worker_deployment("cpu-work", None)]).await?;
     let nodes = world.pods_running("cpu-work", 1, ACT).await?;
     world.quiet_loops(ca, 3).await?;
     ensure!(nodes == ["desk-1"] || nodes == ["desk-2"], "the CPU pod runs on {nodes:?}");
@@ -1276,7 +1276,8 @@ async fn autoscaler_boots_the_gpu_machine_only_for_gpu_work(
     );
 
     let t = Instant::now();
-    kubectl_apply(world, &[worker_deployment("gpu-work", Some("1"))]).await?;
+    homelab_harness::install::apply(&world.plane, &[worker_deployment("gpu-work", Some("1"))])
+        .await?;
     let nodes_api: Api<CoreNode> = Api::all(world.client.clone());
     let client = world.client.clone();
     // From the GPU box's registration until its device plugin registers the GPU, every reading
@@ -1396,13 +1397,4 @@ fn worker_deployment(name: &str, gpus: Option<&str>) -> serde_json::Value {
             },
         },
     })
-}
-
-/// `kubectl apply` of `objects`, written as a JSON list.
-async fn kubectl_apply(world: &World, objects: &[serde_json::Value]) -> Result<()> {
-    let list = json!({ "apiVersion": "v1", "kind": "List", "items": objects });
-    let file = tempfile::NamedTempFile::new()?;
-    std::fs::write(file.path(), serde_json::to_vec(&list)?)?;
-    world.kubectl(&["apply", "-f", &file.path().to_string_lossy()]).await?;
-    Ok(())
 }

@@ -148,18 +148,20 @@ fn not_ready_for(slot: &Node) -> Option<std::time::Duration> {
     if behaviour(slot) != Some("registers-not-ready") {
         return None;
     }
-    let configured = annotation(slot, NOT_READY_FOR_ANNOTATION)
+    Some(duration_annotation(slot, NOT_READY_FOR_ANNOTATION).unwrap_or(DEFAULT_NOT_READY_FOR))
+}
+
+/// A slot annotation that holds a duration (`30s`); none if absent, unreadable or negative.
+fn duration_annotation(slot: &Node, key: &str) -> Option<std::time::Duration> {
+    annotation(slot, key)
         .and_then(|d| crate::api::duration::parse_go_duration(d).ok())
-        .filter(|d| !d.is_negative());
-    Some(configured.map_or(DEFAULT_NOT_READY_FOR, Into::into))
+        .filter(|d| !d.is_negative())
+        .map(Into::into)
 }
 
 /// When the machine's device plugin registers after its kubelet, if one plays it.
 fn device_plugin_after(slot: &Node) -> Option<std::time::Duration> {
-    annotation(slot, DEVICE_PLUGIN_AFTER_ANNOTATION)
-        .and_then(|d| crate::api::duration::parse_go_duration(d).ok())
-        .filter(|d| !d.is_negative())
-        .map(Into::into)
+    duration_annotation(slot, DEVICE_PLUGIN_AFTER_ANNOTATION)
 }
 
 /// The slot's declared capacity split into what the kubelet reports itself and the extended
