@@ -86,7 +86,7 @@ pub fn parse(text: &str) -> Result<Milli, QuantityError> {
     } else {
         // A divisor beyond i128 leaves a positive mantissa under one thousandth: rounds to 1.
         let divisor = u32::try_from(-shift).ok().and_then(|s| 10i128.checked_pow(s));
-        divisor.map_or(1, |d| (mantissa + d - 1) / d)
+        divisor.map_or(1, |d| mantissa / d + i128::from(mantissa % d != 0))
     };
     Ok(Milli(if negative { -milli } else { milli }))
 }
@@ -144,6 +144,9 @@ mod tests {
         assert_eq!(parse("1.0001"), Ok(Milli(1001)));
         assert_eq!(parse("1e-30"), Ok(Milli(1)));
         assert_eq!(parse("1e-300"), Ok(Milli(1)));
+        // The largest mantissa an i128 holds, divided: rounded up without overflowing.
+        let largest = format!("{}e-4", i128::MAX);
+        assert_eq!(parse(&largest), Ok(Milli(i128::MAX / 10 + 1)));
     }
 
     #[test]

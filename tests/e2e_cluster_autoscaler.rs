@@ -1246,8 +1246,9 @@ const DEVICE_PLUGIN_AFTER: &str = "40s";
 
 /// Two groups at zero, as docs/operations.md sets a GPU box up: `desks` (two 4-CPU machines at
 /// 0.02/h) and `gpus` (one 16-CPU machine with `nvidia.com/gpu: 1` at 0.12/h, its GPU type under
-/// the GPULabel `accelerator`), scaled by the real cluster-autoscaler with its price expander
-/// (every slot declares a pod rate too, without which the expander scores every option alike).
+/// the GPULabel `accelerator`), scaled by the real cluster-autoscaler with its price expander.
+/// No slot declares a pod rate: a pod costs its share of the machine (D41); at 0 the expander
+/// scored every option alike and booted the GPU box for a CPU pod in one run of two.
 /// A pod that asks no GPU boots a desk and never the GPU box; a pod that asks for the GPU boots
 /// the GPU box and nothing else. The GPU box's Node registers without the GPU, which its device
 /// plugin registers 40 s later: all that time cluster-autoscaler counts the machine as not
@@ -1348,7 +1349,7 @@ fn gpu_pools() -> Vec<serde_json::Value> {
             "metadata": { "name": name, "namespace": NAMESPACE, "labels": { "group": group } },
             "spec": {
                 "kubernetesNodeName": name,
-                "pricing": { "hourlyRate": rate, "podRate": 0.001 },
+                "pricing": { "hourlyRate": rate },
                 "nodeLabels": labels,
                 "nodeCapacity": capacity,
                 "startupPodSpec": lab,

@@ -10,7 +10,9 @@ pub struct Pricing {
     #[schemars(range(min = 0.0))]
     #[serde(default)]
     pub hourly_rate: f64,
-    /// The cost attributed to one pod on the machine for one hour.
+    /// The cost attributed to one pod on the machine for one hour. 0 (the default) prices a pod
+    /// at its share of the machine: the larger of its CPU and memory requests over the slot's
+    /// declared capacity, times the hourly rate.
     #[schemars(range(min = 0.0))]
     #[serde(default)]
     pub pod_rate: f64,

@@ -6,12 +6,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_pb::apimachinery::pkg::api::resource::Quantity as WireQuantity;
 use prost::Message;
 use tonic::Status;
 
 use crate::provider::{
-    AutoscalingOptions, Instance, InstanceState, NodeGroupInfo, NodeRef, PodPlacement, PriceWindow,
-    ResolvedOptions,
+    AutoscalingOptions, Instance, InstanceState, NodeGroupInfo, NodeRef, PodPlacement, PodRequests,
+    PriceWindow, ResolvedOptions,
 };
 
 use super::proto;
@@ -155,9 +158,36 @@ pub fn pod_placement(current: &[u8], legacy: &[u8]) -> Result<PodPlacement, Stat
         .map_err(|e| Status::invalid_argument(format!("the pod is not a core/v1 Pod: {e}")))?;
     let spec = pod.spec.unwrap_or_default();
     Ok(PodPlacement {
+        requests: PodRequests::of(&resources_of(&spec)),
         node_name: spec.node_name.filter(|n| !n.is_empty()),
         node_selector: spec.node_selector.into_iter().collect::<BTreeMap<_, _>>(),
     })
+}
+
+/// The pod's containers with their resources only, in the API's types the provider reads.
+fn resources_of(spec: &k8s_pb::api::core::v1::PodSpec) -> PodSpec {
+    let container = |c: &k8s_pb::api::core::v1::Container| Container {
+        name: c.name.clone().unwrap_or_default(),
+        resources: c.resources.as_ref().map(|r| ResourceRequirements {
+            limits: quantities(&r.limits),
+            requests: quantities(&r.requests),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    };
+    PodSpec {
+        containers: spec.containers.iter().map(container).collect(),
+        init_containers: Some(spec.init_containers.iter().map(container).collect()),
+        ..PodSpec::default()
+    }
+}
+
+fn quantities(amounts: &BTreeMap<String, WireQuantity>) -> Option<BTreeMap<String, Quantity>> {
+    let amounts: BTreeMap<String, Quantity> = amounts
+        .iter()
+        .map(|(name, q)| (name.clone(), Quantity(q.string.clone().unwrap_or_default())))
+        .collect();
+    (!amounts.is_empty()).then_some(amounts)
 }
 
 #[cfg(test)]
@@ -281,5 +311,40 @@ mod tests {
             pod_placement(&[0xff, 0xff, 0xff], &[]).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn a_pods_cpu_and_memory_requests_are_read_as_the_scheduler_sums_them() {
+        use k8s_pb::api::core::v1::{Container, PodSpec, ResourceRequirements};
+        use k8s_pb::apimachinery::pkg::api::resource::Quantity;
+        let amounts = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(n, q)| (n.to_string(), Quantity { string: Some(q.to_string()) }))
+                .collect()
+        };
+        let container = |requests: &[(&str, &str)], limits: &[(&str, &str)]| Container {
+            resources: Some(ResourceRequirements {
+                requests: amounts(requests),
+                limits: amounts(limits),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod = k8s_pb::api::core::v1::Pod {
+            spec: Some(PodSpec {
+                containers: vec![
+                    container(&[("cpu", "500m"), ("memory", "1Gi")], &[]),
+                    // A limit without a request is the request.
+                    container(&[], &[("cpu", "1"), ("nvidia.com/gpu", "1")]),
+                ],
+                init_containers: vec![container(&[("memory", "3Gi")], &[])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let got = pod_placement(&pod.encode_to_vec(), &[]).unwrap();
+        let gib = 1024_i128 * 1024 * 1024 * 1000;
+        assert_eq!(got.requests, PodRequests { cpu: 1500, memory: 3 * gib });
     }
 }

@@ -107,15 +107,23 @@ pub fn is_extended(name: &str) -> bool {
     name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
 }
 
-/// The extended resources `pod` asks for, in thousandths: its containers' together, or its
-/// largest init container's if more, as the scheduler sums a pod's requests. A limit without
-/// a request is the request (the API defaults it so).
+/// The extended resources `pod` asks for, in thousandths (see [`requests`]).
 pub fn extended_requests(pod: &PodSpec) -> BTreeMap<String, i128> {
+    requests(pod, is_extended)
+}
+
+/// The resources `pod` asks for among those `wanted` names, in thousandths: its containers'
+/// together, or its largest init container's if more, as the scheduler sums a pod's requests.
+/// A limit without a request is the request (the API defaults it so).
+pub fn requests(pod: &PodSpec, wanted: impl Fn(&str) -> bool) -> BTreeMap<String, i128> {
     let mut total: BTreeMap<String, i128> = BTreeMap::new();
-    for (name, amount) in pod.containers.iter().flat_map(container_extended) {
-        *total.entry(name).or_default() += amount;
+    for (name, amount) in pod.containers.iter().flat_map(|c| container_requests(c, &wanted)) {
+        // Saturating: a pod read off the wire may carry any quantity.
+        let entry = total.entry(name).or_default();
+        *entry = entry.saturating_add(amount);
     }
-    for (name, amount) in pod.init_containers.iter().flatten().flat_map(container_extended) {
+    let init = pod.init_containers.iter().flatten();
+    for (name, amount) in init.flat_map(|c| container_requests(c, &wanted)) {
         let entry = total.entry(name).or_default();
         *entry = (*entry).max(amount);
     }
@@ -123,7 +131,7 @@ pub fn extended_requests(pod: &PodSpec) -> BTreeMap<String, i128> {
     total
 }
 
-fn container_extended(container: &Container) -> Vec<(String, i128)> {
+fn container_requests(container: &Container, wanted: impl Fn(&str) -> bool) -> Vec<(String, i128)> {
     let Some(resources) = container.resources.as_ref() else { return Vec::new() };
     let requests = resources.requests.iter().flatten();
     let limits = resources.limits.iter().flatten();
@@ -134,7 +142,7 @@ fn container_extended(container: &Container) -> Vec<(String, i128)> {
     }
     asked
         .into_iter()
-        .filter(|(name, _)| is_extended(name))
+        .filter(|(name, _)| wanted(name))
         .map(|(name, amount)| (name.to_owned(), quantity::parse(&amount.0).map_or(0, |q| q.0)))
         .collect()
 }

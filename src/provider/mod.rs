@@ -50,6 +50,7 @@ pub use instances::{Instance, InstanceError, InstanceState, OTHER_ERROR_CLASS};
 pub use node_lookup::NodeRef;
 pub use options::{AutoscalingOptions, GroupOptions, ResolvedOptions};
 pub use pricing::{PodPlacement, PriceWindow};
+pub use slot_pricing::PodRequests;
 
 /// A slot: one physical machine of a pool (the `nodes.infra.homecluster.dev` kind).
 pub type Slot = crate::api::Node;

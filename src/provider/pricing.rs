@@ -1,5 +1,6 @@
 //! Prices for cluster-autoscaler's price expander: a node costs its hourly rate for every hour
-//! of the window, a pod its pod rate. A slot's own pricing wins over its group's.
+//! of the window, a pod its pod rate, or its share of the machine where no pod rate is declared
+//! (slot_pricing.rs). A slot's own pricing wins over its group's.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,7 @@ use crate::api::{LABEL_GROUP, Pricing};
 use super::error::ProviderError;
 use super::groups::GroupSnapshot;
 use super::node_lookup::NodeRef;
-use super::slot_pricing::pricing_of;
+use super::slot_pricing::{PodRequests, pod_rate_of, pricing_of};
 use super::template::representative;
 use super::{Caller, Provider};
 
@@ -32,13 +33,16 @@ impl PriceWindow {
     }
 }
 
-/// Where a pod is, or would be, placed: enough to find the machine whose pod rate applies.
+/// Where a pod is, or would be, placed: enough to find the machine whose pod rate applies, and
+/// what the pod asks of it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodPlacement {
     /// `spec.nodeName` of a scheduled pod.
     pub node_name: Option<String>,
     /// `spec.nodeSelector`, which may name a group by its node label.
     pub node_selector: BTreeMap<String, String>,
+    /// Its CPU and memory requests.
+    pub requests: PodRequests,
 }
 
 /// A rate per hour over a window. No pricing declared costs nothing.
@@ -75,8 +79,8 @@ impl Provider {
         Err(ProviderError::UnknownNode { node: node.display_name().to_owned() })
     }
 
-    /// PricingPodPrice: the pod rate of the machine the pod runs on, else of the group its node
-    /// selector names, else the cheapest pod rate of any group the caller scales.
+    /// PricingPodPrice: the pod's rate on the machine it runs on, else its cheapest rate in the
+    /// group its node selector names, else in any group the caller scales.
     #[tracing::instrument(skip_all)]
     pub fn pod_price(
         &self,
@@ -92,16 +96,21 @@ impl Provider {
         if let Some(node_name) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
             let node = NodeRef { name: node_name.to_owned(), ..NodeRef::default() };
             if let Some((snapshot, slot)) = self.resolve_node(caller, &node)? {
-                return Ok(slot_rate(&snapshot, &slot, |p| p.pod_rate));
+                return Ok(match snapshot.slot(&slot) {
+                    Some(state) => {
+                        pod_rate_of(&state.slot.spec, &snapshot.group.spec, pod.requests)
+                    }
+                    None => snapshot.group.spec.pricing.as_ref().map(|p| p.pod_rate),
+                });
             }
         }
         if let Some(group) = pod.node_selector.get(LABEL_GROUP) {
             let snapshot = self.snapshot(caller, group)?;
-            return Ok(cheapest(&snapshot, |p| p.pod_rate));
+            return Ok(cheapest_pod_rate(&snapshot, pod.requests));
         }
         let mut best: Option<f64> = None;
         for snapshot in self.snapshots(caller.driver)? {
-            best = min_rate(best, cheapest(&snapshot, |p| p.pod_rate));
+            best = min_rate(best, cheapest_pod_rate(&snapshot, pod.requests));
         }
         Ok(best)
     }
@@ -123,15 +132,15 @@ fn representative_rate(snapshot: &GroupSnapshot, rate: impl Fn(&Pricing) -> f64)
     }
 }
 
-/// The lowest rate over a group's slots.
-fn cheapest(snapshot: &GroupSnapshot, rate: impl Fn(&Pricing) -> f64) -> Option<f64> {
+/// The lowest rate of a pod asking `requests` over a group's slots.
+fn cheapest_pod_rate(snapshot: &GroupSnapshot, requests: PodRequests) -> Option<f64> {
     if snapshot.slots.is_empty() {
-        return snapshot.group.spec.pricing.as_ref().map(rate);
+        return snapshot.group.spec.pricing.as_ref().map(|p| p.pod_rate);
     }
     snapshot
         .slots
         .iter()
-        .map(|s| pricing_of(&s.slot.spec, &snapshot.group.spec).as_ref().map(&rate))
+        .map(|s| pod_rate_of(&s.slot.spec, &snapshot.group.spec, requests))
         .fold(None, min_rate)
 }
 
@@ -181,7 +190,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cheapest_rate_of_a_group_covers_slots_without_pricing() {
+    fn the_cheapest_pod_rate_of_a_group_covers_slots_without_pricing() {
         use super::super::groups::tests::{group, slot};
         use std::collections::HashSet;
         let mut priced = (*slot("a", "pool")).clone();
@@ -194,7 +203,6 @@ mod tests {
             &[],
             &HashSet::new(),
         );
-        assert_eq!(cheapest(&snap, |p| p.hourly_rate), Some(0.2));
-        assert_eq!(cheapest(&snap, |p| p.pod_rate), Some(0.01));
+        assert_eq!(cheapest_pod_rate(&snap, PodRequests::default()), Some(0.01));
     }
 }

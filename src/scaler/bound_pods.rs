@@ -43,7 +43,9 @@ use crate::api::{LocalVolume, NodeClaimPhase, ScalingDriver};
 use crate::claim::pin_end;
 use crate::phase;
 use crate::placement::pods::{PodKey, is_work, pod_key};
-use crate::placement::shape::{NodeShape, Template, fits, selector_matches, shape_of, takes_pods};
+use crate::placement::shape::{
+    NodeShape, Template, extended_requests, fits, selector_matches, shape_of, takes_pods,
+};
 use crate::placement::volumes::{BoundVolume, VolumeIndex};
 use crate::provider::GroupSnapshot;
 use crate::provider::template::representative;
@@ -286,7 +288,7 @@ pub fn plan(
             group: pools[g].name().to_owned(),
             driver: pools[g].group.spec.driver,
             slots: free.iter().map(|s| (*s).to_owned()).collect(),
-            reason: reason(&who, &names, &volumes),
+            reason: reason(&who, &names, &volumes, &devices_asked(pod)),
             pod: who,
         });
         *planned.entry(g).or_default() += 1;
@@ -399,16 +401,33 @@ fn nominated(pod: &Pod) -> bool {
         .is_some_and(|n| !n.is_empty())
 }
 
-fn reason(pod: &str, slots: &[&str], volumes: &[BoundVolume]) -> String {
+/// The extended resources the pod asks for, as a person writes them (`nvidia.com/gpu: 1`).
+fn devices_asked(pod: &Pod) -> Vec<String> {
+    let asked = pod.spec.as_ref().map(extended_requests).unwrap_or_default();
+    asked
+        .into_iter()
+        .map(|(name, milli)| match milli % 1000 {
+            0 => format!("{name}: {}", milli / 1000),
+            _ => format!("{name}: {milli}m"),
+        })
+        .collect()
+}
+
+fn reason(pod: &str, slots: &[&str], volumes: &[BoundVolume], devices: &[String]) -> String {
     let only = match slots {
         [one] => format!("only slot {one} can run it"),
         many => format!("only slots {} can run it", many.join(", ")),
     };
-    let because = if volumes.is_empty() {
-        "its node selector and affinity admit no other machine".to_owned()
-    } else {
+    let because = if !volumes.is_empty() {
         let described: Vec<String> = volumes.iter().map(BoundVolume::describe).collect();
         format!("its volume {} is on that machine's disk", described.join(" and "))
+    } else if !devices.is_empty() {
+        format!(
+            "its node selector, affinity and the {} it asks for admit no other machine",
+            devices.join(" and ")
+        )
+    } else {
+        "its node selector and affinity admit no other machine".to_owned()
     };
     format!("pod {pod} is pending and {only}: {because}")
 }
@@ -822,5 +841,29 @@ mod tests {
         provider_labels.insert("kubernetes.io/hostname".into(), meta.name.clone().unwrap());
         assert_eq!(template.labels, provider_labels);
         assert_eq!(Some(template.name), meta.name);
+    }
+
+    #[test]
+    fn a_wakes_reason_names_what_only_that_machine_offers() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "train", "namespace": "ml" },
+            "spec": { "containers": [{
+                "name": "job",
+                "resources": { "limits": { "nvidia.com/gpu": "2", "cpu": "1" } },
+            }] },
+        }))
+        .unwrap();
+        let devices = devices_asked(&pod);
+        assert_eq!(devices, ["nvidia.com/gpu: 2"]);
+        assert_eq!(
+            reason("ml/train", &["gpu-1"], &[], &devices),
+            "pod ml/train is pending and only slot gpu-1 can run it: its node selector, affinity \
+             and the nvidia.com/gpu: 2 it asks for admit no other machine"
+        );
+        assert_eq!(
+            reason("ml/web", &["a", "b"], &[], &[]),
+            "pod ml/web is pending and only slots a, b can run it: its node selector and \
+             affinity admit no other machine"
+        );
     }
 }
