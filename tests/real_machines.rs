@@ -9,7 +9,8 @@
 //! Scenarios: a machine cut off past the grace keeps its Node; a drain that a disruption budget
 //! refuses keeps the machine on; a power cut at the readiness gate ends with one machine serving;
 //! a pinned machine whose containerd is stopped (NotReady) stays on and claimed; three machines
-//! each running a real Ceph OSD go off one at a time, and only while Ceph is healthy.
+//! each running a real Ceph OSD go off one at a time, and only while Ceph is healthy; a pod
+//! asking for a device wakes the machine whose real device plugin serves it, at every boot.
 //!
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
 //! The first run builds the `machines` programs and the operator's image (`make image`).
@@ -27,7 +28,10 @@ use homelab_harness::ceph::{Ceph, Layout, longest_inactive};
 use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::e2e::prometheus::Prometheus;
 use homelab_harness::host_kubelet::HostKubelet;
-use homelab_harness::machine::{Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerState};
+use homelab_harness::machine::{
+    Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerState, SAMPLE_DEVICE_RESOURCE,
+    SAMPLE_DEVICES,
+};
 use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, claim_ready, clear_taint, machine_settings, operator_image,
     pool_machine, scenario, secret, start_operator, timeouts, wake_and_ssh_power,
@@ -36,8 +40,9 @@ use homelab_harness::slots::{condition, event_reasons, node_reporting, power_off
 use homelab_harness::{ControlPlane, TestNamespace, eventually, ready_status, stays};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, ResourceRequirements, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -67,6 +72,18 @@ async fn apply_pool_with(
     machines: &[(&Machine, &str)],
     group_spec: &str,
 ) -> Result<()> {
+    let slots: Vec<(&Machine, &str, &str)> = machines.iter().map(|(m, k)| (*m, *k, "")).collect();
+    apply_pool_of(plane, ns, readiness_taint, &slots, group_spec).await
+}
+
+/// [`apply_pool_with`], each machine with more of its slot's spec (YAML lines indented by two).
+async fn apply_pool_of(
+    plane: &ControlPlane,
+    ns: &str,
+    readiness_taint: Option<&str>,
+    machines: &[(&Machine, &str, &str)],
+    group_spec: &str,
+) -> Result<()> {
     let gate = readiness_taint.map_or_else(String::new, |key| format!("{{ key: {key} }}"));
     let mut manifest = format!(
         r#"apiVersion: infra.homecluster.dev/v2alpha1
@@ -79,7 +96,7 @@ spec:
 {group_spec}
 "#
     );
-    for (machine, key) in machines {
+    for (machine, key, slot_spec) in machines {
         let key_secret = format!("{}-ssh", machine.name());
         let secret = secret(&key_secret, "ssh-privatekey", key);
         manifest.push_str(&format!(
@@ -95,6 +112,7 @@ spec:
   kubernetesNodeName: {name}
   nodeLabels: {{ "{POOL_LABEL}": "{ns}" }}
   power: {power}
+{slot_spec}
 "#,
             name = machine.name(),
             power = wake_and_ssh_power(machine, &key_secret, json!({ HUB_ROLE: ns }))?,
@@ -752,15 +770,20 @@ impl CephPool {
         assert_eq!(first.len(), 1, "one OSD machine at a time, not {first:?}");
         let first = first[0].0.clone();
         let machine = self.machine(&first).expect("a machine of the pool");
-        eventually("the first machine off", ACT, || async {
-            let state = machine.power_state().await;
-            ensure!(state == PowerState::Off, "{state:?}");
-            Ok(())
-        })
-        .await
-        .expect("off");
+        until_off(machine, "the first machine off").await;
         first
     }
+}
+
+/// Waits for `machine` to be off (`what` names the wait), failing the test after [`ACT`].
+async fn until_off(machine: &Machine, what: &str) {
+    eventually(what, ACT, || async {
+        let state = machine.power_state().await;
+        ensure!(state == PowerState::Off, "{state:?}");
+        Ok(())
+    })
+    .await
+    .expect("off");
 }
 
 /// The slots whose shutdown Jobs exist in the scenario's namespace, with when each was made.
@@ -990,4 +1013,133 @@ async fn a_noout_step_keeps_ceph_from_moving_data_while_its_machine_is_off() {
     .expect("noout cleared");
     operator.cancel();
     kubelet.remove().await.expect("host kubelet removed");
+}
+
+/// A workload of one pod of the pause image asking for one device of Kubernetes' sample device
+/// plugin, on the machines of the pool in `ns`.
+fn device_workload(ns: &str, name: &str) -> Deployment {
+    let mut workload = workload(ns, name, 1);
+    let pod = workload.spec.template.spec.as_mut().expect("pod spec");
+    let limits = [(SAMPLE_DEVICE_RESOURCE.to_owned(), Quantity("1".to_owned()))];
+    pod.containers[0].resources =
+        Some(ResourceRequirements { limits: Some(limits.into()), ..Default::default() });
+    workload
+}
+
+/// A machine with a device, as a GPU box is: at every boot it runs Kubernetes' sample device
+/// plugin, which registers two devices of `example.com/resource` with its real kubelet through
+/// the kubelet's device-plugin socket. Its slot declares them and costs ten times the other
+/// machine of the pool. A pod that asks for a device wakes that machine and never the cheaper
+/// one, and the kubelet gives the pod a device: the pod's status names it, and the container is
+/// made with the device file the plugin's allocation mounts. Released, the machine goes off; a
+/// second device pod wakes it again, the plugin registers with the new boot's kubelet, and the
+/// pod gets a device again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_asking_for_a_device_wakes_the_machine_whose_device_plugin_serves_it() {
+    let (space, lan, hub) = scenario("device").await;
+    let _hub_logs = hub.logs_on_failure();
+    let plain = MachineSpec::named(&format!("{}-m1", space.ns));
+    let with_device = MachineSpec {
+        sample_device_plugin: true,
+        ..MachineSpec::named(&format!("{}-m2", space.ns))
+    };
+    let (m1, key1) = pool_machine(space.plane, &lan, plain).await.expect("machine m1");
+    let (m2, key2) = pool_machine(space.plane, &lan, with_device).await.expect("machine m2");
+    let (_m1_logs, _m2_logs) = (m1.logs_on_failure(), m2.logs_on_failure());
+    let (_, image) = operator_image().await.expect("image");
+    let operator = start_operator(space.plane, &space.ns, &image, machine_settings()).await;
+    let config = ScalerConfig {
+        interval: Duration::from_secs(2),
+        timeouts: timeouts(),
+        ..ScalerConfig::new(space.ns.clone())
+    };
+    tokio::spawn(scaler::run(space.client.clone(), config, operator.child_token()));
+    let devices = format!(
+        "  nodeCapacity: {{ \"{SAMPLE_DEVICE_RESOURCE}\": \"2\" }}\n  pricing: {{ hourlyRate: 0.10 }}"
+    );
+    let slots = [(&m1, key1.as_str(), "  pricing: { hourlyRate: 0.01 }"), (&m2, &key2, &devices)];
+    apply_pool_of(space.plane, &space.ns, None, &slots, "  builtin: { hold: 10s }")
+        .await
+        .expect("pool");
+    let deployments: Api<Deployment> = Api::namespaced(space.client.clone(), &space.ns);
+    let pods: Api<Pod> = Api::namespaced(space.client.clone(), &space.ns);
+    let nodes: Api<CoreNode> = Api::all(space.client.clone());
+    let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
+    let stranded = Stranding::watch(m2.clone(), nodes.clone());
+
+    for (boot, app) in [(1, "first"), (2, "second")] {
+        let workload = device_workload(&space.ns, app);
+        deployments.create(&PostParams::default(), &workload).await.expect("workload");
+        let device = eventually("the device pod running with its device", ACT, || {
+            device_given(&pods, app, &m2)
+        })
+        .await
+        .expect("a device");
+        assert_eq!(m2.boots(), boot, "the machine with the device, booted for the pod");
+        assert_eq!(m1.boots(), 0, "the cheaper machine without a device stays off");
+        let claims = claims.list(&ListParams::default()).await.expect("claims").items;
+        let asked = format!("the {SAMPLE_DEVICE_RESOURCE}: 1 it asks for");
+        let reasons: Vec<&str> =
+            claims.iter().filter_map(|c| c.spec.request.reason.as_deref()).collect();
+        assert!(reasons.iter().any(|r| r.contains(&asked)), "the claim says why: {reasons:?}");
+        let node = nodes.get(m2.name()).await.expect("the node");
+        let status = node.status.unwrap_or_default();
+        for (what, resources) in
+            [("capacity", status.capacity), ("allocatable", status.allocatable)]
+        {
+            let amount = resources.unwrap_or_default().get(SAMPLE_DEVICE_RESOURCE).cloned();
+            assert_eq!(amount, Some(Quantity("2".into())), "{what}: the plugin's two devices");
+        }
+        eventually("the slot's capacity matching its node", ACT, || async {
+            let slot =
+                Api::<Node>::namespaced(space.client.clone(), &space.ns).get(m2.name()).await?;
+            let (ok, message) = condition(&slot, "CapacityMatches").context("no condition yet")?;
+            ensure!(ok, "{message}");
+            Ok(())
+        })
+        .await
+        .expect("capacity matches");
+        eprintln!("boot {boot}: the pod got device {device}");
+
+        deployments.delete(app, &DeleteParams::default()).await.expect("delete the workload");
+        until_off(&m2, "the machine with the device off once released").await;
+    }
+    operator.cancel();
+    stranded.assert_never(m2.name());
+}
+
+/// The device the pod of workload `app` got on `machine`: its status names one of the sample
+/// plugin's devices, and its container was made with that device's file mounted, as the
+/// plugin's allocation said.
+async fn device_given(pods: &Api<Pod>, app: &str, machine: &Machine) -> Result<String> {
+    let listed = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
+    let pod = listed.first().context("no pod yet")?;
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    ensure!(node == machine.name(), "on {node:?}");
+    let status = pod.status.clone().unwrap_or_default();
+    ensure!(status.phase.as_deref() == Some("Running"), "phase {:?}", status.phase);
+    let container = status.container_statuses.unwrap_or_default().into_iter().next();
+    let container = container.context("no container status")?;
+    let given: Vec<String> = container
+        .allocated_resources_status
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.name == SAMPLE_DEVICE_RESOURCE)
+        .flat_map(|r| r.resources.unwrap_or_default())
+        .map(|r| r.resource_id)
+        .collect();
+    let [device] = given.as_slice() else { anyhow::bail!("devices in the status: {given:?}") };
+    ensure!(SAMPLE_DEVICES.contains(&device.as_str()), "device {device}");
+    let id = container.container_id.unwrap_or_default();
+    let id = id.strip_prefix("containerd://").context("a containerd container id")?;
+    let info = machine.ctr(&["containers", "info", id]).await?;
+    ensure!(info.status.success(), "ctr: {}", String::from_utf8_lossy(&info.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout)?;
+    let mounts = info["Spec"]["mounts"].as_array().cloned().unwrap_or_default();
+    let file = format!("/tmp/{device}");
+    ensure!(
+        mounts.iter().any(|m| m["destination"] == file.as_str() && m["source"] == file.as_str()),
+        "no mount of {file} in the container: {mounts:?}"
+    );
+    Ok(device.clone())
 }

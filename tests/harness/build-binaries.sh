@@ -332,9 +332,10 @@ if [[ $want != integration && $want != cluster ]]; then
   locked cluster-autoscaler build_cluster_autoscaler
 fi
 # The real machines of src/machine/: a kubelet at the control plane's pin (go/kubelet, a sibling
-# of go/k8s so that the control plane's key is untouched), containerd with its runc shim and
-# ctr, runc, the CNI plugins that wire a pod (into $bin/cni/, containerd's CNI bin dir) and our
-# own pause program (the sandbox image and test workload; no registry serves one). All static
+# of go/k8s so that the control plane's key is untouched) with Kubernetes' sample device plugin
+# from the same module (it advertises two devices of example.com/resource), containerd with its
+# runc shim and ctr, runc, the CNI plugins that wire a pod (into $bin/cni/, containerd's CNI bin
+# dir) and our own pause program (the sandbox image and test workload; no registry serves one). All static
 # with cgo off except runc, whose nsenter is C. runc needs the `seccomp` tag: the kubelet asks
 # for the RuntimeDefault seccomp profile for every pod sandbox, whatever the pod says, and a
 # runc without seccomp fails those ("config provided but seccomp not supported"). So it links
@@ -362,11 +363,13 @@ build_runc() {
 }
 if [[ $want == machines || $want == all ]]; then
   if [[ $kube_version == "$kube_pin" ]]; then
-    locked kubelet build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet
+    locked kubelet build kubelet "$kube_ld" "" kubelet=k8s.io/kubernetes/cmd/kubelet \
+      sample-device-plugin=k8s.io/kubernetes/test/images/sample-device-plugin
   else
     locked "kubelet-$kube_version" kube_wrapper kubelet
     GO_DIR=$kube_go BIN_DIR=$kube_bin locked "kubelet-$kube_version" build kubelet "$kube_ld" "" \
-      kubelet=k8s.io/kubernetes/cmd/kubelet
+      kubelet=k8s.io/kubernetes/cmd/kubelet \
+      sample-device-plugin=k8s.io/kubernetes/test/images/sample-device-plugin
   fi
   locked containerd build containerd "" "no_btrfs,no_devmapper,no_zfs" \
     containerd=github.com/containerd/containerd/v2/cmd/containerd \

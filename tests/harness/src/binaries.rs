@@ -73,6 +73,7 @@ impl Profile {
         if self == Profile::Machines {
             programs.extend([
                 "kubelet",
+                "sample-device-plugin",
                 "containerd",
                 "containerd-shim-runc-v2",
                 "ctr",

@@ -1,13 +1,17 @@
 // Pinned wrapper: builds the kubelet of the real test machines, at the control plane's pin
-// (go/k8s; same version and replaces), from the published module. A sibling of go/k8s so that
-// adding it leaves the control plane binaries' cache key alone.
+// (go/k8s; same version and replaces), from the published module, and Kubernetes' sample device
+// plugin (test/images/sample-device-plugin of the same module), which a machine with a device
+// runs. A sibling of go/k8s so that adding it leaves the control plane binaries' cache key alone.
 module homelab-autoscaler.invalid/harness/kubelet
 
 go 1.26.0
 
 godebug default=go1.26
 
-tool k8s.io/kubernetes/cmd/kubelet
+tool (
+	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/test/images/sample-device-plugin
+)
 
 require (
 	cel.dev/expr v0.25.1 // indirect

@@ -55,6 +55,18 @@ impl Disk {
         self.dir.join("kubelet/root")
     }
 
+    /// What a machine with a mount table of its own sees at /var/lib/kubelet/device-plugins:
+    /// its kubelet's device-plugin socket and checkpoint, and its plugins' sockets.
+    pub fn device_plugins(&self) -> PathBuf {
+        self.dir.join("device-plugins")
+    }
+
+    /// Where the process holding the machine's own mount table writes its pid once the table
+    /// is set up.
+    pub fn mount_table_pid(&self) -> PathBuf {
+        self.dir.join("init.pid")
+    }
+
     pub fn logs(&self) -> PathBuf {
         self.dir.join("logs")
     }
@@ -72,7 +84,7 @@ impl Disk {
         cert: &Path,
         key: &Path,
     ) -> Result<()> {
-        for sub in ["containerd", "cni", "kubelet", "logs", "home"] {
+        for sub in ["containerd", "cni", "kubelet", "device-plugins", "logs", "home"] {
             let path = self.dir.join(sub);
             fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         }

@@ -46,7 +46,28 @@ pub async fn one_at_a_time<T>(
         .await
         .context("waiting for the kubelet start lock")?
         .map_err(|(_, errno)| anyhow::anyhow!("locking {}: {errno}", path.display()))?;
-    let before = socket_identity(Path::new(SOCKET));
+    let kubelet = until_bound(Path::new(SOCKET), start, running).await;
+    drop(lock);
+    kubelet
+}
+
+/// Runs `start` for a kubelet whose device-plugin socket is `socket`, a machine's own (see
+/// os.rs): no other kubelet binds it, so no lock. Waits as [`one_at_a_time`] does, so that what
+/// starts after the kubelet (a device plugin registering with it) finds the socket served.
+pub async fn on_own_socket<T>(
+    socket: &Path,
+    start: impl FnOnce() -> Result<T>,
+    running: impl Fn(&T) -> bool,
+) -> Result<T> {
+    until_bound(socket, start, running).await
+}
+
+async fn until_bound<T>(
+    socket: &Path,
+    start: impl FnOnce() -> Result<T>,
+    running: impl Fn(&T) -> bool,
+) -> Result<T> {
+    let before = socket_identity(socket);
     let kubelet = start()?;
     // A kubelet that exits or never binds only ends the wait: its caller sees it down.
     let _bound = crate::wait::until(
@@ -57,12 +78,11 @@ pub async fn one_at_a_time<T>(
             Ok(())
         },
         || async {
-            let now = socket_identity(Path::new(SOCKET));
+            let now = socket_identity(socket);
             anyhow::ensure!(now.is_some() && now != before, "not bound yet");
             Ok(())
         },
     )
     .await;
-    drop(lock);
     Ok(kubelet)
 }

@@ -21,14 +21,17 @@
 //! kernel.panic_on_oops=1 at start (as on any kubelet's host; they are not per namespace; the
 //! host's own values are put back whenever a machine goes, see host_sysctls.rs), and
 //! its device-plugin socket is /var/lib/kubelet/device-plugins/kubelet.sock (so kubelets start
-//! one at a time, kubelet_start.rs). containerd's CNI
+//! one at a time, kubelet_start.rs), except on a machine with a device
+//! ([`MachineSpec::sample_device_plugin`]), which has a mount table of its own with that
+//! directory on its disk (os.rs). containerd's CNI
 //! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too.
 //!
 //! Programs: `build-binaries.sh machines` (Profile::Machines: the `autoscaler` profile and
 //! these), built on first use. Cold build times on the 2-core dev machine, with another Go build
 //! running beside them: kubelet 192 s (Go's cache already held the modules kube-apiserver shares
 //! with it), containerd + shim + ctr 141 s, runc 28 s (10 s more for seccomp), the CNI plugins
-//! 13 s, pause under 1 s.
+//! 13 s, pause under 1 s; Kubernetes' sample device plugin, built with the kubelet from the same
+//! module, 23 s more on its own.
 
 pub mod bmc;
 mod cgroups;
@@ -94,7 +97,17 @@ pub struct MachineSpec {
     /// Programs the machine's OS starts at every boot, after containerd and the kubelet (as
     /// units ordered after them): a storage daemon that lives and dies with the machine.
     pub services: Vec<Service>,
+    /// The machine has a device: at every boot, once its kubelet serves its device-plugin
+    /// socket, it runs Kubernetes' sample device plugin, which registers two devices of
+    /// [`SAMPLE_DEVICE_RESOURCE`] with the kubelet. Such a machine has a mount table of its own
+    /// (os.rs), as a real machine does, so that its /var/lib/kubelet/device-plugins is its own.
+    pub sample_device_plugin: bool,
 }
+
+/// The extended resource Kubernetes' sample device plugin advertises.
+pub const SAMPLE_DEVICE_RESOURCE: &str = "example.com/resource";
+/// The devices it advertises; its allocation mounts `/tmp/<id>` into the container.
+pub const SAMPLE_DEVICES: [&str; 2] = ["Dev-1", "Dev-2"];
 
 /// A program a machine runs while it is on, in its cgroup: killed with the machine's power, and
 /// started again at the next boot. Its log is the machine's `logs/boot-<n>/<name>.log`.
@@ -425,8 +438,13 @@ impl Machine {
         let firmware = self.inner.firmware.lock().await;
         let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
         let kubelet = os.kubelet();
-        kubelet_start::one_at_a_time(|| kubelet.restart(), |()| kubelet.ensure_running().is_ok())
-            .await
+        let running = |(): &()| kubelet.ensure_running().is_ok();
+        if self.inner.board.spec.sample_device_plugin {
+            let socket = self.inner.board.disk.device_plugins().join("kubelet.sock");
+            kubelet_start::on_own_socket(&socket, || kubelet.restart(), running).await
+        } else {
+            kubelet_start::one_at_a_time(|| kubelet.restart(), running).await
+        }
     }
 
     /// Stops containerd as a person upgrading it by hand does (`systemctl stop containerd`):
