@@ -1065,6 +1065,7 @@ async fn a_pod_asking_for_a_device_wakes_the_machine_whose_device_plugin_serves_
     let pods: Api<Pod> = Api::namespaced(space.client.clone(), &space.ns);
     let nodes: Api<CoreNode> = Api::all(space.client.clone());
     let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
+    let slots: Api<Node> = Api::namespaced(space.client.clone(), &space.ns);
     let stranded = Stranding::watch(m2.clone(), nodes.clone());
 
     for (boot, app) in [(1, "first"), (2, "second")] {
@@ -1091,8 +1092,7 @@ async fn a_pod_asking_for_a_device_wakes_the_machine_whose_device_plugin_serves_
             assert_eq!(amount, Some(Quantity("2".into())), "{what}: the plugin's two devices");
         }
         eventually("the slot's capacity matching its node", ACT, || async {
-            let slot =
-                Api::<Node>::namespaced(space.client.clone(), &space.ns).get(m2.name()).await?;
+            let slot = slots.get(m2.name()).await?;
             let (ok, message) = condition(&slot, "CapacityMatches").context("no condition yet")?;
             ensure!(ok, "{message}");
             Ok(())

@@ -100,7 +100,7 @@ impl Provider {
                     Some(state) => {
                         pod_rate_of(&state.slot.spec, &snapshot.group.spec, pod.requests)
                     }
-                    None => snapshot.group.spec.pricing.as_ref().map(|p| p.pod_rate),
+                    None => group_pod_rate(&snapshot),
                 });
             }
         }
@@ -135,13 +135,18 @@ fn representative_rate(snapshot: &GroupSnapshot, rate: impl Fn(&Pricing) -> f64)
 /// The lowest rate of a pod asking `requests` over a group's slots.
 fn cheapest_pod_rate(snapshot: &GroupSnapshot, requests: PodRequests) -> Option<f64> {
     if snapshot.slots.is_empty() {
-        return snapshot.group.spec.pricing.as_ref().map(|p| p.pod_rate);
+        return group_pod_rate(snapshot);
     }
     snapshot
         .slots
         .iter()
         .map(|s| pod_rate_of(&s.slot.spec, &snapshot.group.spec, requests))
         .fold(None, min_rate)
+}
+
+/// The group's own pod rate, for a pod priced where no slot of it is known.
+fn group_pod_rate(snapshot: &GroupSnapshot) -> Option<f64> {
+    snapshot.group.spec.pricing.as_ref().map(|p| p.pod_rate)
 }
 
 fn min_rate(a: Option<f64>, b: Option<f64>) -> Option<f64> {

@@ -5,7 +5,8 @@
 //! already in use"). A kubelet that already runs is not disturbed by a later one's cleanup (it
 //! keeps its unlinked socket), so only the starts are taken in turn: host-wide, across test
 //! processes, under an advisory lock held until the new kubelet's socket is there (or it
-//! exited, or `SOCKET_WAIT` passed).
+//! exited, or `SOCKET_WAIT` passed). A machine with a mount table of its own (os.rs) has its
+//! own socket and starts its kubelet without the lock.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -29,12 +30,19 @@ fn socket_identity(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-/// Runs `start` (which spawns or restarts a kubelet) with no other kubelet starting on the
-/// host, and waits until that kubelet has bound its socket or `running` says it exited.
-pub async fn one_at_a_time<T>(
+/// Runs `start` (which spawns or restarts a kubelet) and waits until that kubelet has bound its
+/// device-plugin socket or `running` says it exited. A kubelet on the host's socket starts with
+/// no other kubelet starting on the host; one whose machine has a socket of its own (`own`, see
+/// os.rs) needs no lock, and the wait lets what starts after it (a device plugin registering
+/// with it) find the socket served.
+pub async fn start<T>(
+    own: Option<&Path>,
     start: impl FnOnce() -> Result<T>,
     running: impl Fn(&T) -> bool,
 ) -> Result<T> {
+    if let Some(socket) = own {
+        return until_bound(socket, start, running).await;
+    }
     let path = lock_path();
     let file = File::options()
         .create(true)
@@ -49,17 +57,6 @@ pub async fn one_at_a_time<T>(
     let kubelet = until_bound(Path::new(SOCKET), start, running).await;
     drop(lock);
     kubelet
-}
-
-/// Runs `start` for a kubelet whose device-plugin socket is `socket`, a machine's own (see
-/// os.rs): no other kubelet binds it, so no lock. Waits as [`one_at_a_time`] does, so that what
-/// starts after the kubelet (a device plugin registering with it) finds the socket served.
-pub async fn on_own_socket<T>(
-    socket: &Path,
-    start: impl FnOnce() -> Result<T>,
-    running: impl Fn(&T) -> bool,
-) -> Result<T> {
-    until_bound(socket, start, running).await
 }
 
 async fn until_bound<T>(

@@ -438,13 +438,12 @@ impl Machine {
         let firmware = self.inner.firmware.lock().await;
         let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
         let kubelet = os.kubelet();
-        let running = |(): &()| kubelet.ensure_running().is_ok();
-        if self.inner.board.spec.sample_device_plugin {
-            let socket = self.inner.board.disk.device_plugins().join("kubelet.sock");
-            kubelet_start::on_own_socket(&socket, || kubelet.restart(), running).await
-        } else {
-            kubelet_start::one_at_a_time(|| kubelet.restart(), running).await
-        }
+        kubelet_start::start(
+            self.inner.board.own_kubelet_socket().as_deref(),
+            || kubelet.restart(),
+            |()| kubelet.ensure_running().is_ok(),
+        )
+        .await
     }
 
     /// Stops containerd as a person upgrading it by hand does (`systemctl stop containerd`):
@@ -579,6 +578,12 @@ impl Board {
             .output()
             .await
             .with_context(|| format!("running ctr {}", args.join(" ")))
+    }
+
+    /// The kubelet's device-plugin socket as seen from the host, on a machine with a mount table
+    /// of its own (os.rs); none where it is the host's fixed one.
+    fn own_kubelet_socket(&self) -> Option<PathBuf> {
+        self.spec.sample_device_plugin.then(|| self.disk.device_plugins().join("kubelet.sock"))
     }
 
     fn kubelet_args(&self) -> Vec<String> {

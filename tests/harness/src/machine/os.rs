@@ -102,14 +102,12 @@ impl Os {
             }
             None => None,
         };
-        let start_kubelet = || spawn(board, &logs, "kubelet", mounts, board.kubelet_args());
-        let running = |kubelet: &Process| kubelet.ensure_running().is_ok();
-        let kubelet = if device {
-            let socket = board.disk.device_plugins().join("kubelet.sock");
-            super::kubelet_start::on_own_socket(&socket, start_kubelet, running).await?
-        } else {
-            super::kubelet_start::one_at_a_time(start_kubelet, running).await?
-        };
+        let kubelet = super::kubelet_start::start(
+            board.own_kubelet_socket().as_deref(),
+            || spawn(board, &logs, "kubelet", mounts, board.kubelet_args()),
+            |kubelet| kubelet.ensure_running().is_ok(),
+        )
+        .await?;
         let mut services = Vec::new();
         for service in &board.spec.services {
             services.push(spawn_in(board, &logs, service, mounts)?);
