@@ -111,8 +111,12 @@ pub fn observe_group(
         }
     }
 
-    let workloads =
-        workloads(view, &owners, &observed, |spec| needs_pool(spec) && !fits_elsewhere(spec));
+    // A template only some slots admit is the bound-pod planner's once its pod exists (it
+    // wakes one of those slots); counted here, its podless replica would boot the cheapest.
+    let every_slot_admits = |spec: &PodSpec| templates.iter().all(|t| admits(spec, t.shape()));
+    let workloads = workloads(view, &owners, &observed, |spec| {
+        needs_pool(spec) && every_slot_admits(spec) && !fits_elsewhere(spec)
+    });
     let machines: Vec<Machine> = snapshot.slots.iter().filter_map(|s| machine(s, &held)).collect();
     let machine_nodes: HashSet<&str> = machines.iter().map(|m| m.node.as_str()).collect();
     let draining_pods =
@@ -242,6 +246,7 @@ fn machine(state: &SlotState, held: &HashMap<&str, i32>) -> Option<Machine> {
 mod tests {
     use std::sync::Arc;
 
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::{Value, json};
 
     use super::super::demand::demand;
@@ -619,5 +624,30 @@ mod tests {
             "a template that fits the lab node, another pool, zero replicas, a bare RS without template: none"
         );
         assert_eq!(demand(&o), 3, "one pending pod and two replicas without a pod");
+    }
+
+    /// A Deployment whose pods ask for a device only one slot declares adds no replicas to the
+    /// pool's count before its pod exists: the pod, once made, is the bound-pod planner's, which
+    /// wakes that slot. Counted, its podless replica booted the cheapest slot, which lacks the
+    /// device (seen under load, when the ReplicaSet had not made the pod by the scaler's pass).
+    #[test]
+    fn a_workload_only_some_slots_can_run_adds_no_podless_replicas() {
+        let mut gpu = (*slot("d", "pool")).clone();
+        gpu.spec.node_capacity = [("example.com/gpu".to_owned(), Quantity("1".to_owned()))].into();
+        let slots = vec![slot("a", "pool"), Arc::new(gpu)];
+        let snapshot = GroupSnapshot::build(group("pool", 0), &slots, &[], &HashSet::new());
+        let mut gpu_work = for_pool();
+        gpu_work["containers"] = json!([{ "name": "app", "image": "app",
+            "resources": { "limits": { "example.com/gpu": "1" } } }]);
+        let mut with_devices = deployment("train", 1, json!({}));
+        with_devices.spec.template.spec = Some(serde_json::from_value(gpu_work).unwrap());
+        let view = ClusterView {
+            nodes: vec![lab()],
+            deployments: vec![with_devices, deployment("web", 2, for_pool())],
+            ..ClusterView::default()
+        };
+        let o = observe_group(&view, &snapshot, &HashSet::new());
+        let names: Vec<&str> = o.workloads.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["Deployment apps/web"], "only the workload every slot can run");
     }
 }
