@@ -26,6 +26,8 @@ pub enum FieldManager {
     ScheduleController,
     /// The built-in scaler's decision in the Group's status.
     Scaler,
+    /// Reads a pool's UPS into `status.power` and sheds machines on battery.
+    PowerSource,
     /// Claims cluster-autoscaler and the built-in scaler ask for, and their marks.
     Provider,
     /// The `keep-on`/`release` and `power` commands.
@@ -37,12 +39,13 @@ pub enum FieldManager {
 }
 
 impl FieldManager {
-    pub const ALL: [FieldManager; 9] = [
+    pub const ALL: [FieldManager; 10] = [
         FieldManager::ClaimController,
         FieldManager::SlotController,
         FieldManager::GroupController,
         FieldManager::ScheduleController,
         FieldManager::Scaler,
+        FieldManager::PowerSource,
         FieldManager::Provider,
         FieldManager::Cli,
         FieldManager::Simulator,
@@ -57,6 +60,7 @@ impl FieldManager {
             FieldManager::GroupController => "homelab-autoscaler-groups",
             FieldManager::ScheduleController => "homelab-autoscaler-schedules",
             FieldManager::Scaler => "homelab-autoscaler-scaler",
+            FieldManager::PowerSource => "homelab-autoscaler-power-source",
             FieldManager::Provider => "homelab-autoscaler-provider",
             FieldManager::Cli => "homelab-autoscaler-cli",
             FieldManager::Simulator => "homelab-autoscaler-simulator",

@@ -49,6 +49,7 @@ pub fn group(name: &str) -> Group {
             power_off_gates: vec![],
             power_off_gate_settle: None,
             maintenance: None,
+            ups: None,
         },
     );
     group.metadata.namespace = Some("ns".into());
@@ -73,6 +74,7 @@ pub fn claim(name: &str, slot: &str, group: &str) -> NodeClaim {
             deadline_at: None,
             max_node_provision_time: None,
             until: None,
+            boot_on_battery: None,
             ttl_seconds_after_finished: None,
         },
     );

@@ -35,4 +35,5 @@ pub mod simulator;
 pub mod slot_locks;
 pub mod telemetry;
 pub mod tls;
+pub mod ups;
 pub mod webhook;

@@ -45,6 +45,10 @@ pub struct KeepOnArgs {
     /// default this machine's (`TZ`, else `/etc/localtime`).
     #[arg(long, value_name = "ZONE")]
     pub tz: Option<String>,
+    /// The pin may boot the machine while its pool's UPS runs on battery, and shedding leaves
+    /// it on until the battery is low (the claim's spec.bootOnBattery).
+    #[arg(long)]
+    pub on_battery: bool,
 }
 
 /// A refused or failed keep-on or release.
@@ -111,6 +115,12 @@ pub enum PinError {
          powered off); run keep-on again once it has ended"
     )]
     BeingReleased { slot: String, claim: String },
+    #[error(
+        "slot {slot} is pinned by claim {claim}, which does not say bootOnBattery, and a pin's \
+         bootOnBattery cannot change: release it (`homelab-autoscaler release --slot {slot} \
+         --namespace {namespace}`), then run keep-on --on-battery again"
+    )]
+    NotOnBattery { slot: String, claim: String, namespace: String },
     #[error("no live claim holds slot {slot} in namespace {namespace}: nothing to release")]
     NothingHeld { slot: String, namespace: String },
 }
@@ -322,6 +332,13 @@ pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
         Some(live) if phase::is_marked(&live) => {
             Err(PinError::BeingReleased { slot: target.slot.clone(), claim: name_of(&live) })
         }
+        Some(live) if args.on_battery && live.spec.boot_on_battery != Some(true) => {
+            Err(PinError::NotOnBattery {
+                slot: target.slot.clone(),
+                claim: name_of(&live),
+                namespace: target.namespace.clone(),
+            })
+        }
         Some(live) => {
             let name = name_of(&live);
             let patch = json!({ "spec": { "until": end.map(Time) } });
@@ -355,6 +372,7 @@ pub async fn keep_on(args: KeepOnArgs) -> Result<(), PinError> {
                     deadline_at: None,
                     max_node_provision_time: None,
                     until: end.map(Time),
+                    boot_on_battery: args.on_battery.then_some(true),
                     ttl_seconds_after_finished: None,
                 },
             );

@@ -349,6 +349,13 @@ fn registered_metrics() -> BTreeSet<String> {
     t::savings_reported("docs", &sample);
     t::slot_draw_read("docs", "m1", 1.0);
     t::slot_power_off_held("docs", "m1", 1.0);
+    let power = homelab_autoscaler::api::GroupPowerStatus {
+        charge_percent: Some(1.0),
+        runtime_seconds: Some(1),
+        pool_watts: Some(1.0),
+        ..Default::default()
+    };
+    t::ups_read("docs", &power);
     let (_, text) = t::render(None);
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -12,6 +12,7 @@ use homelab_autoscaler::api::{Group, GroupStatus, Node};
 use homelab_harness::e2e::prometheus::{Prometheus, promtool_check_metrics};
 use homelab_harness::e2e::{self, AutoscalerSettings, NAMESPACE, World, http_answer};
 use homelab_harness::http::ShellyMeter;
+use homelab_harness::power_peers::UpsPeer;
 use homelab_harness::{Components, ControlPlane, eventually, stays};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -134,12 +135,14 @@ async fn prometheus_sees_a_cluster_autoscaler_scale_up_and_down_and_every_dashbo
         .expect("Prometheus");
 
     // A builtin pool without slots: accepted with a warning, said in its conditions, and decided
-    // for by the built-in scaler (its metrics).
+    // for by the built-in scaler (its metrics). Its UPS, a real upsd on mains, gives the UPS
+    // panels their series.
+    let ups = UpsPeer::start().await.expect("upsd with dummy-ups");
     let groups: Api<Group> = Api::namespaced(world.client.clone(), NAMESPACE);
     let idle: Group = serde_json::from_value(json!({
         "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
         "metadata": { "name": "idle" },
-        "spec": { "driver": "builtin" },
+        "spec": { "driver": "builtin", "ups": { "name": ups.address(), "pollInterval": "2s" } },
     }))
     .unwrap();
     groups.create(&PostParams::default(), &idle).await.expect("create group idle");

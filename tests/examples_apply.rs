@@ -546,7 +546,9 @@ fn every_example_is_applied_here() {
     // The upstream cluster-autoscaler chart's recipe: its values are read by Helm and its
     // flags parsed by the real cluster-autoscaler, its ConfigMap applied with kubectl
     // (tests/chart.rs, the_upstream_chart_recipe_is_what_cluster_autoscaler_and_this_chart_expect).
+    // The power-outage pool is applied by tests/e2e_power_outage.rs, against a real upsd.
     let elsewhere = [
+        "power-outage.yaml",
         "upstream-cluster-autoscaler-cloud-config.yaml",
         "upstream-cluster-autoscaler-values.yaml",
     ];

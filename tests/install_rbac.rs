@@ -284,7 +284,8 @@ async fn rbac_of(rendered: &str) -> Vec<serde_json::Value> {
 }
 
 /// The operator reads plug meters and the BMCs of silent machines itself: it may read exactly
-/// the Secrets the chart's `energy.meterSecrets` and `bmcSecrets` name, and none without them.
+/// the Secrets the chart's `energy.meterSecrets`, `bmcSecrets` and `upsSecrets` name, and none
+/// without them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_may_read_exactly_the_secrets_it_is_given() {
     let plane = ControlPlane::start(Components::CLUSTER).await.expect("control plane");
@@ -338,4 +339,11 @@ async fn the_operator_may_read_exactly_the_secrets_it_is_given() {
     assert!(can_i("get", "secret/bmc-login").await, "a BMC Secret it was given");
     assert!(can_i("get", "secret/plug-token").await, "a meter Secret it was given");
     assert!(!can_i("get", "secret/ha-token").await, "a Secret no longer given");
+
+    // NUT logins, for the pools' UPSes.
+    let given = ["tls.mode=selfManaged", "upsSecrets={nut-monitor}"];
+    let rendered = render(NAMESPACE, &given).await.expect("helm template");
+    apply(&plane, &rbac_of(&rendered).await).await.expect("apply the chart's RBAC");
+    assert!(can_i("get", "secret/nut-monitor").await, "a NUT Secret it was given");
+    assert!(!can_i("get", "secret/bmc-login").await, "a Secret no longer given");
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{Pricing, TaintSelector};
 use super::power_off_gates::{MaintenanceSteps, PowerOffGate};
 use super::schedule::{GroupScheduleStatus, ScheduleWindow};
+use super::ups::{GroupPowerStatus, UpsPolicy};
 
 /// A pool of slots. A slot joins a pool with the label `group: <pool name>`.
 ///
@@ -35,6 +36,7 @@ use super::schedule::{GroupScheduleStatus, ScheduleWindow};
     printcolumn(name = "Booting", type_ = "integer", json_path = ".status.claims.booting"),
     printcolumn(name = "Pending", type_ = "integer", json_path = ".status.claims.pending"),
     printcolumn(name = "Schedule", type_ = "string", json_path = ".status.schedule.active"),
+    printcolumn(name = "Power", type_ = "string", json_path = ".status.power.summary"),
     printcolumn(name = "Cost", type_ = "number", json_path = ".status.savings.cost"),
     printcolumn(name = "Saved", type_ = "number", json_path = ".status.savings.saved"),
     printcolumn(
@@ -155,6 +157,11 @@ pub struct GroupSpec {
     /// and Ready (to set and clear a storage system's maintenance flag).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<MaintenanceSteps>,
+
+    /// The UPS the pool's machines run on, and what the pool does on battery
+    /// (docs/operations.md, "When the power goes out").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ups: Option<UpsPolicy>,
 }
 
 impl GroupSpec {
@@ -312,6 +319,9 @@ pub struct GroupStatus {
     /// The schedule's open windows and its next opening, when `spec.schedules` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<GroupScheduleStatus>,
+    /// What the pool's UPS last said, when `spec.ups` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<GroupPowerStatus>,
     /// Conditions of the pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]

@@ -9,6 +9,7 @@ mod power;
 mod power_off_gates;
 mod schedule;
 mod slot;
+mod ups;
 
 pub use common::{Pricing, TaintSelector};
 pub use group::{
@@ -30,6 +31,7 @@ pub use slot::{
     BmcReading, LifecyclePodSpec, LifecycleVolume, LocalVolume, MeasuredDraw, Node, NodeSpec,
     NodeStatus, ObservedPower, ShutdownStreak, SlotClaimDigest, SlotPhase,
 };
+pub use ups::{GroupPowerStatus, OnBattery, OnMains, PowerSource, UpsPolicy};
 
 /// The API group of every kind this operator serves.
 pub const GROUP: &str = "infra.homecluster.dev";

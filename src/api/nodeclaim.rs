@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.until) || self.request.call in ['Manual', 'Schedule']").message("spec.until ends a pin: only a Manual or Schedule claim has one"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.bootOnBattery) || !self.bootOnBattery || self.request.call in ['Manual', 'Schedule']").message("spec.bootOnBattery is a pin's: only a Manual or Schedule claim may boot on battery"))]
 pub struct NodeClaimSpec {
     /// The slot (a Node of this API, in the same namespace) this claim asks to power on.
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("spec.slotRef is immutable: create a new claim for another slot"))]
@@ -96,6 +97,12 @@ pub struct NodeClaimSpec {
     /// `homelab-autoscaler keep-on` sets and extends it. Absent, a pin holds until it is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<Time>,
+
+    /// A pin that may boot its machine while the pool's UPS runs on battery, and that shedding
+    /// leaves on until the battery is low. Only a pin (a `Manual` or `Schedule` claim) says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("spec.bootOnBattery is immutable: release the pin and create another"))]
+    pub boot_on_battery: Option<bool>,
 
     /// How long a finished claim is kept before it is collected. Defaults to 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -145,6 +145,7 @@ pub struct Subscriptions {
     pub slot_controller: SlotInputs,
     pub group_controller: GroupInputs,
     pub schedule_controller: GroupInputs,
+    pub power_source_controller: GroupInputs,
 }
 
 pub struct ClaimInputs {
@@ -225,6 +226,7 @@ impl Subscriptions {
             },
             group_controller: group_inputs(),
             schedule_controller: group_inputs(),
+            power_source_controller: group_inputs(),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The controllers. Each owns one object: the claim controller moves claims (it is the only
 //! writer of `NodeClaim.status.phase`, through `claim::chokepoint`); the slot controller runs the
 //! shutdown path, observes machines and writes the slot's status; the group controller counts;
-//! the schedule controller keeps a Group's schedule windows held by pins.
+//! the schedule controller keeps a Group's schedule windows held by pins; the power-source
+//! controller reads a pool's UPS and sheds machines on battery.
 //! They run only on the elected leader.
 
 pub mod claim;
@@ -10,6 +11,7 @@ mod error;
 pub mod group;
 pub mod hold;
 pub mod jobs;
+pub mod power_source;
 mod read_floor;
 pub mod schedule;
 pub mod slot;
@@ -52,7 +54,9 @@ pub async fn run(ctx: Arc<Context>, inputs: Subscriptions, shutdown: Cancellatio
     let slots = slot::controller(ctx.clone(), inputs.slot_controller, shutdown.clone());
     let groups = group::controller(ctx.clone(), inputs.group_controller, shutdown.clone());
     let schedules = schedule::controller(ctx.clone(), inputs.schedule_controller, shutdown.clone());
-    tokio::join!(claims, slots, groups, schedules);
+    let power =
+        power_source::controller(ctx.clone(), inputs.power_source_controller, shutdown.clone());
+    tokio::join!(claims, slots, groups, schedules, power);
 }
 
 /// Requeue policy on error: retry soon, the error is logged by the caller.

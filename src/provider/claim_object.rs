@@ -83,6 +83,7 @@ pub fn new_claim(intent: &ClaimIntent<'_>) -> NodeClaim {
             )),
             max_node_provision_time: intent.group.spec.max_node_provision_time,
             until: None,
+            boot_on_battery: None,
             ttl_seconds_after_finished: Some(DEFAULT_CLAIM_TTL_SECONDS),
         },
         status: None,

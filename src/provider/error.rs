@@ -82,6 +82,15 @@ pub enum ProviderError {
     )]
     PowerOffHeld { slot: String, group: String, why: String },
 
+    #[error("{why}")]
+    OnBattery { group: String, why: String },
+
+    #[error(
+        "group {group:?} is coming back from a power outage: at most {at_once} of its machines \
+         boot at once until {until} (spec.ups.onMains), {room} may start now and {delta} were asked"
+    )]
+    StaggeredReturn { group: String, delta: i32, room: i32, at_once: i32, until: Timestamp },
+
     #[error("node {node:?} is not a slot of group {group:?}")]
     NodeNotInGroup { node: String, group: String },
 
@@ -163,7 +172,12 @@ impl ProviderError {
     /// Classifies the error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::NotSynced | Self::NothingCancelable { .. } => ErrorKind::Unavailable,
+            // Both pass: mains returns, boots finish. cluster-autoscaler backs off the group
+            // and asks again.
+            Self::NotSynced
+            | Self::NothingCancelable { .. }
+            | Self::OnBattery { .. }
+            | Self::StaggeredReturn { .. } => ErrorKind::Unavailable,
             Self::InvalidDelta { .. }
             | Self::InvalidWindow { .. }
             | Self::NodeNotInGroup { .. } => ErrorKind::InvalidArgument,

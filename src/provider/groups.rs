@@ -220,6 +220,15 @@ impl GroupSnapshot {
         saturating_i32(self.slots.iter().filter(|s| !s.is_free()).count())
     }
 
+    /// Slots whose live claim has not reached `ready` yet: machines on their way up.
+    pub fn booting_count(&self) -> i32 {
+        use crate::api::NodeClaimPhase::{Booting, Pending};
+        let on_the_way = |s: &&SlotState| {
+            s.live_claim().is_some_and(|c| matches!(phase_of(c), None | Some(Pending | Booting)))
+        };
+        saturating_i32(self.slots.iter().filter(on_the_way).count())
+    }
+
     /// Slots whose machine is wanted: the capacity the minimum size is kept against.
     pub fn wanted_count(&self) -> i32 {
         saturating_i32(self.slots.iter().filter(|s| s.is_wanted()).count())
@@ -263,6 +272,30 @@ impl NodeGroupInfo {
     }
 }
 
+impl NodeGroupInfo {
+    /// The group's maximum lowered to what its UPS lets boot now: its target size on battery,
+    /// and the target plus the room of a staggered return. cluster-autoscaler caps a scale-up at
+    /// the maximum without backing the group off, so its asks fit and it asks again the moment
+    /// the power allows; a refused IncreaseSize would back the group off for minutes.
+    pub fn within_power(mut self, snapshot: &GroupSnapshot, now: jiff::Timestamp) -> Self {
+        let group = &snapshot.group;
+        let target = snapshot.target_size();
+        let ceiling = if crate::ups::boots::battery_refusal(group, false, now).is_some() {
+            Some((target, "on battery: no machine boots"))
+        } else {
+            crate::ups::boots::stagger_room(group, snapshot.booting_count(), now).map(|s| {
+                (target.saturating_add(s.room), "back from a power outage: boots staggered")
+            })
+        };
+        if let Some((ceiling, why)) = ceiling {
+            let floor = self.min_size.min(self.max_size);
+            self.max_size = ceiling.clamp(floor, self.max_size);
+            self.debug.push_str(&format!("; {why}, max {}", self.max_size));
+        }
+        self
+    }
+}
+
 pub(crate) fn saturating_i32(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
@@ -294,6 +327,52 @@ pub(crate) mod tests {
         c.spec.attempt = Some(1);
         c.status = Some(NodeClaimStatus { phase, ..Default::default() });
         c
+    }
+
+    #[test]
+    fn cluster_autoscaler_is_told_a_maximum_the_power_allows() {
+        use crate::api::{GroupPowerStatus, GroupStatus, PowerSource};
+        let now: jiff::Timestamp = "2026-03-04T10:05:00Z".parse().unwrap();
+        let pool = |source: PowerSource, returned: Option<&str>| {
+            let mut g = Group::new(
+                "pool",
+                serde_json::from_value(serde_json::json!({
+                    "ups": { "name": "ups@nut", "onMains": { "bootsAtOnce": 1 } }
+                }))
+                .expect("a group spec"),
+            );
+            g.status = Some(GroupStatus {
+                power: Some(GroupPowerStatus {
+                    ups: "ups@nut".into(),
+                    source,
+                    read_at: Some(Time(now)),
+                    mains_returned_at: returned.map(|r| Time(r.parse().unwrap())),
+                    ..GroupPowerStatus::default()
+                }),
+                ..GroupStatus::default()
+            });
+            Arc::new(g)
+        };
+        let slots = [slot("a", "pool"), slot("b", "pool"), slot("c", "pool")];
+        let ready =
+            [Arc::new(claim("a-1", "a", Some(NodeClaimPhase::Ready), "2026-03-04T10:00:00Z"))];
+        let booting = [
+            ready[0].clone(),
+            Arc::new(claim("b-1", "b", Some(NodeClaimPhase::Booting), "2026-03-04T10:04:00Z")),
+        ];
+        let max = |group: Arc<Group>, claims: &[Arc<NodeClaim>]| {
+            let snapshot = GroupSnapshot::build(group, &slots, claims, &HashSet::new());
+            snapshot.info().within_power(&snapshot, now).max_size
+        };
+        let returning = Some("2026-03-04T10:00:00Z");
+        assert_eq!(max(pool(PowerSource::Mains, None), &ready), 3, "mains: every slot");
+        assert_eq!(max(pool(PowerSource::Battery, None), &ready), 1, "battery: the target");
+        assert_eq!(max(pool(PowerSource::Mains, returning), &ready), 2, "returning: one more");
+        assert_eq!(max(pool(PowerSource::Mains, returning), &booting), 2, "none while one boots");
+        assert_eq!(max(pool(PowerSource::Unread, None), &ready), 3, "unread: every slot");
+        let on_battery = pool(PowerSource::Battery, None);
+        let snapshot = GroupSnapshot::build(on_battery, &slots, &ready, &HashSet::new());
+        assert!(snapshot.info().within_power(&snapshot, now).debug.contains("on battery"));
     }
 
     pub fn marked(mut c: NodeClaim) -> NodeClaim {

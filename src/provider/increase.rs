@@ -58,6 +58,21 @@ pub fn plan_increase_among(
             expected: "positive",
         });
     }
+    if let Some(why) = crate::ups::boots::battery_refusal(&snapshot.group, false, now) {
+        return Err(ProviderError::OnBattery { group: snapshot.name().to_owned(), why });
+    }
+    if let Some(stagger) =
+        crate::ups::boots::stagger_room(&snapshot.group, snapshot.booting_count(), now)
+        && delta > stagger.room
+    {
+        return Err(ProviderError::StaggeredReturn {
+            group: snapshot.name().to_owned(),
+            delta,
+            room: stagger.room,
+            at_once: stagger.at_once,
+            until: stagger.until,
+        });
+    }
     let (slots, live) = (snapshot.slot_count(), snapshot.live_count());
     if live.saturating_add(delta) > slots {
         return Err(ProviderError::OverCapacity {
@@ -288,6 +303,45 @@ mod tests {
         let names: Vec<&str> = plan.iter().map(|p| p.slot.name.as_str()).collect();
         assert_eq!(names, ["pi", "nuc"]);
         assert!(plan[0].choice.contains("choice 1 of 3"), "{}", plan[0].choice);
+    }
+
+    #[test]
+    fn the_power_refuses_boots_on_battery_and_beyond_a_staggered_return() {
+        use crate::api::{GroupPowerStatus, GroupStatus, PowerSource};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let pool = |source: PowerSource, returned: Option<Timestamp>| {
+            let mut g = (*group("pool", 0)).clone();
+            g.spec.ups = serde_json::from_value(
+                serde_json::json!({ "name": "ups@nut", "onMains": { "bootsAtOnce": 2 } }),
+            )
+            .expect("a UPS policy");
+            g.status = Some(GroupStatus {
+                power: Some(GroupPowerStatus {
+                    ups: "ups@nut".into(),
+                    source,
+                    read_at: Some(Time(now())),
+                    mains_returned_at: returned.map(Time),
+                    ..GroupPowerStatus::default()
+                }),
+                ..GroupStatus::default()
+            });
+            Arc::new(g)
+        };
+        let slots = vec![priced("a", 1.0), priced("b", 1.0), priced("c", 1.0)];
+        let plan = |group, delta| {
+            let snap = GroupSnapshot::build(group, &slots, &[], &HashSet::new());
+            plan_increase(&snap, delta, now())
+        };
+        let refused = plan(pool(PowerSource::Battery, None), 1).unwrap_err();
+        assert!(matches!(refused, ProviderError::OnBattery { .. }), "{refused}");
+        assert_eq!(refused.kind(), super::super::error::ErrorKind::Unavailable);
+        assert!(refused.to_string().contains("runs on battery"), "{refused}");
+        let returning = Some(now());
+        assert_eq!(plan(pool(PowerSource::Mains, returning), 2).map(|p| p.len()).ok(), Some(2));
+        let over = plan(pool(PowerSource::Mains, returning), 3).unwrap_err();
+        assert!(over.to_string().contains("at most 2 of its machines boot at once"), "{over}");
+        assert_eq!(over.kind(), super::super::error::ErrorKind::Unavailable);
+        assert_eq!(plan(pool(PowerSource::Mains, None), 3).map(|p| p.len()).ok(), Some(3));
     }
 
     #[test]

@@ -233,11 +233,18 @@ impl Provider {
                 *counts.entry(group).or_default() += 1;
             }
         }
+        let now = jiff::Timestamp::now();
         Ok(groups
             .iter()
             .map(|g| {
                 let name = g.metadata.name.as_deref().unwrap_or_default();
-                NodeGroupInfo::of(g, counts.get(name).copied().unwrap_or_default())
+                let info = NodeGroupInfo::of(g, counts.get(name).copied().unwrap_or_default());
+                // Only a pool whose UPS holds its boots costs a snapshot.
+                if crate::ups::boots::may_hold_boots(g, now) {
+                    info.within_power(&self.build_snapshot(g.clone()), now)
+                } else {
+                    info
+                }
             })
             .collect())
     }
@@ -245,6 +252,20 @@ impl Provider {
     /// One group the caller scales, as the caches hold it now.
     pub fn snapshot(&self, caller: &Caller, group: &str) -> Result<GroupSnapshot, ProviderError> {
         Ok(self.build_snapshot(self.group(caller, group)?))
+    }
+
+    /// How many more of the group's machines may start booting while its return from a power
+    /// outage is staggered; `None`: no such limit now (or the group is unknown).
+    pub fn stagger_room(&self, group: &str) -> Option<crate::ups::boots::Stagger> {
+        let namespace = &self.inner.config.namespace;
+        let found =
+            self.inner.stores.groups.get(&ObjectRef::<Group>::new(group).within(namespace))?;
+        let snapshot = self.build_snapshot(found);
+        crate::ups::boots::stagger_room(
+            &snapshot.group,
+            snapshot.booting_count(),
+            jiff::Timestamp::now(),
+        )
     }
 
     /// The Group alone, for the calls that answer from it (GetOptions): no slot or claim read.

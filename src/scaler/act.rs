@@ -30,6 +30,23 @@ pub async fn act(
     match &decision.action {
         Action::None => Ok(Acted::default()),
         Action::Provision { add } => {
+            // Coming back from an outage, the pool boots a few at a time: the decision stands,
+            // and the next passes add the rest as boots finish.
+            let (add, caller) = match provider.stagger_room(group) {
+                Some(stagger) if stagger.room < *add => {
+                    if stagger.room == 0 {
+                        return Ok(Acted::default());
+                    }
+                    let fewer = Caller::builtin_scaler(format!(
+                        "{}; {} of {add} now: the pool boots at most {} at once until {} after \
+                         a power outage",
+                        decision.reason, stagger.room, stagger.at_once, stagger.until
+                    ));
+                    (stagger.room, fewer)
+                }
+                _ => (*add, caller),
+            };
+            let add = &add;
             let created = match provider.increase_size(&caller, group, *add).await {
                 // IncreaseSize is all or nothing; slots exhausted by failed boots must not keep
                 // the pool from the machines that can boot.

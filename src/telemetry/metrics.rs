@@ -50,6 +50,11 @@ pub struct Metrics {
     pub energy_cost: FloatGauges<2>,
     pub slot_draw: FloatGauges<2>,
     pub power_off_held: FloatCounters<2>,
+    pub ups_source: Gauges<2>,
+    pub ups_charge: FloatGauges<1>,
+    pub ups_runtime: FloatGauges<1>,
+    pub ups_pool_watts: FloatGauges<1>,
+    pub ups_shed: Counters<1>,
 }
 
 /// Request latencies: 0.5 ms to about 4 s.
@@ -94,6 +99,11 @@ impl Metrics {
             energy_cost: Family::default(),
             slot_draw: Family::default(),
             power_off_held: Family::default(),
+            ups_source: Family::default(),
+            ups_charge: Family::default(),
+            ups_runtime: Family::default(),
+            ups_pool_watts: Family::default(),
+            ups_shed: Family::default(),
         };
         let r = registry;
         let m = &metrics;
@@ -238,6 +248,30 @@ impl Metrics {
             Unit::Seconds,
             m.power_off_held.clone(),
         );
+        r.register(
+            "ups_power_source",
+            "1 for the power source a group's UPS last reported (mains, battery, low_battery, \
+             unread), 0 for the others",
+            m.ups_source.clone(),
+        );
+        r.register(
+            "ups_battery_charge_percent",
+            "The battery charge a group's UPS last reported, in percent",
+            m.ups_charge.clone(),
+        );
+        r.register_with_unit(
+            "ups_battery_runtime",
+            "The runtime on battery a group's UPS last estimated",
+            Unit::Seconds,
+            m.ups_runtime.clone(),
+        );
+        r.register(
+            "ups_pool_watts",
+            "The draw a group's powered machines account for on its UPS (metered, else declared), \
+             in watts",
+            m.ups_pool_watts.clone(),
+        );
+        r.register("ups_machines_shed", "Machines a group shed on battery", m.ups_shed.clone());
         metrics
     }
 }

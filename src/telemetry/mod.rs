@@ -163,6 +163,52 @@ pub fn scaler_decided(group: &str, demand: i64, target: i64, action: &str) {
     m().scaler_decisions.get_or_create(&[label("group", group), label("action", action)]).inc();
 }
 
+/// The sources `ups_power_source` names.
+const UPS_SOURCES: [(crate::api::PowerSource, &str); 4] = [
+    (crate::api::PowerSource::Mains, "mains"),
+    (crate::api::PowerSource::Battery, "battery"),
+    (crate::api::PowerSource::LowBattery, "low_battery"),
+    (crate::api::PowerSource::Unread, "unread"),
+];
+
+/// What `group`'s UPS last said.
+pub fn ups_read(group: &str, power: &crate::api::GroupPowerStatus) {
+    for (source, name) in UPS_SOURCES {
+        m().ups_source
+            .get_or_create(&[label("group", group), label("source", name)])
+            .set(i64::from(power.source == source));
+    }
+    let g = [label("group", group)];
+    // From 0, so a pool that never shed has the series.
+    m().ups_shed.get_or_create(&g).inc_by(0);
+    if let Some(charge) = power.charge_percent {
+        m().ups_charge.get_or_create(&g).set(charge);
+    }
+    if let Some(runtime) = power.runtime_seconds {
+        m().ups_runtime.get_or_create(&g).set(runtime as f64);
+    }
+    if let Some(watts) = power.pool_watts {
+        m().ups_pool_watts.get_or_create(&g).set(watts);
+    }
+}
+
+/// `group` no longer names a UPS: its series go.
+pub fn ups_forgotten(group: &str) {
+    for (_, name) in UPS_SOURCES {
+        m().ups_source.remove(&[label("group", group), label("source", name)]);
+    }
+    let g = [label("group", group)];
+    m().ups_charge.remove(&g);
+    m().ups_runtime.remove(&g);
+    m().ups_pool_watts.remove(&g);
+    m().ups_shed.remove(&g);
+}
+
+/// `group` shed a machine on battery.
+pub fn ups_shed(group: &str) {
+    m().ups_shed.get_or_create(&[label("group", group)]).inc();
+}
+
 /// What the group controller counted for `group`: live claims and slots by phase.
 pub fn group_observed<'a>(
     group: &str,

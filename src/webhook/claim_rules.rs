@@ -1,6 +1,7 @@
 //! NodeClaim admission: what is stamped on create, and the rules judged at write time (the slot
 //! exists and is in the requested pool, one live claim per slot, the attempt bound, an honest
-//! request time, a deadline only the operator may clear, and a pin's end that lies ahead).
+//! request time, a deadline only the operator may clear, a pin's end that lies ahead, and no
+//! boot while the pool's UPS runs on battery but a pin's that says `bootOnBattery`).
 
 use jiff::{SignedDuration, Timestamp};
 use json_patch::jsonptr::PointerBuf;
@@ -212,6 +213,13 @@ pub fn validate_create(claim: &NodeClaim, facts: &ClaimFacts<'_>) -> Verdict {
     if !live_others.is_empty() {
         // The live claim decides; the streak is judged once it has ended.
         return findings.verdict();
+    }
+    // A claim on a free slot boots its machine: not while the pool runs on battery.
+    let boot_on_battery = claim.spec.boot_on_battery == Some(true);
+    if let Some(why) =
+        facts.group.and_then(|g| crate::ups::boots::battery_refusal(g, boot_on_battery, facts.now))
+    {
+        findings.forbidden("no_boot_on_battery", why);
     }
     // Only the bound is judged here. The number itself is the stamp's: the mutating call wrote
     // it from the claims it saw, and a failure written between the two calls of this request
@@ -434,6 +442,46 @@ mod tests {
             Verdict::Deny(d) => (d.code, d.message),
             Verdict::Allow { .. } => panic!("expected a denial"),
         }
+    }
+
+    #[test]
+    fn a_pool_on_battery_takes_only_a_battery_pin() {
+        use crate::api::{
+            ClaimCall, GroupPowerStatus, GroupStatus, OnBattery, OnMains, PowerSource, UpsPolicy,
+        };
+        let s = slot("slot-a", "pool");
+        let mut g = group("pool");
+        g.spec.ups = Some(UpsPolicy {
+            name: "ups@nut:3493".into(),
+            credentials_secret: None,
+            poll_interval: None,
+            on_battery: OnBattery::default(),
+            on_mains: OnMains::default(),
+        });
+        let facts_now = facts(Some(&s), Some(&g), &[]);
+        g.status = Some(GroupStatus {
+            power: Some(GroupPowerStatus {
+                ups: "ups@nut:3493".into(),
+                source: PowerSource::Battery,
+                read_at: Some(Time(facts_now.now)),
+                charge_percent: Some(80.0),
+                ..GroupPowerStatus::default()
+            }),
+            ..GroupStatus::default()
+        });
+        let scaler = claim("slot-a-x", "slot-a", "pool");
+        let (code, msg) = denial(validate_create(&scaler, &facts(Some(&s), Some(&g), &[])));
+        assert_eq!(code, 403);
+        assert!(
+            msg.contains("runs on battery") && msg.contains("spec.bootOnBattery: true"),
+            "{msg}"
+        );
+        let mut pin = claim("slot-a-pin", "slot-a", "pool");
+        pin.spec.request.call = ClaimCall::Manual;
+        pin.spec.request.delta = None;
+        assert!(!validate_create(&pin, &facts(Some(&s), Some(&g), &[])).is_allowed());
+        pin.spec.boot_on_battery = Some(true);
+        assert!(validate_create(&pin, &facts(Some(&s), Some(&g), &[])).is_allowed());
     }
 
     #[test]

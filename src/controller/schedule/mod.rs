@@ -178,6 +178,7 @@ async fn create(
             deadline_at: None,
             max_node_provision_time: None,
             until: Some(Time(new.until)),
+            boot_on_battery: None,
             ttl_seconds_after_finished: None,
         },
         status: None,

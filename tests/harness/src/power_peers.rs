@@ -1,5 +1,6 @@
 //! Real protocol peers for the power-driver tests, on 127.0.0.1: `sushy-emulator` (Redfish),
-//! `ipmi_sim` and pyghmi's `fakebmc` (IPMI BMCs), and `sshd`.
+//! `ipmi_sim` and pyghmi's `fakebmc` (IPMI BMCs), `sshd`, and Network UPS Tools' `upsd` with its
+//! `dummy-ups` driver (a UPS).
 //! tests/harness/install-power-peers.sh installs them (`make test` runs it); a missing one fails
 //! its test with the command that installs it.
 //! Each peer runs in its own temporary directory and stops when dropped.
@@ -7,6 +8,8 @@
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 
@@ -473,5 +476,337 @@ impl SshPeer {
             process,
             _dir: dir,
         })
+    }
+}
+
+/// A UPS: Network UPS Tools' `upsd` serving a `dummy-ups` driver, both unpacked from Debian's
+/// `nut-server` under [`peers_dir`]`/nut`. The driver reads the UPS's variables from a `.dev`
+/// file (`name: value` lines, as `upsc` prints them) and reads it again whenever the file's
+/// modification time changes, as a real driver reports a UPS's new readings; [`UpsPeer::set`]
+/// rewrites it. Clients speak the NUT protocol to `127.0.0.1:port` and log in as
+/// [`UpsPeer::username`] / [`UpsPeer::password`].
+pub struct UpsPeer {
+    pub port: u16,
+    /// upsd. Declared before the driver so that it stops first on drop.
+    pub upsd: Process,
+    /// dummy-ups.
+    pub driver: Process,
+    dev_file: PathBuf,
+    dev: Mutex<DevFile>,
+    _dir: tempfile::TempDir,
+}
+
+/// The `.dev` file's variables, in order, and the modification time it was last given.
+struct DevFile {
+    values: Vec<(String, String)>,
+    mtime: SystemTime,
+}
+
+/// The UPS's name in upsd (`ups.conf`'s section).
+const UPS_NAME: &str = "dummy";
+const UPS_USER: &str = "monitor";
+const UPS_PASSWORD: &str = "secret";
+/// How long [`UpsPeer::set`] waits for upsd to serve the new values: the driver polls the file
+/// every second.
+const UPS_SET_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one NUT protocol exchange may take.
+const UPS_EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The variables the UPS starts with: on line, full. `ups.model` too, or the driver reports its
+/// own "Dummy UPS" as the model.
+const UPS_INITIAL: &[(&str, &str)] = &[
+    ("ups.status", "OL"),
+    ("battery.charge", "100"),
+    ("battery.runtime", "3600"),
+    ("ups.load", "20"),
+    ("device.model", "Test UPS"),
+    ("ups.model", "Test UPS"),
+];
+
+impl UpsPeer {
+    pub async fn start() -> Result<Self> {
+        let nut = peers_dir().join("nut");
+        let upsd_bin = require(&nut.join("lib/nut/upsd").display().to_string())?;
+        let driver_bin = require(&nut.join("lib/nut/dummy-ups").display().to_string())?;
+        let env = require("env")?;
+        let libs = nut_library_dir(&nut)?;
+        // The driver's socket is `<state>/dummy-ups-dummy`, and a unix socket's path has at most
+        // 107 bytes: a long $TMPDIR would not do.
+        let dir = match tempfile::tempdir() {
+            Ok(dir) if dir.path().as_os_str().len() < 60 => dir,
+            _ => tempfile::Builder::new().prefix("ups-").tempdir_in("/tmp")?,
+        };
+        let path = dir.path().to_path_buf();
+        let state = path.join("state");
+        let dev_file = path.join("dummy.dev");
+        let port = free_tcp_port()?;
+        let user = run(Path::new("/usr/bin/id"), &["-un"])?.trim().to_string();
+        let group = run(Path::new("/usr/bin/id"), &["-gn"])?.trim().to_string();
+
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new().mode(0o700).create(&state)?;
+        let write = |name: &str, mode: u32, text: String| -> Result<()> {
+            let file = path.join(name);
+            std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))?;
+            Ok(())
+        };
+        write(
+            "ups.conf",
+            0o640,
+            format!(
+                "[{UPS_NAME}]\n\tdriver = dummy-ups\n\tport = {dev}\n\tdesc = \"test UPS\"\n\t\
+                 pollinterval = 1\n",
+                dev = dev_file.display()
+            ),
+        )?;
+        write("upsd.conf", 0o640, format!("LISTEN 127.0.0.1 {port}\n"))?;
+        write(
+            "upsd.users",
+            0o600,
+            format!("[{UPS_USER}]\n\tpassword = {UPS_PASSWORD}\n\tupsmon secondary\n"),
+        )?;
+        let values: Vec<(String, String)> =
+            UPS_INITIAL.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mtime = write_dev_file(&dev_file, &values, None)?;
+
+        // Process starts its programs with PATH and HOME only; `env` adds NUT's.
+        let with_env = |program: &Path, args: &[&str]| -> Vec<String> {
+            [
+                format!("NUT_CONFPATH={}", path.display()),
+                format!("NUT_STATEPATH={}", state.display()),
+                format!("NUT_ALTPIDPATH={}", state.display()),
+                format!("LD_LIBRARY_PATH={}", libs.display()),
+                program.display().to_string(),
+            ]
+            .into_iter()
+            .chain(args.iter().map(|a| a.to_string()))
+            .collect()
+        };
+        let home = path.join("home");
+        // -D: debug level 1, in the foreground, logging to stderr. -u/-g: the current user and
+        // group (a driver started as root otherwise switches to `nut`, which need not exist).
+        let driver = Process::spawn(
+            "dummy-ups",
+            &env,
+            &with_env(&driver_bin, &["-a", UPS_NAME, "-u", &user, "-g", &group, "-D"]),
+            &home,
+            &path,
+        )?;
+        let socket = state.join(format!("dummy-ups-{UPS_NAME}"));
+        until(
+            "dummy-ups to open its socket",
+            start_timeout(),
+            || driver.ensure_running(),
+            || {
+                let socket = socket.clone();
+                async move {
+                    if !socket.exists() {
+                        bail!("no {}", socket.display());
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await?;
+        let upsd =
+            Process::spawn("upsd", &env, &with_env(&upsd_bin, &["-u", &user, "-D"]), &home, &path)?;
+        let peer = Self {
+            port,
+            upsd,
+            driver,
+            dev_file,
+            dev: Mutex::new(DevFile { values, mtime }),
+            _dir: dir,
+        };
+        peer.until_serving(start_timeout()).await?;
+        Ok(peer)
+    }
+
+    /// The UPS in NUT's notation: `dummy@127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("{UPS_NAME}@127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn ups_name(&self) -> &'static str {
+        UPS_NAME
+    }
+
+    pub fn username(&self) -> &'static str {
+        UPS_USER
+    }
+
+    pub fn password(&self) -> &'static str {
+        UPS_PASSWORD
+    }
+
+    /// Changes the UPS's variables as its driver would report them (a power cut: `ups.status`
+    /// `OB DISCHRG`, a falling `battery.charge`): rewrites the driver's file with `values` over
+    /// the current ones, and waits until upsd serves every new value.
+    pub async fn set(&self, values: &[(&str, &str)]) -> Result<()> {
+        {
+            let mut dev = self.dev.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+            for (name, value) in values {
+                match dev.values.iter_mut().find(|(k, _)| k == name) {
+                    Some(entry) => entry.1 = value.to_string(),
+                    None => dev.values.push((name.to_string(), value.to_string())),
+                }
+            }
+            let mtime = write_dev_file(&self.dev_file, &dev.values, Some(dev.mtime))?;
+            dev.mtime = mtime;
+        }
+        until(
+            "upsd to serve the UPS's new values",
+            UPS_SET_TIMEOUT,
+            || self.ensure_running(),
+            || async move {
+                for (name, value) in values {
+                    let served = self.get(name).await?;
+                    if served != *value {
+                        bail!("{name} is {served:?}, not yet {value:?}");
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// A variable as upsd serves it (`GET VAR dummy <name>`); an unknown one is an error.
+    pub async fn get(&self, name: &str) -> Result<String> {
+        ups_get(self.port, name).await
+    }
+
+    /// Stops upsd (its clients' connections are refused); the driver keeps running.
+    pub fn stop_server(&self) -> Result<()> {
+        self.upsd.stop()
+    }
+
+    /// Starts upsd again on the same port, and waits until it serves the UPS.
+    pub async fn start_server(&self) -> Result<()> {
+        self.upsd.restart()?;
+        self.until_serving(start_timeout()).await
+    }
+
+    fn ensure_running(&self) -> Result<()> {
+        self.driver.ensure_running()?;
+        self.upsd.ensure_running()
+    }
+
+    /// Waits until upsd serves the `ups.status` the driver's file holds: until the driver has
+    /// read it, upsd serves `WAIT`.
+    async fn until_serving(&self, timeout: Duration) -> Result<()> {
+        let expected = {
+            let dev = self.dev.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+            dev.values.iter().find(|(k, _)| k == "ups.status").map(|(_, v)| v.clone())
+        };
+        let expected = expected.unwrap_or_default();
+        until(
+            "upsd to serve the UPS",
+            timeout,
+            || self.ensure_running(),
+            || async {
+                let status = self.get("ups.status").await?;
+                if status != expected {
+                    bail!("ups.status is {status:?}, not yet {expected:?}");
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+}
+
+/// `lib/<multiarch>` under the unpacked NUT, where libupsclient is.
+fn nut_library_dir(nut: &Path) -> Result<PathBuf> {
+    let lib = nut.join("lib");
+    std::fs::read_dir(&lib)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|p| {
+            p.file_name().is_some_and(|n| n.to_string_lossy().ends_with("-linux-gnu"))
+                && p.join("libupsclient.so.6").exists()
+        })
+        .with_context(|| {
+            format!(
+                "no {}/<multiarch>/libupsclient.so.6: run {INSTALL_SCRIPT} (`make test` does) to \
+                 install the power-driver test peers",
+                lib.display()
+            )
+        })
+}
+
+/// Writes the driver's `.dev` file in one step (a temporary file renamed over it) and returns the
+/// modification time it was given. dummy-ups reads the file again when its mtime changes, and
+/// compares whole seconds: the new time is at least a second past `previous`, or two writes
+/// within a second would leave the second unread.
+fn write_dev_file(
+    path: &Path,
+    values: &[(String, String)],
+    previous: Option<SystemTime>,
+) -> Result<SystemTime> {
+    let mut text = String::new();
+    for (name, value) in values {
+        if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == ':') {
+            bail!("{name:?} is not a NUT variable name");
+        }
+        if value.contains(['\n', '\r']) {
+            bail!("the value of {name} has a line break: {value:?}");
+        }
+        let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
+        text.push_str(&format!("{name}: \"{quoted}\"\n"));
+    }
+    let now = SystemTime::now();
+    let mtime = match previous {
+        Some(previous) => now.max(previous + Duration::from_secs(1)),
+        None => now,
+    };
+    let temporary = path.with_extension("dev.new");
+    let file = std::fs::File::create(&temporary)
+        .with_context(|| format!("creating {}", temporary.display()))?;
+    use std::io::Write;
+    (&file).write_all(text.as_bytes())?;
+    file.set_modified(mtime)?;
+    drop(file);
+    std::fs::rename(&temporary, path)
+        .with_context(|| format!("renaming {} to {}", temporary.display(), path.display()))?;
+    Ok(mtime)
+}
+
+/// One `GET VAR` over the NUT protocol: `VAR dummy <name> "<value>"`, or `ERR <reason>`.
+async fn ups_get(port: u16, name: &str) -> Result<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("connecting to upsd on 127.0.0.1:{port}"))?;
+        let (read, mut write) = stream.into_split();
+        write.write_all(format!("GET VAR {UPS_NAME} {name}\n").as_bytes()).await?;
+        let mut line = String::new();
+        BufReader::new(read).read_line(&mut line).await?;
+        let _ = write.write_all(b"LOGOUT\n").await;
+        anyhow::Ok(line)
+    };
+    let line = tokio::time::timeout(UPS_EXCHANGE_TIMEOUT, exchange)
+        .await
+        .with_context(|| format!("upsd on 127.0.0.1:{port} did not answer GET VAR {name}"))??;
+    let line = line.trim_end_matches(['\r', '\n']);
+    let prefix = format!("VAR {UPS_NAME} {name} \"");
+    match line.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix('"')) {
+        Some(quoted) => {
+            let mut value = String::with_capacity(quoted.len());
+            let mut chars = quoted.chars();
+            while let Some(c) = chars.next() {
+                value.push(if c == '\\' { chars.next().unwrap_or('\\') } else { c });
+            }
+            Ok(value)
+        }
+        None => bail!("upsd answered {line:?} to GET VAR {UPS_NAME} {name}"),
     }
 }

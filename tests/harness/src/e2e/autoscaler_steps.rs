@@ -110,6 +110,16 @@ impl World {
         Ok(())
     }
 
+    /// `kubectl patch group <group> --type merge` in the operator's namespace, as a person edits
+    /// a pool.
+    pub async fn patch_group(&self, group: &str, patch: &serde_json::Value) -> Result<()> {
+        let patch = patch.to_string();
+        let args =
+            ["patch", "group", group, "-n", super::NAMESPACE, "--type", "merge", "-p", &patch];
+        self.kubectl(&args).await?;
+        Ok(())
+    }
+
     /// Waits until `want` pods of the workload run; returns the nodes they run on.
     pub async fn pods_running(
         &self,
