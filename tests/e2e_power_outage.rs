@@ -278,32 +278,31 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
 }
 
-/// Slots with a live claim not being released.
+/// The slots of the claims that `keep` selects.
+async fn slots_where(
+    claims: &Api<NodeClaim>,
+    keep: impl Fn(&NodeClaim) -> bool,
+) -> Result<BTreeSet<String>> {
+    let list = claims.list(&ListParams::default()).await?.items;
+    Ok(list.iter().filter(|c| keep(c)).map(|c| c.spec.slot_ref.name.clone()).collect())
+}
+
+/// Slots with a live claim, one being released included.
 async fn live_slots(claims: &Api<NodeClaim>) -> Result<BTreeSet<String>> {
-    let list = claims.list(&ListParams::default()).await?.items;
-    Ok(list
-        .iter()
-        .filter(|c| homelab_autoscaler::phase::is_live(Some(phase(c))))
-        .map(|c| c.spec.slot_ref.name.clone())
-        .collect())
+    slots_where(claims, |c| homelab_autoscaler::phase::is_live(Some(phase(c)))).await
 }
 
+/// Slots whose claim is ready and not being released.
 async fn ready_slots(claims: &Api<NodeClaim>) -> Result<BTreeSet<String>> {
-    let list = claims.list(&ListParams::default()).await?.items;
-    Ok(list
-        .iter()
-        .filter(|c| phase(c) == NodeClaimPhase::Ready && !homelab_autoscaler::phase::is_marked(c))
-        .map(|c| c.spec.slot_ref.name.clone())
-        .collect())
+    slots_where(claims, |c| {
+        phase(c) == NodeClaimPhase::Ready && !homelab_autoscaler::phase::is_marked(c)
+    })
+    .await
 }
 
+/// Slots whose claim is being released.
 async fn marked_slots(claims: &Api<NodeClaim>) -> Result<BTreeSet<String>> {
-    let list = claims.list(&ListParams::default()).await?.items;
-    Ok(list
-        .iter()
-        .filter(|c| homelab_autoscaler::phase::is_marked(c))
-        .map(|c| c.spec.slot_ref.name.clone())
-        .collect())
+    slots_where(claims, homelab_autoscaler::phase::is_marked).await
 }
 
 /// The claims released by the UPS, in the order they were marked: (slot, by whom and why).

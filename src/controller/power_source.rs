@@ -10,19 +10,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, Preconditions};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::error::{KubeContext, Result};
 use super::{Context, GroupInputs};
-use crate::api::{Group, GroupPowerStatus, NodeClaim, PowerSource, UpsPolicy};
+use crate::api::{Group, GroupPowerStatus, NodeClaim, PowerSource, SecretKeyRef, UpsPolicy};
 use crate::field_manager::{FieldManager, apply_status_of};
+use crate::power::secrets::Secrets;
+use crate::provider::delete_nodes::mark_and_delete;
 use crate::ups::address::UpsAddress;
 use crate::ups::nut::{self, Credentials};
 use crate::ups::reading::UpsReading;
@@ -37,31 +38,34 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A reading younger than this answers every pool that names the same UPS.
 const SHARED_FOR: Duration = Duration::from_secs(1);
 
-/// A UPS and the login it is read with.
+/// A UPS and the Secret of the login it is read with.
 type ReadingKey = (UpsAddress, Option<String>);
 /// A reading, or why there is none, and when it was taken.
 type Recent = HashMap<ReadingKey, (Instant, std::result::Result<UpsReading, String>)>;
 
-/// Recent readings by UPS and login, so pools sharing a UPS read it once per poll.
+/// Recent readings by UPS and login, so pools sharing a UPS read it (and its login's Secret)
+/// once per poll, however often their Groups are reconciled.
 #[derive(Default)]
 struct Readings {
     recent: Mutex<Recent>,
 }
 
 impl Readings {
+    /// The UPS of `policy` as read within [`SHARED_FOR`], or read now.
     async fn read(
         &self,
-        address: &UpsAddress,
-        credentials: Option<&Credentials>,
+        ctx: &Context,
+        policy: &UpsPolicy,
     ) -> std::result::Result<UpsReading, String> {
-        let key = (address.clone(), credentials.map(|c| c.username.clone()));
+        let address: UpsAddress =
+            policy.name.parse().map_err(|e: crate::ups::address::AddressError| e.to_string())?;
+        let key = (address, policy.credentials_secret.clone());
         if let Some((at, reading)) = self.lock().get(&key)
             && at.elapsed() < SHARED_FOR
         {
             return reading.clone();
         }
-        let reading =
-            nut::read(address, credentials, READ_TIMEOUT).await.map_err(|e| e.to_string());
+        let reading = read_now(ctx, &key.0, key.1.as_deref()).await;
         self.lock().insert(key, (Instant::now(), reading.clone()));
         reading
     }
@@ -69,6 +73,19 @@ impl Readings {
     fn lock(&self) -> std::sync::MutexGuard<'_, Recent> {
         self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// One reading of the UPS, logged in with the Secret's account if one is named.
+async fn read_now(
+    ctx: &Context,
+    address: &UpsAddress,
+    secret: Option<&str>,
+) -> std::result::Result<UpsReading, String> {
+    let credentials = match secret {
+        Some(secret) => Some(credentials(ctx, secret).await?),
+        None => None,
+    };
+    nut::read(address, credentials.as_ref(), READ_TIMEOUT).await.map_err(|e| e.to_string())
 }
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
@@ -102,7 +119,7 @@ async fn reconcile_power_source(
         return Ok(Action::await_change());
     };
     let now = ctx.now();
-    let read = read_ups(ctx, readings, policy).await;
+    let read = readings.read(ctx, policy).await;
     if let Err(why) = &read {
         // Every reconcile while unread: the change itself is logged and published once.
         tracing::debug!(ups = %policy.name, %why, "the UPS could not be read; nothing is shed on a missing reading");
@@ -117,12 +134,7 @@ async fn reconcile_power_source(
     let machines = machines_of(ctx, group, name);
     status.pool_watts =
         Some(machines.iter().filter(|m| !m.releasing).filter_map(|m| m.watts).sum());
-    let trigger = match &status.source {
-        PowerSource::Battery | PowerSource::LowBattery => {
-            shed::trigger(&status, &policy.on_battery, now)
-        }
-        _ => Trigger::No,
-    };
+    let trigger = shed::trigger(&status, &policy.on_battery, now);
     let shedding = shed::plan(&trigger, policy.on_battery.keep, &machines);
     if status.source != PowerSource::Unread {
         status.message = message(&trigger, policy, &machines, &shedding);
@@ -139,36 +151,17 @@ async fn reconcile_power_source(
     Ok(Action::requeue(poll))
 }
 
-/// The UPS's reading, or why there is none, in a sentence for the status.
-async fn read_ups(
-    ctx: &Context,
-    readings: &Readings,
-    policy: &UpsPolicy,
-) -> std::result::Result<UpsReading, String> {
-    let address: UpsAddress =
-        policy.name.parse().map_err(|e: crate::ups::address::AddressError| e.to_string())?;
-    let credentials = match &policy.credentials_secret {
-        Some(secret) => Some(credentials(ctx, secret).await?),
-        None => None,
-    };
-    readings.read(&address, credentials.as_ref()).await
-}
-
-/// The `username` and `password` of an `upsd.users` account from a Secret of the namespace.
+/// The `username` and `password` of an `upsd.users` account from a Secret of the namespace,
+/// read as the power drivers read theirs.
 async fn credentials(ctx: &Context, secret: &str) -> std::result::Result<Credentials, String> {
-    let api = Api::<Secret>::namespaced(ctx.client.clone(), &ctx.namespace);
-    let found = api.get(secret).await.map_err(|e| {
-        format!("reading the NUT login from Secret {secret:?} (spec.ups.credentialsSecret): {e}")
-    })?;
+    let why = |e: crate::power::PowerError| {
+        format!("reading the NUT login (spec.ups.credentialsSecret): {e}")
+    };
+    let secrets = Secrets::load(ctx.client.clone(), &ctx.namespace, [secret.to_owned()])
+        .await
+        .map_err(why)?;
     let key = |key: &str| {
-        found
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|v| String::from_utf8_lossy(&v.0).trim_end_matches('\n').to_owned())
-            .ok_or_else(|| {
-                format!("Secret {secret:?} (spec.ups.credentialsSecret) has no key {key:?}")
-            })
+        secrets.text(&SecretKeyRef { name: secret.to_owned(), key: key.to_owned() }).map_err(why)
     };
     Ok(Credentials { username: key("username")?, password: key("password")? })
 }
@@ -288,39 +281,16 @@ async fn shed_one(
     power: &GroupPowerStatus,
     now: Timestamp,
 ) -> Result<()> {
+    let key = ObjectRef::<NodeClaim>::new(&machine.claim).within(&ctx.namespace);
+    let Some(claim) = ctx.stores.claims.get(&key) else { return Ok(()) };
     let api = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace);
     let by = format!("homelab-autoscaler/ups ({}: {})", power.ups, machine.why);
-    let patch =
-        json!({ "status": { "scaleDownRequestedAt": Time(now), "scaleDownRequestedBy": by } });
-    match api
-        .patch_status(&machine.claim, &FieldManager::PowerSource.patch(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(error) => {
-            return Err(error).during(|| {
-                format!("marking claim {} to shed slot {}", machine.claim, machine.slot)
-            });
+    mark_and_delete(&api, &claim, &by, FieldManager::PowerSource, now).await.map_err(|failed| {
+        super::Error::Kube {
+            action: format!("{} to shed slot {}", failed.action, machine.slot),
+            source: failed.source,
         }
-    }
-    let current =
-        api.get_opt(&machine.claim).await.during(|| format!("reading claim {}", machine.claim))?;
-    if let Some(claim) = current.filter(|c| c.metadata.deletion_timestamp.is_none()) {
-        let params = DeleteParams::default().preconditions(Preconditions {
-            uid: claim.metadata.uid.clone(),
-            resource_version: None,
-        });
-        match api.delete(&machine.claim, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(error) => {
-                return Err(error).during(|| {
-                    format!("deleting claim {} to shed slot {}", machine.claim, machine.slot)
-                });
-            }
-        }
-    }
+    })?;
     tracing::info!(slot = %machine.slot, claim = %machine.claim, why = %machine.why, "machine shed on battery");
     telemetry::ups_shed(group.metadata.name.as_deref().unwrap_or_default());
     ctx.publish(

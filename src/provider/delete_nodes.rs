@@ -104,6 +104,57 @@ pub fn is_pinning(claim: &NodeClaim) -> bool {
     claim.spec.request.call.is_pin() && phase::is_live(phase_of(claim)) && !phase::is_marked(claim)
 }
 
+/// A release that did not go through: the step, and the API server's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{action}: {source}")]
+pub struct ReleaseFailed {
+    pub action: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Releases a live claim as a scale-down does, whoever asks (DeleteNodes, shedding on
+/// battery): marks it with `scaleDownRequestedAt` and `By` through the status subresource, then
+/// deletes it, its uid as precondition; its finalizer keeps it until the machine is off. Each
+/// step only if not done yet; a claim already gone counts as released.
+pub async fn mark_and_delete(
+    api: &Api<NodeClaim>,
+    claim: &NodeClaim,
+    by: &str,
+    writer: FieldManager,
+    now: Timestamp,
+) -> Result<(), ReleaseFailed> {
+    let Some(name) = claim.metadata.name.as_deref() else { return Ok(()) };
+    let failed = |action: &str, source| ReleaseFailed {
+        action: format!("{action} claim {name} for scale-down"),
+        source,
+    };
+    let status = claim.status.as_ref();
+    if status.and_then(|s| s.scale_down_requested_at.as_ref()).is_none() {
+        let patch = serde_json::json!({ "status": {
+            "scaleDownRequestedAt": Time(now),
+            "scaleDownRequestedBy": by,
+        }});
+        match api.patch_status(name, &writer.patch(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(source) => return Err(failed("marking", source)),
+        }
+    }
+    if claim.metadata.deletion_timestamp.is_none() {
+        let params = DeleteParams::default().preconditions(Preconditions {
+            uid: claim.metadata.uid.clone(),
+            resource_version: None,
+        });
+        match api.delete(name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => return Err(failed("deleting", source)),
+        }
+    }
+    Ok(())
+}
+
 fn pinned(snapshot: &GroupSnapshot, node: &NodeRef, slot: &str, pin: &NodeClaim) -> ProviderError {
     let call = match pin.spec.request.call {
         crate::api::ClaimCall::Schedule => "Schedule",
@@ -189,44 +240,10 @@ impl Provider {
         caller: &Caller,
         now: Timestamp,
     ) -> Result<(), ProviderError> {
-        let Some(name) = claim.metadata.name.as_deref() else { return Ok(()) };
-        let status = claim.status.as_ref();
-        if status.and_then(|s| s.scale_down_requested_at.as_ref()).is_none() {
-            let patch = serde_json::json!({ "status": {
-                "scaleDownRequestedAt": Time(now),
-                "scaleDownRequestedBy": format!("{} (DeleteNodes)", caller.requested_by),
-            }});
-            let marked = api
-                .patch_status(name, &FieldManager::Provider.patch(), &Patch::Merge(&patch))
-                .await;
-            match marked {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-                Err(source) => {
-                    return Err(ProviderError::kube(
-                        format!("marking claim {name} for scale-down"),
-                        source,
-                    ));
-                }
-            }
-        }
-        if claim.metadata.deletion_timestamp.is_none() {
-            let params = DeleteParams::default().preconditions(Preconditions {
-                uid: claim.metadata.uid.clone(),
-                resource_version: None,
-            });
-            match api.delete(name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => {
-                    return Err(ProviderError::kube(
-                        format!("deleting claim {name} for scale-down"),
-                        source,
-                    ));
-                }
-            }
-        }
-        Ok(())
+        let by = format!("{} (DeleteNodes)", caller.requested_by);
+        mark_and_delete(api, claim, &by, FieldManager::Provider, now)
+            .await
+            .map_err(|failed| ProviderError::kube(failed.action, failed.source))
     }
 
     /// Records that cluster-autoscaler has seen a failed claim.

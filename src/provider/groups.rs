@@ -278,15 +278,14 @@ impl NodeGroupInfo {
     /// the maximum without backing the group off, so its asks fit and it asks again the moment
     /// the power allows; a refused IncreaseSize would back the group off for minutes.
     pub fn within_power(mut self, snapshot: &GroupSnapshot, now: jiff::Timestamp) -> Self {
-        let group = &snapshot.group;
-        let target = snapshot.target_size();
-        let ceiling = if crate::ups::boots::battery_refusal(group, false, now).is_some() {
-            Some((target, "on battery: no machine boots"))
-        } else {
-            crate::ups::boots::stagger_room(group, snapshot.booting_count(), now).map(|s| {
-                (target.saturating_add(s.room), "back from a power outage: boots staggered")
-            })
-        };
+        use crate::ups::boots::{Limit, boot_room};
+        let ceiling = boot_room(&snapshot.group, snapshot.booting_count(), now).map(|held| {
+            let why = match held.limit {
+                Limit::OnBattery(_) => "on battery: no machine boots",
+                Limit::Staggered(_) => "back from a power outage: boots staggered",
+            };
+            (snapshot.target_size().saturating_add(held.room), why)
+        });
         if let Some((ceiling, why)) = ceiling {
             let floor = self.min_size.min(self.max_size);
             self.max_size = ceiling.clamp(floor, self.max_size);

@@ -11,6 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::NodeClaim;
 use crate::field_manager::FieldManager;
+use crate::ups::boots::Limit;
 
 use super::adoption::{SESSION_ANNOTATION, to_adopt};
 use super::claim_object::{ClaimIntent, new_claim};
@@ -58,19 +59,19 @@ pub fn plan_increase_among(
             expected: "positive",
         });
     }
-    if let Some(why) = crate::ups::boots::battery_refusal(&snapshot.group, false, now) {
-        return Err(ProviderError::OnBattery { group: snapshot.name().to_owned(), why });
-    }
-    if let Some(stagger) =
-        crate::ups::boots::stagger_room(&snapshot.group, snapshot.booting_count(), now)
-        && delta > stagger.room
+    if let Some(held) = crate::ups::boots::boot_room(&snapshot.group, snapshot.booting_count(), now)
+        && delta > held.room
     {
-        return Err(ProviderError::StaggeredReturn {
-            group: snapshot.name().to_owned(),
-            delta,
-            room: stagger.room,
-            at_once: stagger.at_once,
-            until: stagger.until,
+        let group = snapshot.name().to_owned();
+        return Err(match held.limit {
+            Limit::OnBattery(why) => ProviderError::OnBattery { group, why },
+            Limit::Staggered(stagger) => ProviderError::StaggeredReturn {
+                group,
+                delta,
+                room: stagger.room,
+                at_once: stagger.at_once,
+                until: stagger.until,
+            },
         });
     }
     let (slots, live) = (snapshot.slot_count(), snapshot.live_count());

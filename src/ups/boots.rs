@@ -59,6 +59,32 @@ pub fn stagger_room(group: &Group, booting: i32, now: Timestamp) -> Option<Stagg
     })
 }
 
+/// What holds a pool's boots now, and how many machines may still start booting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootRoom {
+    pub room: i32,
+    pub limit: Limit,
+}
+
+/// Why a pool's boots are held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// On battery: none, and the sentence that says so.
+    OnBattery(String),
+    /// Back from an outage: a few at a time.
+    Staggered(Stagger),
+}
+
+/// The one rule both entry points of a boot follow (the provider's IncreaseSize and the
+/// maximum cluster-autoscaler is told): none on battery, the stagger's room on the return;
+/// `None`: no limit now. `booting` counts the pool's claims not yet ready.
+pub fn boot_room(group: &Group, booting: i32, now: Timestamp) -> Option<BootRoom> {
+    if let Some(why) = battery_refusal(group, false, now) {
+        return Some(BootRoom { room: 0, limit: Limit::OnBattery(why) });
+    }
+    stagger_room(group, booting, now).map(|s| BootRoom { room: s.room, limit: Limit::Staggered(s) })
+}
+
 /// The staggered return's limit at one moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stagger {
