@@ -3,24 +3,31 @@
 //! machines, the machine is powered off, and the pod that needs it is pending again. Under the
 //! built-in scaler and under the real cluster-autoscaler, exactly one claim follows, for that
 //! machine's slot, and the pod runs there again; no other machine boots. A pod whose selector
-//! names one machine's hostname wakes that machine in a cluster-autoscaler pool. Each scenario
+//! names one machine's hostname wakes that machine in a cluster-autoscaler pool. Back from a
+//! power outage (a real upsd as the UPS, the return staggered one boot at a time), the machines
+//! such pods wait for boot first in both pools, before the cheaper mini-1: under
+//! cluster-autoscaler, its own scale-up for another pod takes a waited-for slot. Each scenario
 //! runs on a control plane of its own.
 //!
 //! The pool (tests/harness/manifests/local-data/) prices mini-1 cheapest and mini-3 above it, and
 //! the volume is made on mini-3 (a person keeps it on while the database first starts), so a
 //! scaler that boots the cheapest free slot boots the wrong machine and fails the test.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{Node as Slot, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::phase;
 use homelab_harness::e2e::{
-    Autoscaler, AutoscalerSettings, NAMESPACE, WebhookTls, World, operator_binary,
+    Autoscaler, AutoscalerSettings, NAMESPACE, WebhookTls, Workload, World, operator_binary,
 };
+use homelab_harness::power_peers::UpsPeer;
 use homelab_harness::{Components, ControlPlane, eventually, stays};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
+use serde_json::json;
 
 /// A simulated boot, the gate, the provisioner's helper pod, and a scheduler retry.
 const ACT: Duration = Duration::from_secs(150);
@@ -98,10 +105,13 @@ async fn builtin_scenario(world: &mut World) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_autoscaler_pools_wake_the_machine_a_pods_volume_or_hostname_needs() {
     let bin = operator_binary(None).expect("operator binary");
+    let ups = UpsPeer::start().await.expect("upsd with dummy-ups");
     let mut world = World::start_for_autoscaler(&bin, false).await.expect("world");
     let _logs = world.plane.logs_on_failure();
     let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
-    if let Err(error) = autoscaler_scenario(&mut world, &ca).await {
+    let outcome = autoscaler_scenario(&mut world, &ca, &ups).await;
+    eprintln!("{}", world.summary());
+    if let Err(error) = outcome {
         panic!(
             "{error:#}\n--- cluster-autoscaler on the pending pods ---\n{}\n--- operator ---\n{}",
             about_pending_pods(&ca),
@@ -110,7 +120,7 @@ async fn cluster_autoscaler_pools_wake_the_machine_a_pods_volume_or_hostname_nee
     }
 }
 
-async fn autoscaler_scenario(world: &mut World, ca: &Autoscaler) -> Result<()> {
+async fn autoscaler_scenario(world: &mut World, ca: &Autoscaler, ups: &UpsPeer) -> Result<()> {
     data_on_mini_3_then_off(world, "cluster-autoscaler.yaml").await?;
 
     // A pod pinned to mini-2 by its hostname, no volume: mini-2 and nothing else.
@@ -126,7 +136,171 @@ async fn autoscaler_scenario(world: &mut World, ca: &Autoscaler) -> Result<()> {
         woken.spec.request.reason.unwrap_or_default()
     );
     eprintln!("cluster-autoscaler on the pending pods:\n{}", about_pending_pods(ca));
+
+    // A power outage: low battery powers mini-2 and mini-3 off. Back on mains, the two machines
+    // db-0 and on-mini-2 wait for boot first, one at a time, whoever asks: cluster-autoscaler's
+    // scale-up for a third pod takes a waited-for slot, not the cheaper mini-1.
+    let t = Instant::now();
+    world.patch_group(GROUP, &outage_policy(ups)).await?;
+    ups.set(&[("ups.status", "OB LB"), ("battery.charge", "8"), ("battery.runtime", "90")]).await?;
+    world.pool_at_zero(GROUP, OFF).await?;
+    world.deploy(&Workload::on_group("web", GROUP, 1, "3")).await?;
+    let before = claims_of_group(world).len();
+    let view: &World = world;
+    stays("nothing boots on battery", SETTLED, || async {
+        let claims = claims_of_group(view);
+        ensure!(claims.len() == before, "claims: {}", homelab_harness::e2e::describe(&claims));
+        Ok(())
+    })
+    .await?;
+    world.note("low battery: mini-2 and mini-3 off; a web pod pending, nothing booted", t);
+
+    let t = Instant::now();
+    ups.set(&[("ups.status", "OL CHRG"), ("battery.charge", "20"), ("battery.runtime", "300")])
+        .await?;
+    let most_at_once = Arc::new(AtomicUsize::new(0));
+    let view: &World = world;
+    eventually("db-0, on-mini-2 and web running again", Duration::from_secs(300), || {
+        let most = most_at_once.clone();
+        async move {
+            most.fetch_max(booting(view), Ordering::SeqCst);
+            let db = running_on(view, "db").await?;
+            let pinned = running_on(view, "on-mini-2").await?;
+            let web = running_on(view, "web").await?;
+            ensure!(
+                db == ["mini-3"] && pinned == ["mini-2"] && web.len() == 1,
+                "db-0 on {db:?}, on-mini-2 on {pinned:?}, web on {web:?}"
+            );
+            Ok(())
+        }
+    })
+    .await?;
+    let after: Vec<NodeClaim> = claims_of_group(world).into_iter().skip(before).collect();
+    let order: Vec<(&str, &str)> = after
+        .iter()
+        .map(|c| (c.spec.slot_ref.name.as_str(), c.spec.requested_by.as_deref().unwrap_or("")))
+        .collect();
+    let first_two: std::collections::BTreeSet<&str> = order.iter().take(2).map(|o| o.0).collect();
+    ensure!(
+        first_two == ["mini-2", "mini-3"].into(),
+        "the first boots after the outage: {order:?}; want mini-2 and mini-3, which pods wait for"
+    );
+    let most_at_once = most_at_once.load(Ordering::SeqCst);
+    ensure!(most_at_once == 1, "{most_at_once} machines booted at once after the outage");
+    world.note(format!("mains back: boots {order:?}, one at a time"), t);
     Ok(())
+}
+
+/// The pool's UPS and its return: one machine booting at a time.
+fn outage_policy(ups: &UpsPeer) -> serde_json::Value {
+    json!({ "spec": { "ups": {
+        "name": ups.address(),
+        "pollInterval": "1s",
+        "onMains": { "bootsAtOnce": 1, "staggerFor": "10m" },
+    } } })
+}
+
+/// The pool's claims pending or booting now.
+fn booting(world: &World) -> usize {
+    claims_of_group(world)
+        .iter()
+        .filter(|c| matches!(phase::of(c), NodeClaimPhase::Pending | NodeClaimPhase::Booting))
+        .count()
+}
+
+/// A power outage on the pool, against a real upsd (Network UPS Tools): the database's data on
+/// mini-3, two web pods beside it. Low battery powers every machine off, the person's pin on
+/// mini-3 too; nothing boots on battery. Mains back, the pool boots one machine at a time, and
+/// the first is mini-3, the one machine db-0's volume lets it run on, although mini-1 and
+/// mini-2 are cheaper and the web pods wait too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_from_an_outage_the_machine_a_pods_volume_is_on_boots_first() {
+    let bin = operator_binary(None).expect("operator binary");
+    let ups = UpsPeer::start().await.expect("upsd with dummy-ups");
+    let plane = ControlPlane::start(Components::CLUSTER).await.expect("control plane");
+    let mut world =
+        World::start_on(plane, &bin, false, WebhookTls::SelfMade).await.expect("start the world");
+    let _logs = world.plane.logs_on_failure();
+    let outcome = outage_scenario(&mut world, &ups).await;
+    eprintln!("{}", world.summary());
+    if let Err(error) = outcome {
+        panic!("{error:#}\n--- operator ---\n{}", world.operator_log_tail(0, 80));
+    }
+}
+
+async fn outage_scenario(world: &mut World, ups: &UpsPeer) -> Result<()> {
+    let t = Instant::now();
+    world.kubectl(&["apply", "-n", NAMESPACE, "-f", &manifest("builtin.yaml")]).await?;
+    world.patch_group(GROUP, &outage_policy(ups)).await?;
+    data_on_mini_3(world).await?;
+    world.deploy(&Workload::on_group("web", GROUP, 2, "1")).await?;
+    world.pods_running("web", 2, ACT).await?;
+    world.note("db-0 on mini-3 with its volume there, two web pods beside it", t);
+
+    let t = Instant::now();
+    ups.set(&[("ups.status", "OB LB"), ("battery.charge", "8"), ("battery.runtime", "90")]).await?;
+    world.pool_at_zero(GROUP, OFF).await?;
+    let view: &World = world;
+    let before = claims_of_group(view).len();
+    stays("nothing boots on battery", SETTLED, || async {
+        let claims = claims_of_group(view);
+        ensure!(claims.len() == before, "claims: {}", homelab_harness::e2e::describe(&claims));
+        Ok(())
+    })
+    .await?;
+    world.note(
+        "low battery: every machine off, the pin on mini-3 too; nothing booted on battery",
+        t,
+    );
+
+    let t = Instant::now();
+    ups.set(&[("ups.status", "OL CHRG"), ("battery.charge", "20"), ("battery.runtime", "300")])
+        .await?;
+    let most_at_once = Arc::new(AtomicUsize::new(0));
+    let view: &World = world;
+    eventually("db-0 and both web pods running again", Duration::from_secs(300), || {
+        let most = most_at_once.clone();
+        async move {
+            most.fetch_max(booting(view), Ordering::SeqCst);
+            let db = running_on(view, "db").await?;
+            let web = running_on(view, "web").await?;
+            ensure!(db == ["mini-3"] && web.len() == 2, "db-0 on {db:?}, web on {web:?}");
+            Ok(())
+        }
+    })
+    .await?;
+    let after: Vec<NodeClaim> = claims_of_group(world).into_iter().skip(before).collect();
+    let first = after.first().context("no claim after the outage")?;
+    let by = first.spec.requested_by.clone().unwrap_or_default();
+    ensure!(
+        first.spec.slot_ref.name == "mini-3" && by.contains("for pod default/db-0"),
+        "the first boot after the outage is slot {} by {by:?}; want mini-3 for db-0 ({})",
+        first.spec.slot_ref.name,
+        homelab_harness::e2e::describe(&after)
+    );
+    let most_at_once = most_at_once.load(Ordering::SeqCst);
+    ensure!(most_at_once == 1, "{most_at_once} machines booted at once after the outage");
+    world.note(
+        format!(
+            "mains back: mini-3 first for db-0, then {}, one at a time",
+            after[1..].iter().map(|c| c.spec.slot_ref.name.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+        t,
+    );
+    Ok(())
+}
+
+/// The nodes the Running pods labelled `app=<app>` run on, sorted.
+async fn running_on(world: &World, app: &str) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), "default");
+    let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
+    let mut nodes: Vec<String> = list
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect();
+    nodes.sort();
+    Ok(nodes)
 }
 
 /// Applies the pool with `group_file`, starts the provisioner, keeps mini-3 on by hand while the
@@ -134,6 +308,29 @@ async fn autoscaler_scenario(world: &mut World, ca: &Autoscaler) -> Result<()> {
 /// the one claim that woke mini-3 for it, ready, with db-0 Running there.
 async fn data_on_mini_3_then_off(world: &mut World, group_file: &str) -> Result<NodeClaim> {
     world.kubectl(&["apply", "-n", NAMESPACE, "-f", &manifest(group_file)]).await?;
+    data_on_mini_3(world).await?;
+
+    world.kubectl(&["scale", "statefulset", "db", "-n", "default", "--replicas=0"]).await?;
+    world.kubectl(&["delete", "nodeclaim", "keep-mini-3", "-n", NAMESPACE]).await?;
+    world.pool_at_zero(GROUP, OFF).await?;
+
+    let before = claims_of_group(world).len();
+    world.kubectl(&["scale", "statefulset", "db", "-n", "default", "--replicas=1"]).await?;
+    let woken = one_new_claim(world, before, "mini-3", "db-0").await?;
+    let nodes = world.pods_running("db", 1, ACT).await?;
+    ensure!(nodes == ["mini-3"], "db-0 runs again on {nodes:?}");
+    only_these_claims(world, before + 1).await?;
+    eventually("the woken claim ready", ACT, || async {
+        let now = world.claims().get(woken.metadata.name.as_deref().unwrap_or_default()).await?;
+        ensure!(phase::of(&now) == NodeClaimPhase::Ready, "{:?}", phase::of(&now));
+        Ok(now)
+    })
+    .await
+}
+
+/// With the pool applied: the slots, the provisioner, and mini-3 kept on by hand while the
+/// database's volume is made there; returns once db-0 runs on mini-3 with its volume there.
+async fn data_on_mini_3(world: &mut World) -> Result<()> {
     world.kubectl(&["apply", "-n", NAMESPACE, "-f", &manifest("slots.yaml")]).await?;
     world.start_local_path_provisioner().await?;
     world.kubectl(&["apply", "-n", NAMESPACE, "-f", &manifest("pin-mini-3.yaml")]).await?;
@@ -152,23 +349,7 @@ async fn data_on_mini_3_then_off(world: &mut World, group_file: &str) -> Result<
         &volume.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).context("node affinity")?,
     )?;
     ensure!(affinity.contains("\"mini-3\""), "the volume is on mini-3: {affinity}");
-
-    world.kubectl(&["scale", "statefulset", "db", "-n", "default", "--replicas=0"]).await?;
-    world.kubectl(&["delete", "nodeclaim", "keep-mini-3", "-n", NAMESPACE]).await?;
-    world.pool_at_zero(GROUP, OFF).await?;
-
-    let before = claims_of_group(world).len();
-    world.kubectl(&["scale", "statefulset", "db", "-n", "default", "--replicas=1"]).await?;
-    let woken = one_new_claim(world, before, "mini-3", "db-0").await?;
-    let nodes = world.pods_running("db", 1, ACT).await?;
-    ensure!(nodes == ["mini-3"], "db-0 runs again on {nodes:?}");
-    only_these_claims(world, before + 1).await?;
-    eventually("the woken claim ready", ACT, || async {
-        let now = world.claims().get(woken.metadata.name.as_deref().unwrap_or_default()).await?;
-        ensure!(phase::of(&now) == NodeClaimPhase::Ready, "{:?}", phase::of(&now));
-        Ok(now)
-    })
-    .await
+    Ok(())
 }
 
 /// Waits for the first claim of the group after the `before` already seen, and checks it is for

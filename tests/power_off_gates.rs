@@ -4,17 +4,20 @@
 //! Longhorn's own CRDs, whose volume status the test writes as longhorn-manager does (Longhorn's
 //! manager and engines cannot run here); and, where a test steps the storage's health by hand,
 //! an exporter serving `ceph_health_status` as Ceph's manager does. Each test runs the
-//! controllers for its own namespace. tests/real_machines.rs runs Ceph's OSDs on real machines.
+//! controllers for its own namespace; the power outage's runs a real upsd (Network UPS Tools)
+//! as its UPS. tests/real_machines.rs runs Ceph's OSDs on real machines.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use homelab_autoscaler::api::LABEL_SLOT;
+use homelab_autoscaler::api::{LABEL_SLOT, NodeClaim, NodeClaimPhase, PowerSource};
 use homelab_harness::ceph::{Ceph, longest_inactive};
+use homelab_harness::claims::phase;
 use homelab_harness::e2e::prometheus::Prometheus;
 use homelab_harness::lab::{Lab, With};
+use homelab_harness::power_peers::UpsPeer;
 use homelab_harness::slots::{self, power_off_hold};
 use homelab_harness::{
     Components, ControlPlane, KWOK_NODE_ANNOTATION, eventually, longhorn, stays,
@@ -237,6 +240,178 @@ async fn until_off(lab: &Lab, slot: &str) {
     })
     .await
     .expect("off");
+}
+
+/// A power outage on a pool with data: two machines hold Ceph's replicas (every gate of the pool
+/// concerns them), two hold none (`powerOffGates: []`). The UPS goes on battery below the
+/// pool's charge threshold, with nothing to keep: the two without data are shed first, and no
+/// data machine is released while either is still on its way off; then one data machine at a
+/// time. Its OSDs gone, Ceph degrades, and the second data machine, although shed, stays on
+/// under its gate until the storage is healthy again: the battery does not overrule the data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_battery_machines_without_data_go_first_and_a_data_machine_waits_for_its_gate() {
+    let lab = Lab::start("gates-ups", With::Controllers).await;
+    let ups = UpsPeer::start().await.expect("upsd with dummy-ups");
+    let ceph = CephHealth::start().await.expect("exporter");
+    let (prometheus, _logs) = prometheus_scraping(&ceph).await;
+    let slots = lab.create_pool(4).await.expect("pool");
+    let (data, plain) = (&slots[..2], &slots[2..]);
+    for slot in plain {
+        let patch = json!({ "spec": { "powerOffGates": [] } });
+        lab.slots()
+            .patch(slot, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("no gate");
+    }
+    gate_pool(&lab, ceph_gate(&prometheus.url())).await;
+    let policy = json!({ "spec": { "ups": {
+        "name": ups.address(),
+        "pollInterval": "1s",
+        "onBattery": { "shedAfter": "10m", "shedBelowCharge": 50, "keep": 0 },
+    } } });
+    lab.groups().patch("pool", &PatchParams::default(), &Patch::Merge(&policy)).await.expect("ups");
+    eventually("the pool reads mains from its UPS", ACT, || async {
+        let power = lab.groups().get("pool").await?.status.and_then(|s| s.power);
+        ensure!(power.is_some_and(|p| p.source == PowerSource::Mains), "not yet");
+        Ok(())
+    })
+    .await
+    .expect("mains");
+    for slot in &slots {
+        let claim = homelab_harness::claims::provider_claim_for(
+            &format!("for-{slot}"),
+            slot,
+            &lab.slots(),
+            &lab.groups(),
+            lab.timeouts,
+            "test",
+        )
+        .await
+        .expect("claim");
+        lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+    }
+    eventually("four machines ready", ACT, || async {
+        let claims = lab.claims().list(&Default::default()).await?.items;
+        let ready = claims.iter().filter(|c| phase(c) == NodeClaimPhase::Ready).count();
+        ensure!(ready == 4, "{ready} ready");
+        Ok(())
+    })
+    .await
+    .expect("ready");
+
+    let (watch, seen) = watch_shedding(&lab, data.to_vec());
+    ups.set(&[("ups.status", "OB DISCHRG"), ("battery.charge", "40"), ("battery.runtime", "700")])
+        .await
+        .expect("on battery");
+    let first = eventually("the first data machine's shutdown", ACT, || async {
+        let jobs = shutdowns(&lab).await?;
+        let going: Vec<String> =
+            jobs.into_iter().map(|j| j.0).filter(|s| data.contains(s)).collect();
+        ensure!(!going.is_empty(), "no data machine's shutdown Job yet");
+        Ok(going)
+    })
+    .await
+    .expect("a data machine going off");
+    assert_eq!(first.len(), 1, "one data machine at a time, not {first:?}");
+    let first = first[0].clone();
+    // Its OSDs are down: Ceph says HEALTH_WARN.
+    ceph.set(1);
+    until_off(&lab, &first).await;
+    let second = data.iter().find(|s| **s != first).expect("the other data machine");
+    eventually("the second data machine shed, and held by the gate", ACT, || async {
+        let claim = lab.claims().get(&format!("for-{second}")).await?;
+        ensure!(homelab_autoscaler::phase::is_marked(&claim), "not shed yet");
+        let held = power_off_hold(&lab.slots().get(second).await?).context("not held")?;
+        ensure!(held.0 == "ceph" && held.1 == "GateHolds", "held by {held:?}");
+        Ok(())
+    })
+    .await
+    .expect("shed and held");
+    stays("the shed data machine on while Ceph is degraded", SETTLE, || async {
+        let jobs = shutdowns(&lab).await?;
+        ensure!(!jobs.iter().any(|j| j.0 == *second), "shutdowns: {jobs:?}");
+        ensure!(lab.nodes().get_opt(second).await?.is_some(), "its machine is off");
+        Ok(())
+    })
+    .await
+    .expect("held on");
+
+    ceph.set(0);
+    until_off(&lab, second).await;
+    watch.abort();
+    let seen = seen.lock().expect("the record").clone();
+    assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
+    let order: Vec<&str> = seen.marked.iter().map(|(slot, _)| slot.as_str()).collect();
+    assert_eq!(
+        order.iter().take(2).copied().collect::<std::collections::BTreeSet<_>>(),
+        plain.iter().map(String::as_str).collect(),
+        "the machines without data first: {order:?}"
+    );
+    assert_eq!(order[2..], [first.as_str(), second.as_str()], "then the data machines: {order:?}");
+    for (slot, by) in &seen.marked {
+        let rank = if data.contains(slot) { "a data machine, after the others" } else { "no data" };
+        assert!(by.contains("charge 40% is below 50%") && by.contains(rank), "{slot}: {by}");
+    }
+}
+
+/// What [`watch_shedding`] saw: the slots in the order their claims were first seen released,
+/// with who released them, and each moment the pool broke the order.
+#[derive(Clone, Default)]
+struct Shedding {
+    marked: Vec<(String, String)>,
+    violations: Vec<String>,
+}
+
+/// Reads the pool's claims every 200 ms while it sheds: a data machine's claim released while a
+/// machine without data is still on, or two data machines released at once, is a violation.
+fn watch_shedding(
+    lab: &Lab,
+    data: Vec<String>,
+) -> (tokio::task::JoinHandle<()>, Arc<std::sync::Mutex<Shedding>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Shedding::default()));
+    let (claims, record) = (lab.claims(), seen.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            if let Ok(list) = claims.list(&Default::default()).await {
+                let live: Vec<&NodeClaim> = list
+                    .items
+                    .iter()
+                    .filter(|c| homelab_autoscaler::phase::is_live(Some(phase(c))))
+                    .collect();
+                let marked: Vec<&NodeClaim> = live
+                    .iter()
+                    .copied()
+                    .filter(|c| homelab_autoscaler::phase::is_marked(c))
+                    .collect();
+                let is_data = |c: &NodeClaim| data.contains(&c.spec.slot_ref.name);
+                let data_going = marked.iter().filter(|c| is_data(c)).count();
+                let plain_on = live.iter().filter(|c| !is_data(c)).count();
+                let mut record = record.lock().expect("the record");
+                if data_going > 0 && plain_on > 0 {
+                    record.violations.push(format!(
+                        "{}: a data machine released while {plain_on} without data are on",
+                        jiff::Timestamp::now()
+                    ));
+                }
+                if data_going > 1 {
+                    record.violations.push(format!(
+                        "{}: {data_going} data machines released at once",
+                        jiff::Timestamp::now()
+                    ));
+                }
+                for claim in marked {
+                    let slot = &claim.spec.slot_ref.name;
+                    if !record.marked.iter().any(|(s, _)| s == slot) {
+                        let by =
+                            claim.status.as_ref().and_then(|s| s.scale_down_requested_by.clone());
+                        record.marked.push((slot.clone(), by.unwrap_or_default()));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    (task, seen)
 }
 
 /// A gate that cannot be read holds: Prometheus is not there. The slot says why, and naming no

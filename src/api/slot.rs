@@ -231,6 +231,12 @@ pub struct NodeStatus {
     /// slots of every pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub local_volumes: Vec<LocalVolume>,
+    /// Pending pods that only this machine can run (their volume is on its disk, or their
+    /// selector names it), as `namespace/name`, whose wake the pool's power holds back (on
+    /// battery, or a staggered return from an outage). The pool's next boot, whoever asks for
+    /// it, picks this slot first. Written by the scaler's pass, with `localVolumes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_pods: Vec<String>,
     /// The shutdowns of this machine that no claim asked for (up and unwanted, or silent, with
     /// no claim to count them on): three in a row, then a 30-minute pause from the last one.
     /// Kept here because the shutdown Jobs themselves are collected after their TTL.

@@ -103,14 +103,19 @@ pub fn plan_increase_among(
         .into_iter()
         .enumerate()
         .map(|(rank, slot)| {
-            let rate = candidates
-                .iter()
-                .find(|c| c.name == slot.name)
+            let chosen = candidates.iter().find(|c| c.name == slot.name);
+            let rate = chosen
                 .and_then(|c| c.hourly_rate)
                 .map_or_else(|| "unpriced".to_owned(), |r| format!("hourlyRate {r}"));
+            let waited = if chosen.is_some_and(|c| c.awaited) {
+                "pending pods wait for this machine, "
+            } else {
+                ""
+            };
             let choice = format!(
-                "slot {} picked as choice {} of {free} free slots (not exhausted, cheapest first, \
-                 then fewest recent failures, then name): {rate}, {} recent failed boots",
+                "slot {} picked as choice {} of {free} free slots (not exhausted, waited for by \
+                 pending pods first, cheapest first, then fewest recent failures, then name): \
+                 {waited}{rate}, {} recent failed boots",
                 slot.name,
                 rank + 1,
                 slot.attempt - 1,
@@ -365,6 +370,30 @@ mod tests {
         ));
         let plan = plan_increase(&snap, 1, now()).unwrap();
         assert_eq!(plan[0].slot.name, "b", "the busy slot is not free");
+    }
+
+    #[test]
+    fn a_slot_pending_pods_wait_for_boots_before_a_cheaper_one() {
+        let mut nas = (*priced("nas", 0.08)).clone();
+        nas.status = Some(crate::api::NodeStatus {
+            waiting_pods: vec!["default/db-0".into()],
+            ..Default::default()
+        });
+        let slots = vec![priced("pi", 0.01), Arc::new(nas), priced("nuc", 0.05)];
+        let snap = GroupSnapshot::build(group("pool", 0), &slots, &[], &HashSet::new());
+        let plan = plan_increase(&snap, 2, now()).unwrap();
+        let names: Vec<&str> = plan.iter().map(|p| p.slot.name.as_str()).collect();
+        assert_eq!(names, ["nas", "pi"]);
+        assert!(
+            plan[0].choice.contains("pending pods wait for this machine"),
+            "{}",
+            plan[0].choice
+        );
+        assert!(
+            !plan[1].choice.contains("pending pods wait for this machine"),
+            "{}",
+            plan[1].choice
+        );
     }
 
     #[test]

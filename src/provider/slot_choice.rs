@@ -1,6 +1,8 @@
 //! Which free slots IncreaseSize boots (docs/decisions.md, D12): never an exhausted slot, then
-//! the cheapest machine first, then the one with the fewest recent failures, then by name, so a
-//! mixed pool powers its small machines before its power-hungry server and the choice is
+//! a machine that pending pods wait for (their volume is on its disk, and the pool's power held
+//! its wake back: D42), then the cheapest machine, then the one with the fewest recent
+//! failures, then by name, so a mixed pool powers its small machines before its power-hungry
+//! server, a pool back from an outage boots its waiting data machines first, and the choice is
 //! deterministic.
 
 use std::cmp::Ordering;
@@ -23,6 +25,8 @@ pub struct SlotCandidate {
     pub hourly_rate: Option<f64>,
     /// The attempt a new claim would be, or why the slot takes none.
     pub seed: AttemptSeed,
+    /// Pending pods only this machine can run wait for it (`status.waitingPods`).
+    pub awaited: bool,
 }
 
 /// A slot picked to boot, with the attempt number its claim carries.
@@ -65,7 +69,9 @@ pub fn choose(candidates: &[SlotCandidate], wanted: usize) -> Result<Vec<ChosenS
         });
     }
     bootable.sort_by(|(a, attempt_a), (b, attempt_b)| {
-        cheaper_first(a.hourly_rate, b.hourly_rate)
+        b.awaited
+            .cmp(&a.awaited)
+            .then_with(|| cheaper_first(a.hourly_rate, b.hourly_rate))
             .then_with(|| attempt_a.cmp(attempt_b))
             .then_with(|| a.name.cmp(&b.name))
     });
@@ -96,6 +102,7 @@ pub fn candidate(state: &SlotState, group: &GroupSpec, now: Timestamp) -> SlotCa
         name: state.name().to_owned(),
         hourly_rate: pricing_of(&slot.spec, group).map(|p| p.hourly_rate),
         seed: seed_attempt(prior, reset_of_slot(slot), now),
+        awaited: slot.status.as_ref().is_some_and(|s| !s.waiting_pods.is_empty()),
     }
 }
 
@@ -108,7 +115,11 @@ mod tests {
     }
 
     fn cand(name: &str, rate: Option<f64>, seed: AttemptSeed) -> SlotCandidate {
-        SlotCandidate { name: name.into(), hourly_rate: rate, seed }
+        SlotCandidate { name: name.into(), hourly_rate: rate, seed, awaited: false }
+    }
+
+    fn awaited(name: &str, rate: Option<f64>) -> SlotCandidate {
+        SlotCandidate { awaited: true, ..cand(name, rate, AttemptSeed::Attempt(1)) }
     }
 
     fn names(chosen: &[ChosenSlot]) -> Vec<&str> {
@@ -154,6 +165,27 @@ mod tests {
                 vec![cand("cheap", Some(0.0), exhausted), cand("dear", Some(2.0), Attempt(2))],
                 1,
                 vec!["dear"],
+            ),
+            (
+                "a machine pending pods wait for comes before a cheaper one",
+                vec![cand("mini", Some(0.02), Attempt(1)), awaited("nas", Some(0.08))],
+                1,
+                vec!["nas"],
+            ),
+            (
+                "awaited machines among themselves: cheapest first",
+                vec![awaited("nas-2", Some(0.1)), awaited("nas-1", Some(0.08))],
+                2,
+                vec!["nas-1", "nas-2"],
+            ),
+            (
+                "an exhausted machine is skipped even when pods wait for it",
+                vec![
+                    SlotCandidate { seed: exhausted, ..awaited("nas", Some(0.08)) },
+                    cand("mini", Some(0.02), Attempt(1)),
+                ],
+                1,
+                vec!["mini"],
             ),
             ("nothing wanted, nothing chosen", vec![cand("a", None, Attempt(1))], 0, vec![]),
         ];

@@ -179,11 +179,11 @@ impl Scaler {
         wake::report_refused(&self.recorder, &plan).await;
         wake::report_blocked(&self.recorder, &plan, &mut self.blocked).await;
         let woken = wake::wake(&self.provider, &plan).await;
-        wake::report_holding(&self.client, &self.namespace, &pools, &plan).await;
+        wake::report_slots(&self.client, &self.namespace, &pools, &plan, &woken.held_back).await;
         // The decisions count the machines this pass woke: the provider's caches show its own
         // claims once it has answered, so the pools are read again. Read before the wakes, a
         // pool would boot up to maxNodes on top of them.
-        let builtin = if woken.is_empty() {
+        let builtin = if woken.created.is_empty() {
             builtin
         } else {
             self.provider.snapshots(ScalingDriver::Builtin).map_err(unsynced)?

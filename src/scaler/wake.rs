@@ -1,10 +1,12 @@
 //! Carrying out a [`Plan`] of [`super::bound_pods`]: each wake is one claim through the provider
 //! (`claim_one_of`, an IncreaseSize of +1 among the slots the pod fits), attributed to the pod;
-//! each slot's `status.localVolumes` says which running pods' data it holds; a slot newly
+//! each slot's `status.localVolumes` says which running pods' data it holds, and its
+//! `status.waitingPods` which pending pods wait for it while the pool's power holds their wake
+//! back (the pool's next boot, cluster-autoscaler's too, picks that slot first); a slot newly
 //! refused for a pod gets a Warning, as does the pod. A failure is logged and left to the next
 //! pass, which plans again from what it then sees.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -16,7 +18,7 @@ use super::bound_pods::Plan;
 use super::refusals::REASON;
 use crate::api::Node as Slot;
 use crate::field_manager::{FieldManager, apply_status_of};
-use crate::provider::{Caller, GroupSnapshot, Provider};
+use crate::provider::{Caller, GroupSnapshot, Provider, ProviderError};
 
 /// The event reason on a pending pod that no machine may be woken for now.
 pub const AT_MAX_NODES: &str = "WaitingForMaxNodes";
@@ -38,9 +40,19 @@ pub async fn report_blocked(recorder: &Recorder, plan: &Plan, before: &mut HashS
     *before = now;
 }
 
-/// Creates the plan's claims; returns their names.
-pub async fn wake(provider: &Provider, plan: &Plan) -> Vec<String> {
-    let mut created = Vec::new();
+/// What [`wake`] did.
+#[derive(Debug, Default)]
+pub struct Woken {
+    /// The claims created.
+    pub created: Vec<String>,
+    /// By slot: the pending pods whose wake the pool's power held back (on battery, or a
+    /// staggered return), for the slot's `status.waitingPods`.
+    pub held_back: BTreeMap<String, Vec<String>>,
+}
+
+/// Creates the plan's claims.
+pub async fn wake(provider: &Provider, plan: &Plan) -> Woken {
+    let mut woken = Woken::default();
     for wake in &plan.wakes {
         let caller = Caller::for_bound_pod(wake.driver, &wake.pod, wake.reason.clone());
         match provider.claim_one_of(&caller, &wake.group, &wake.slots).await {
@@ -53,7 +65,18 @@ pub async fn wake(provider: &Provider, plan: &Plan) -> Vec<String> {
                     reason = %wake.reason,
                     "woke the machine a pending pod needs"
                 );
-                created.push(claim.name);
+                woken.created.push(claim.name);
+            }
+            // The power's refusal is the slot's to show (status.waitingPods); the pool's next
+            // boot picks the slot first.
+            Err(
+                error @ (ProviderError::OnBattery { .. } | ProviderError::StaggeredReturn { .. }),
+            ) => {
+                tracing::debug!(%error, group = %wake.group, pod = %wake.pod,
+                    "the pool's power holds back the wake of a machine a pending pod needs");
+                for slot in &wake.slots {
+                    woken.held_back.entry(slot.clone()).or_default().push(wake.pod.clone());
+                }
             }
             Err(error) => tracing::warn!(
                 %error,
@@ -63,7 +86,7 @@ pub async fn wake(provider: &Provider, plan: &Plan) -> Vec<String> {
             ),
         }
     }
-    created
+    woken
 }
 
 /// Says on the pod and on the slot that a slot was refused for the pod; a failure to publish
@@ -92,36 +115,46 @@ async fn warn(recorder: &Recorder, object: &ObjectReference, reason: &str, note:
     }
 }
 
-/// Brings every slot's `status.localVolumes` to what the plan found, writing only the slots whose
-/// list changed.
-pub async fn report_holding(
+/// Brings every slot's `status.localVolumes` to what the plan found and its
+/// `status.waitingPods` to the pods whose wake the power held back, in one apply of the
+/// scaler's two fields, writing only the slots where either changed.
+pub async fn report_slots(
     client: &Client,
     namespace: &str,
     pools: &[&GroupSnapshot],
     plan: &Plan,
+    held_back: &BTreeMap<String, Vec<String>>,
 ) {
     let api: Api<Slot> = Api::namespaced(client.clone(), namespace);
     for state in pools.iter().flat_map(|p| p.slots.iter()) {
         let name = state.name();
-        let wanted = plan.holding.get(name).cloned().unwrap_or_default();
-        let current =
-            state.slot.status.as_ref().map(|s| s.local_volumes.clone()).unwrap_or_default();
-        if wanted == current {
+        let holding = plan.holding.get(name).cloned().unwrap_or_default();
+        let mut waiting = held_back.get(name).cloned().unwrap_or_default();
+        waiting.sort();
+        waiting.dedup();
+        let status = state.slot.status.as_ref();
+        let current_holding = status.map(|s| s.local_volumes.clone()).unwrap_or_default();
+        let current_waiting = status.map(|s| s.waiting_pods.clone()).unwrap_or_default();
+        if holding == current_holding && waiting == current_waiting {
             continue;
         }
-        let previous = json!({ "localVolumes": current });
-        let status = if wanted.is_empty() {
-            json!({ "localVolumes": null })
-        } else {
-            json!({ "localVolumes": wanted })
+        let previous = json!({ "localVolumes": current_holding, "waitingPods": current_waiting });
+        let or_null = |value: serde_json::Value, empty: bool| {
+            if empty { serde_json::Value::Null } else { value }
         };
+        let status = json!({
+            "localVolumes": or_null(json!(holding), holding.is_empty()),
+            "waitingPods": or_null(json!(waiting), waiting.is_empty()),
+        });
         match apply_status_of(&api, name, FieldManager::Scaler, Some(&previous), status).await {
-            Ok(_) => {
-                tracing::info!(slot = name, holding = wanted.len(), "status.localVolumes written")
-            }
-            Err(error) => {
-                tracing::warn!(%error, slot = name, "writing status.localVolumes; the next pass retries")
-            }
+            Ok(_) => tracing::info!(
+                slot = name,
+                holding = holding.len(),
+                waiting = waiting.len(),
+                "status.localVolumes and status.waitingPods written"
+            ),
+            Err(error) => tracing::warn!(%error, slot = name,
+                "writing status.localVolumes and status.waitingPods; the next pass retries"),
         }
     }
 }

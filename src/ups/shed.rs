@@ -124,10 +124,12 @@ pub fn plan(trigger: &Trigger, keep: i32, machines: &[Machine]) -> Vec<Shed> {
         powered.len().saturating_sub(usize::try_from(keep.max(0)).unwrap_or(usize::MAX))
     };
     let chosen = &order[..excess.min(order.len())];
-    let anything_going = machines.iter().any(|m| m.releasing) || chosen.iter().any(|m| !m.data);
+    // One data machine at a time: none while any machine is on its way off, and only the
+    // first of them in a pass where nothing else goes.
+    let mut data_turn = !(machines.iter().any(|m| m.releasing) || chosen.iter().any(|m| !m.data));
     chosen
         .iter()
-        .filter(|m| everything || !m.data || !anything_going)
+        .filter(|m| everything || !m.data || std::mem::take(&mut data_turn))
         .map(|m| Shed {
             slot: m.slot.clone(),
             claim: m.claim.clone(),
@@ -270,6 +272,19 @@ mod tests {
         assert!(plan(&Trigger::Waiting("x".into()), 0, &machines).is_empty());
         let why = &plan(&shed, 4, &machines)[0].why;
         assert_eq!(why, "on battery for 5m0s: no data, no pin, 300 W; the pool keeps 4");
+    }
+
+    #[test]
+    fn data_machines_go_one_at_a_time() {
+        let data = [
+            machine("nas-1", Some(40.0), true, Pin::None),
+            machine("nas-2", Some(60.0), true, Pin::None),
+        ];
+        let shed = Trigger::Shed("x".into());
+        assert_eq!(slots(&plan(&shed, 0, &data)), ["nas-2"], "one, the higher draw");
+        let one_going = [Machine { releasing: true, ..data[1].clone() }, data[0].clone()];
+        assert!(plan(&shed, 0, &one_going).is_empty(), "not while the first is going");
+        assert_eq!(slots(&plan(&Trigger::LowBattery, 0, &data)), ["nas-2", "nas-1"]);
     }
 
     #[test]

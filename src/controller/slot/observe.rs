@@ -100,7 +100,11 @@ pub async fn write_status(
         ctx.set_published_gate_hold(&slot_name, hold);
     }
     let Some(status) = plan.status else { return Ok(()) };
-    let mine = slot.status.clone().map(|s| NodeStatus { local_volumes: Vec::new(), ..s });
+    let mine = slot.status.clone().map(|s| NodeStatus {
+        local_volumes: Vec::new(),
+        waiting_pods: Vec::new(),
+        ..s
+    });
     let serialize = |status: Option<&NodeStatus>| {
         serde_json::to_value(status)
             .map_err(|source| crate::controller::Error::Serialize { what: "a slot status", source })

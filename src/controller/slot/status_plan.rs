@@ -259,8 +259,9 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
             _ => previous.bmc_reading.clone(),
         },
         node_labels: node.map(registered_labels).unwrap_or_else(|| previous.node_labels.clone()),
-        // The scaler's field (its own apply): neither compared, sent nor cleared here.
+        // The scaler's fields (its own apply): neither compared, sent nor cleared here.
         local_volumes: Vec::new(),
+        waiting_pods: Vec::new(),
         unclaimed_shutdowns: seen.streak.cloned().or(previous.unclaimed_shutdowns.clone()),
     };
     let mut events = Vec::new();
@@ -316,8 +317,12 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
         None => {}
     }
     let publish_gate_hold = (published_gate != gate_held.as_ref()).then(|| gate_held.clone());
-    // The scaler's field (its own apply) is not this plan's to compare.
-    let mine = slot.status.clone().map(|s| NodeStatus { local_volumes: Vec::new(), ..s });
+    // The scaler's fields (its own apply) are not this plan's to compare.
+    let mine = slot.status.clone().map(|s| NodeStatus {
+        local_volumes: Vec::new(),
+        waiting_pods: Vec::new(),
+        ..s
+    });
     let status = (mine.as_ref() != Some(&status)).then_some(status);
     StatusPlan { status, events, publish_hold, publish_gate_hold }
 }
