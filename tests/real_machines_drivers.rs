@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{Group, Node, NodeClaim, NodeClaimPhase};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::claims::{phase, provider_claim_for};
@@ -387,7 +387,13 @@ async fn a_plug_switched_machine_is_shut_down_over_ssh_before_its_relay_is_cut()
         matches!(switches.as_slice(), [s] if s.on && s.watts == 0.0 && s.state == PowerState::Off),
         "one switch, the relay closed on a machine without power: {switches:?}"
     );
-    let boot = m1.power_history().last().copied().expect("history");
+    // The harness records a boot once containerd and the kubelet run, and on a loaded machine
+    // the claim can be Ready before that returns: wait for the record rather than read it once.
+    let boot = eventually("the machine's boot recorded", ACT, || async {
+        m1.power_history().last().copied().context("no power event yet")
+    })
+    .await
+    .expect("history");
     assert_eq!((boot.state, boot.cause), (PowerState::On, PowerCause::MainsBack));
     assert_eq!(m1.wakes(), 0, "booted by mains returning, not a magic packet");
 

@@ -38,7 +38,17 @@ fi
 installed() {
   [ -x "$PEERS/venv/bin/sushy-emulator" ] && [ -x "$PEERS/venv/bin/python" ] \
     && compgen -G "$PEERS/venv/lib/python3*/site-packages/sushy_tools-$SUSHY_VERSION.dist-info" >/dev/null \
-    && "$PEERS/venv/bin/python" -c 'import bcrypt' 2>/dev/null
+    && "$PEERS/venv/bin/python" -c 'import bcrypt' 2>/dev/null \
+    && venv_in_place
+}
+# A venv's scripts name its interpreter by absolute path: a cache moved or copied elsewhere
+# keeps them, and they no longer start.
+venv_in_place() {
+  local script
+  for script in "$PEERS/venv/bin/sushy-emulator" "$PEERS/venv/bin/fakebmc"; do
+    [ -e "$script" ] || continue
+    [ "$(head -c 200 "$script" | head -n 1)" = "#!$PEERS/venv/bin/python3" ] || return 1
+  done
 }
 if ! installed; then
   echo "install-power-peers: installing sushy-tools $SUSHY_VERSION into $PEERS/venv"
