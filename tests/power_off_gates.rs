@@ -221,6 +221,21 @@ fn ensure_turn_or_gate(by: &str, reason: &str, first: &str) {
     );
 }
 
+/// Claims `slot` as cluster-autoscaler's IncreaseSize would, under the claim's `name`.
+async fn claim_slot(lab: &Lab, name: &str, slot: &str) {
+    let claim = homelab_harness::claims::provider_claim_for(
+        name,
+        slot,
+        &lab.slots(),
+        &lab.groups(),
+        lab.timeouts,
+        "test",
+    )
+    .await
+    .expect("claim");
+    lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+}
+
 /// Waits until nothing holds the slot's power-off.
 async fn until_unheld(lab: &Lab, slot: &str) {
     eventually("the hold gone from the slot", ACT, || async {
@@ -278,17 +293,7 @@ async fn on_battery_machines_without_data_go_first_and_a_data_machine_waits_for_
     .await
     .expect("mains");
     for slot in &slots {
-        let claim = homelab_harness::claims::provider_claim_for(
-            &format!("for-{slot}"),
-            slot,
-            &lab.slots(),
-            &lab.groups(),
-            lab.timeouts,
-            "test",
-        )
-        .await
-        .expect("claim");
-        lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+        claim_slot(&lab, &format!("for-{slot}"), slot).await;
     }
     eventually("four machines ready", ACT, || async {
         let claims = lab.claims().list(&Default::default()).await?.items;
@@ -574,17 +579,7 @@ async fn maintenance_steps_run_before_a_power_off_and_after_the_machine_is_back(
     assert!(lab.lifecycle_jobs("after-ready").await.expect("jobs").is_empty(), "not yet");
 
     // Booted again: the step after runs once it is Ready, then the record goes.
-    let claim = homelab_harness::claims::provider_claim_for(
-        "back",
-        slot,
-        &lab.slots(),
-        &lab.groups(),
-        lab.timeouts,
-        "test",
-    )
-    .await
-    .expect("claim");
-    lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+    claim_slot(&lab, "back", slot).await;
     eventually("the step after run, and the record gone", ACT, || async {
         let after = lab.lifecycle_jobs("after-ready").await?;
         let done =
@@ -735,17 +730,7 @@ async fn a_real_ceph_cluster_loses_one_osd_machine_at_a_time() {
     assert_eq!(status.active, status.pgs, "every placement group active with one OSD down");
 
     // The first machine comes back (a claim for it): Ceph heals, and one more may go.
-    let claim = homelab_harness::claims::provider_claim_for(
-        "back",
-        &first,
-        &lab.slots(),
-        &lab.groups(),
-        lab.timeouts,
-        "test",
-    )
-    .await
-    .expect("claim");
-    lab.claims().create(&PostParams::default(), &claim).await.expect("create claim");
+    claim_slot(&lab, "back", &first).await;
     let jobs =
         eventually("a second OSD machine off once Ceph is healthy again", ACT * 2, || async {
             let jobs = shutdowns(&lab).await?;
