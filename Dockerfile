@@ -1,5 +1,6 @@
-# The operator's image for users with Docker: a static binary on scratch, non-root, no shell.
-# `make image` builds the same image without a container engine (scripts/build-image.sh).
+# The operator's linux/amd64 image for users with Docker: a static binary on scratch, non-root,
+# no shell. `make image` builds the same image, and its linux/arm64 twin in one index, without a
+# container engine (scripts/build-image.sh).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .

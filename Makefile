@@ -16,6 +16,7 @@ endif
 ## test: unit, table and integration tests against a real control plane built from Go modules,
 ## the power drivers against real protocol peers (installed by install-power-peers.sh), and the
 ## real-machine tier (network namespaces running a real kubelet and containerd; needs root).
+## The arm64 build (D43) is tested too: the library's tests and the operator under qemu-user.
 ## The test executables of `cargo test --workspace --all-targets` run three at a time
 ## (run-tests.sh; HOMELAB_TEST_LANES changes that, `make test ONLY="webhooks controllers"` runs some).
 ## The programs the suites that run alone need (the `cluster` profile) are built beside the test
@@ -24,6 +25,7 @@ endif
 ## HOMELAB_TEST_CLIPPY=1 (.ci/run) makes the test build clippy's too: a lint warning fails it.
 test:
 	tests/harness/install-power-peers.sh
+	scripts/install-cross-toolchain.sh
 	HOMELAB_TEST_BUILD_FIRST=cluster $(if $(ONLY),,HOMELAB_TEST_IMAGE_FIRST=1 HOMELAB_TEST_BUILD_BESIDE=all) \
 		tests/harness/run-tests.sh $(ONLY)
 
@@ -41,9 +43,10 @@ test-fast:
 demo:
 	DRIVER=$(DRIVER) KEEP=$(KEEP) MACHINES=$(MACHINES) tests/harness/demo.sh
 
-## image: the operator's OCI image without a container engine: a static binary packed with crane
-## into an OCI layout tarball ($(CARGO_TARGET_DIR)/image/homelab-autoscaler.tar, or IMAGE_OUT).
-## IMAGE and TAG name it. The Dockerfile builds the same image with Docker.
+## image: the operator's OCI image index (linux/amd64, linux/arm64) without a container engine:
+## a static binary per platform packed with crane into an OCI layout tarball
+## ($(CARGO_TARGET_DIR)/image/homelab-autoscaler.tar, or IMAGE_OUT). IMAGE and TAG name it;
+## PLATFORMS=linux/amd64 builds one. The Dockerfile builds the amd64 image with Docker.
 image:
 	scripts/build-image.sh $(IMAGE_OUT)
 

@@ -32,6 +32,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
         &["--set", "--install", "--create-namespace", "--reuse-values", "--strict", "--version"],
     ),
     ("gh", &["--owner"]),
+    ("crane", &["--index", "--platform"]),
     (
         "cargo",
         &[

@@ -357,8 +357,8 @@ ensure_libseccomp() {
   fi
   log "installing Debian's libseccomp-dev (runc links libseccomp)"
   local sudo=""; [[ $(id -u) -eq 0 ]] || sudo=sudo
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libseccomp-dev pkg-config >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libseccomp-dev pkg-config >/dev/null
 }
 build_runc() {
   ensure_libseccomp

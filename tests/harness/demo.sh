@@ -20,6 +20,6 @@ target_dir=${CARGO_TARGET_DIR:-target}
 if [[ ${MACHINES:-simulated} == real ]]; then
   # The lab machine runs the power Jobs from the operator's image; no registry serves it.
   export HOMELAB_OPERATOR_IMAGE="$target_dir/image/homelab-autoscaler-machines.tar"
-  scripts/build-image.sh "$HOMELAB_OPERATOR_IMAGE" >/dev/null
+  PLATFORMS=linux/amd64 scripts/build-image.sh "$HOMELAB_OPERATOR_IMAGE" >/dev/null
 fi
 exec "$target_dir/debug/examples/demo" "$target_dir/debug/homelab-autoscaler"

@@ -43,8 +43,9 @@ alone=(reliability_sigkill reliability_lease reliability_faults e2e_failover)
 # The longest suites start first so that no lane is left with a long one at the end; the rest
 # (new suites included) follow in name order. The real-machine suites come after three that
 # need no real machine, so that on a cold cache the build beside the suites has made the
-# kubelet and containerd by the time they start.
-longest=(e2e_cluster_autoscaler controllers reliability_crash real_machines_faults real_machines_faults_autoscaler real_machines real_machines_drivers)
+# kubelet and containerd by the time they start. arm64_operator builds the aarch64 half (D43)
+# cold in its lane, so it starts among the first.
+longest=(e2e_cluster_autoscaler controllers reliability_crash arm64_operator real_machines_faults real_machines_faults_autoscaler real_machines real_machines_drivers)
 
 names=()
 args=()
@@ -92,7 +93,8 @@ fi
 if [[ -n ${HOMELAB_TEST_IMAGE_FIRST:-} ]]; then
   # The profile is the harness's TEST_IMAGE_PROFILE (tests/harness/src/real_lab.rs).
   export HOMELAB_OPERATOR_IMAGE=${CARGO_TARGET_DIR:-$root/target}/image/homelab-autoscaler-tests.tar
-  before image-first "scripts/build-image.sh, linked from the test build" env IMAGE_PROFILE=dev \
+  # The machines here are amd64: the arm64 half is tests/install_image.rs's to build.
+  before image-first "scripts/build-image.sh, linked from the test build" env IMAGE_PROFILE=dev PLATFORMS=linux/amd64 \
     "$root/scripts/build-image.sh" "$HOMELAB_OPERATOR_IMAGE"
 fi
 

@@ -62,6 +62,10 @@ pub fn machine_settings() -> MachineSettings {
 /// statically from the crates the test build compiled, where `make image` builds `release`.
 pub const TEST_IMAGE_PROFILE: &str = "dev";
 
+/// The platforms of the tests' operator image: the machines here are amd64, so the image is a
+/// single amd64 one; tests/install_image.rs builds `make image`'s index of both.
+pub const TEST_IMAGE_PLATFORMS: &str = "linux/amd64";
+
 /// The operator's image as `make image` builds it (with [`TEST_IMAGE_PROFILE`]), once per test
 /// process; or the tarball that `HOMELAB_OPERATOR_IMAGE` names, built before (`make test` builds
 /// it beside the test build). Returns the tarball and the image's name.
@@ -80,6 +84,7 @@ pub async fn operator_image() -> Result<(PathBuf, String)> {
             let status = tokio::process::Command::new(root.join("scripts/build-image.sh"))
                 .arg(&out)
                 .env("IMAGE_PROFILE", TEST_IMAGE_PROFILE)
+                .env("PLATFORMS", TEST_IMAGE_PLATFORMS)
                 .status()
                 .await
                 .context("running scripts/build-image.sh")?;
