@@ -33,6 +33,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
     ),
     ("gh", &["--owner"]),
     ("crane", &["--index", "--platform"]),
+    ("dpkg", &["--add-architecture"]),
     (
         "cargo",
         &[
