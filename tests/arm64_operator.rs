@@ -13,20 +13,14 @@ use std::time::Instant;
 use homelab_autoscaler::api::{CredentialsRef, PowerSpec, Redfish};
 use homelab_harness::e2e::{AutoscalerSettings, NAMESPACE, World};
 use homelab_harness::power_peers::RedfishPeer;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// ELF's e_machine for AArch64.
-const EM_AARCH64: u16 = 183;
+use homelab_harness::{elf, repo_path};
 
 /// The arm64 operator binary, built once per test process.
 fn arm64_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         let started = Instant::now();
-        let out = Command::new(repo().join("scripts/build-arm64.sh"))
+        let out = Command::new(repo_path("scripts/build-arm64.sh"))
             .args(["build", "dev"])
             .output()
             .expect("run scripts/build-arm64.sh");
@@ -38,8 +32,7 @@ fn arm64_binary() -> &'static Path {
         eprintln!("arm64 binary built in {:.1?}", started.elapsed());
         let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         let elf = std::fs::read(&path).expect("the arm64 binary");
-        assert_eq!(&elf[..4], b"\x7fELF", "an ELF binary");
-        assert_eq!(u16::from_le_bytes([elf[18], elf[19]]), EM_AARCH64, "built for aarch64");
+        assert_eq!(elf::machine(&elf), Some(elf::EM_AARCH64), "built for aarch64");
         path
     })
 }
@@ -62,7 +55,7 @@ fn under_qemu(dir: &Path) -> PathBuf {
 #[test]
 fn the_library_tests_pass_on_aarch64_under_qemu() {
     let started = Instant::now();
-    let out = Command::new(repo().join("scripts/build-arm64.sh"))
+    let out = Command::new(repo_path("scripts/build-arm64.sh"))
         .arg("test")
         .output()
         .expect("run scripts/build-arm64.sh test");
@@ -76,7 +69,7 @@ fn the_library_tests_pass_on_aarch64_under_qemu() {
         .and_then(|rest| rest.strip_suffix(')'))
         .unwrap_or_else(|| panic!("cargo named no unit-test executable:\n{stderr}"));
     let elf = std::fs::read(executable).expect("the unit-test executable");
-    assert_eq!(u16::from_le_bytes([elf[18], elf[19]]), EM_AARCH64, "{executable} is for aarch64");
+    assert_eq!(elf::machine(&elf), Some(elf::EM_AARCH64), "{executable} is for aarch64");
     let passed: usize = stdout
         .lines()
         .filter_map(|line| line.strip_prefix("test result: ok. "))
@@ -92,12 +85,8 @@ fn the_library_tests_pass_on_aarch64_under_qemu() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_arm64_operator_serves_its_webhooks_and_cluster_autoscaler() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let bin = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || under_qemu(&dir)
-    })
-    .await
-    .expect("build the arm64 binary");
+    // Nothing else runs on this runtime yet, so the build may block it.
+    let bin = under_qemu(dir.path());
     let mut world = World::start_for_autoscaler(&bin, false).await.expect("world");
     let _logs = world.plane.logs_on_failure();
     let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
@@ -177,10 +166,10 @@ async fn the_arm64_power_command_reads_and_sets_a_redfish_bmc() {
         ..PowerSpec::default()
     };
     let spec = serde_json::to_string(&spec).expect("json");
-    let binary = tokio::task::spawn_blocking(|| arm64_binary().to_owned()).await.expect("build");
+    let binary = arm64_binary();
     let power = |action: &str| {
         let out = Command::new("qemu-aarch64")
-            .arg(&binary)
+            .arg(binary)
             .args(["power", action])
             .env_clear()
             .env("HOMELAB_POWER_SPEC", &spec)

@@ -13,11 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use homelab_harness::{elf, repo_path};
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn json(path: &Path) -> Value {
     serde_json::from_slice(
@@ -29,8 +26,8 @@ fn json(path: &Path) -> Value {
 /// ELF's e_machine of each platform's architecture.
 fn elf_machine(architecture: &str) -> u16 {
     match architecture {
-        "amd64" => 62,
-        "arm64" => 183,
+        "amd64" => elf::EM_X86_64,
+        "arm64" => elf::EM_AARCH64,
         other => panic!("no ELF machine known for {other}"),
     }
 }
@@ -38,21 +35,6 @@ fn elf_machine(architecture: &str) -> u16 {
 fn blob(layout: &Path, digest: &str) -> PathBuf {
     let (algorithm, hex) = digest.split_once(':').expect("a digest");
     layout.join("blobs").join(algorithm).join(hex)
-}
-
-/// Whether an ELF file asks for a dynamic loader (a PT_INTERP program header).
-fn has_interpreter(elf: &[u8]) -> bool {
-    assert_eq!(&elf[..4], b"\x7fELF", "an ELF binary");
-    assert_eq!(elf[4], 2, "64-bit");
-    let u64_at =
-        |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().expect("8 bytes")) as usize;
-    let u16_at =
-        |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().expect("2 bytes")) as usize;
-    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
-    (0..phnum).any(|i| {
-        let at = phoff + i * phentsize;
-        u32::from_le_bytes(elf[at..at + 4].try_into().expect("4 bytes")) == 3
-    })
 }
 
 /// Runs `binary` (natively, or under qemu-aarch64 for arm64) and asserts it prints its version and
@@ -102,7 +84,7 @@ fn make_image_packs_a_static_non_root_binary_per_platform_into_one_index() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tarball = dir.path().join("homelab-autoscaler.tar");
     let started = Instant::now();
-    let out = Command::new(repo().join("scripts/build-image.sh"))
+    let out = Command::new(repo_path("scripts/build-image.sh"))
         .arg(&tarball)
         .env("TAG", "test")
         .env("IMAGE_PROFILE", homelab_harness::real_lab::TEST_IMAGE_PROFILE)
@@ -164,9 +146,12 @@ fn make_image_packs_a_static_non_root_binary_per_platform_into_one_index() {
         untar(&blob(&layout, layers[0]["digest"].as_str().expect("layer digest")), &rootfs);
         let binary = rootfs.join("homelab-autoscaler");
         let elf = std::fs::read(&binary).expect("the binary is in the layer");
-        assert!(!has_interpreter(&elf), "{architecture}: the binary is statically linked");
+        assert!(
+            !elf::has_interpreter(&elf).expect("a 64-bit ELF binary"),
+            "{architecture}: the binary is statically linked"
+        );
         assert_eq!(
-            u16::from_le_bytes([elf[18], elf[19]]),
+            elf::machine(&elf).expect("a 64-bit ELF binary"),
             elf_machine(architecture),
             "the {architecture} layer's binary is built for {architecture}"
         );
@@ -206,7 +191,7 @@ fn make_image_packs_a_static_non_root_binary_per_platform_into_one_index() {
         untar(&exported, &filesystem);
         let elf = std::fs::read(filesystem.join("homelab-autoscaler")).expect("exported binary");
         assert_eq!(
-            u16::from_le_bytes([elf[18], elf[19]]),
+            elf::machine(&elf).expect("a 64-bit ELF binary"),
             elf_machine(architecture),
             "crane's {platform} filesystem holds the {architecture} binary"
         );
@@ -217,7 +202,7 @@ fn make_image_packs_a_static_non_root_binary_per_platform_into_one_index() {
 
 /// crane, built by the harness under its lock (scripts/build-image.sh built it already).
 fn crane() -> PathBuf {
-    let out = Command::new(repo().join("tests/harness/build-binaries.sh"))
+    let out = Command::new(repo_path("tests/harness/build-binaries.sh"))
         .arg("image")
         .output()
         .expect("run build-binaries.sh image");

@@ -28,6 +28,7 @@ pub mod cert_manager;
 pub mod claims;
 mod control_plane;
 pub mod e2e;
+pub mod elf;
 mod failure_logs;
 pub mod fault_run;
 pub mod host_kubelet;
