@@ -47,6 +47,8 @@ alone=(reliability_sigkill reliability_lease reliability_faults e2e_failover)
 # cold in its lane, so it starts among the first.
 longest=(e2e_cluster_autoscaler controllers reliability_crash arm64_operator real_machines_faults real_machines_faults_autoscaler real_machines real_machines_drivers)
 
+# The command line as given, for the run under load to start again with (the loop consumes it).
+given=("$@")
 names=()
 args=()
 while [[ $# -gt 0 ]]; do
@@ -136,7 +138,7 @@ trap - EXIT
 
 # The build is done (a second one finds nothing to do): the suites run under the load asked for.
 if [[ -n ${HOMELAB_TEST_LOAD:-} && -z ${HOMELAB_TEST_LOAD_STARTED:-} ]]; then
-  HOMELAB_TEST_LOAD_STARTED=1 exec "$root/tests/harness/with-load.sh" "$HOMELAB_TEST_LOAD" "$root/tests/harness/run-tests.sh" "$@"
+  HOMELAB_TEST_LOAD_STARTED=1 exec "$root/tests/harness/with-load.sh" "$HOMELAB_TEST_LOAD" "$root/tests/harness/run-tests.sh" "${given[@]}"
 fi
 
 declare -A exe_of=() dir_of=()
