@@ -1,16 +1,25 @@
 //! The real-machine tier (homelab_harness::machine): a network namespace on a test lan running
 //! a real containerd and kubelet, whose Node and pods are the kubelet's, not kwok's. And the
 //! upstream kubelet behaviour the product depends on: a kubelet whose Node is deleted does not
-//! register it again until it restarts.
+//! register it again until it restarts. And a machine's suspend to RAM over SSH, and its wake by
+//! a magic packet, as the same Node and the same processes.
 //!
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy; where they are missing the
 //! tests fail (they do not skip). The first run builds the `machines` profile.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use homelab_harness::machine::{Lan, Machine, MachineSpec, PAUSE_IMAGE, PowerState};
+use homelab_autoscaler::power::wol::{magic_packet, parse_mac};
+use homelab_harness::machine::{
+    Lan, Machine, MachineSpec, PAUSE_IMAGE, PowerCause, PowerState, SSH_PORT, WAKE_ON_LAN_PORT,
+    netns,
+};
+use homelab_harness::real_lab::ssh_key_pair;
 use homelab_harness::{Components, ControlPlane, eventually, ready_status, stays};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, PostParams};
@@ -221,4 +230,183 @@ async fn a_real_machine_cut_off_or_powered_off_goes_unknown_and_comes_back_as_th
     assert_eq!(node.uid().as_deref(), Some(uid.as_str()), "a different Node object");
     // Its pod, bound to the Node all along, runs again in a new container.
     until_pod_runs(&pods, &machine, Some(&first_container)).await;
+}
+
+/// `ssh root@<machine> COMMAND` from the lan's namespace with the private key at `key`: whether
+/// it exited 0, and what it said.
+async fn ssh(lan: &Lan, machine: &Machine, key: &Path, command: &str) -> (bool, String) {
+    let output = tokio::process::Command::new("ip")
+        .args(["netns", "exec", lan.netns(), "ssh", "-i"])
+        .arg(key)
+        .args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"])
+        .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"])
+        .arg(format!("root@{}", machine.address()))
+        .arg(command)
+        .output()
+        .await
+        .expect("run ssh");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), said)
+}
+
+/// Whether a TCP connection from the lan's namespace to the machine's sshd succeeds within 3 s.
+async fn ssh_port_answers(lan: &Lan, machine: &Machine) -> bool {
+    let (netns, to) = (lan.netns().to_owned(), SocketAddr::from((machine.address(), SSH_PORT)));
+    tokio::task::spawn_blocking(move || {
+        netns::open_in(&netns, move || TcpStream::connect_timeout(&to, Duration::from_secs(3)))
+            .is_ok()
+    })
+    .await
+    .expect("connect task")
+}
+
+/// A magic packet for `machine`'s card to the lan's broadcast address, port 9, from the lan's
+/// namespace: what the operator's Wake-on-LAN driver sends.
+fn send_magic_packet(lan: &Lan, machine: &Machine) {
+    let mac = parse_mac(&machine.mac()).expect("mac");
+    let socket = netns::open_in(lan.netns(), || {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        socket.set_broadcast(true)?;
+        Ok(socket)
+    })
+    .expect("a socket on the lan");
+    socket.send_to(&magic_packet(mac), (Lan::broadcast(), WAKE_ON_LAN_PORT)).expect("send");
+}
+
+/// Pod `work`'s container: its id and restart count.
+async fn container_of(pods: &Api<Pod>) -> (String, i32) {
+    let pod = pods.get("work").await.expect("pod work");
+    let statuses = pod.status.and_then(|s| s.container_statuses).unwrap_or_default();
+    let status = statuses.into_iter().next().expect("a container status");
+    let id = status.container_id.unwrap_or_default();
+    (id.trim_start_matches("containerd://").to_owned(), status.restart_count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_machine_suspended_over_ssh_sleeps_and_wakes_on_its_magic_packet_as_itself() {
+    let plane = ControlPlane::shared(Components::CLUSTER).await.expect("control plane");
+    let _logs = plane.logs_on_failure();
+    let client = plane.client().expect("client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let lan = Lan::start(plane.api_address()).expect("lan");
+    let (private, public) = ssh_key_pair().expect("key pair");
+    let keys = tempfile::tempdir().expect("key dir");
+    let key = keys.path().join("id");
+    std::fs::write(&key, private).expect("write key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("key mode");
+    let spec1 = MachineSpec { ssh_authorized_key: Some(public), ..spec("sleep-1") };
+    let m1 = Machine::create(plane, &lan, spec1).await.expect("machine sleep-1");
+    let _m1_logs = m1.logs_on_failure();
+    let m2 = Machine::create(plane, &lan, spec("sleep-2")).await.expect("machine sleep-2");
+    let _m2_logs = m2.logs_on_failure();
+    m1.power_on().await.expect("power on sleep-1");
+    m2.power_on().await.expect("power on sleep-2");
+    let uid = until_ready(&nodes, &m1, "True").await.uid().expect("uid");
+    until_ready(&nodes, &m2, "True").await;
+    let kubelet = m1.kubelet_pid().expect("the kubelet's pid");
+    let ns = plane.fresh_namespace("real-machine").await.expect("namespace");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let container = run_pod(&pods, &m1).await;
+    assert_eq!(m1.freezer_state().expect("freezer"), "THAWED");
+
+    // a. `systemctl suspend` over SSH returns 0 at once; a moment later the machine sleeps: every
+    // process frozen, its address silent, its Node Unknown.
+    let (ok, said) = ssh(&lan, &m1, &key, "systemctl suspend").await;
+    assert!(ok, "ssh systemctl suspend failed: {said}");
+    let asked = Instant::now();
+    eventually("sleep-1 suspended", Duration::from_secs(30), || async {
+        anyhow::ensure!(m1.suspended(), "awake");
+        Ok(())
+    })
+    .await
+    .expect("suspended");
+    report(&format!("sleep-1: ssh suspend returned to frozen in {:.1?}", asked.elapsed()));
+    assert_eq!(m1.suspend_requests(), 1);
+    assert_eq!(m1.power_state_now(), PowerState::On, "a suspended machine is On (S3)");
+    assert_eq!(m1.freezer_state().expect("freezer"), "FROZEN");
+    assert_eq!(m1.kubelet_pid(), Some(kubelet), "the kubelet sleeps, it does not stop");
+    let last = m1.power_history().last().copied().expect("history");
+    assert_eq!((last.state, last.cause), (PowerState::On, PowerCause::Suspend));
+    assert!(!ssh_port_answers(&lan, &m1).await, "a sleeping machine's sshd answered");
+    // Two machines of the lan asleep at once.
+    m2.suspend().await.expect("suspend sleep-2");
+    assert!(m2.suspended());
+    let slept = Instant::now();
+    until_ready(&nodes, &m1, "Unknown").await;
+    report(&format!("sleep-1: suspended to Node Unknown in {:.1?}", slept.elapsed()));
+
+    // b. Its magic packet wakes it, and only it: the same Node, kubelet, boot and container.
+    let (boots, wakes) = (m1.boots(), m1.wakes());
+    send_magic_packet(&lan, &m1);
+    let sent = Instant::now();
+    eventually("sleep-1 resumed", Duration::from_secs(30), || async {
+        anyhow::ensure!(!m1.suspended(), "asleep");
+        Ok(())
+    })
+    .await
+    .expect("resumed");
+    report(&format!("sleep-1: magic packet to resumed in {:.1?}", sent.elapsed()));
+    let node = until_ready(&nodes, &m1, "True").await;
+    report(&format!("sleep-1: magic packet to Node Ready in {:.1?}", sent.elapsed()));
+    assert_eq!(node.uid().as_deref(), Some(uid.as_str()), "a different Node object");
+    assert_eq!(m1.kubelet_pid(), Some(kubelet), "a different kubelet");
+    assert_eq!(m1.freezer_state().expect("freezer"), "THAWED");
+    assert_eq!((m1.boots(), m1.wakes(), m1.resumes()), (boots, wakes + 1, 1));
+    let last = m1.power_history().last().copied().expect("history");
+    assert_eq!((last.state, last.cause), (PowerState::On, PowerCause::Resume));
+    assert_eq!(container_of(&pods).await, (container.clone(), 0), "the container restarted");
+    assert!(ssh_port_answers(&lan, &m1).await, "the woken machine's sshd does not answer");
+    assert!(m2.suspended(), "sleep-1's packet woke sleep-2");
+    assert_eq!((m2.wakes(), m2.resumes()), (0, 0));
+
+    // c. A power cut in its sleep kills it whole, and leaves its card listening on eth0 again:
+    // its magic packet boots it.
+    m2.power_cut().await.expect("power cut sleep-2");
+    assert!(!m2.suspended());
+    assert_eq!(m2.power_state().await, PowerState::Off);
+    let left = m2.processes();
+    assert!(left.is_empty(), "processes of sleep-2 survived its power cut: {left:?}");
+    send_magic_packet(&lan, &m2);
+    eventually("sleep-2 booted by its magic packet", ACT, || async {
+        anyhow::ensure!(m2.power_state().await == PowerState::On, "off");
+        Ok(())
+    })
+    .await
+    .expect("sleep-2 boots");
+    assert_eq!((m2.boots(), m2.wakes(), m2.resumes()), (2, 1, 0));
+
+    // d. A suspend that does not take: the command still succeeds, the machine stays awake.
+    m1.refuse_suspend(true);
+    let (ok, said) = ssh(&lan, &m1, &key, "sudo systemctl suspend").await;
+    assert!(ok, "ssh sudo systemctl suspend failed: {said}");
+    eventually("the second request counted", Duration::from_secs(10), || async {
+        anyhow::ensure!(m1.suspend_requests() == 2, "{} requests", m1.suspend_requests());
+        Ok(())
+    })
+    .await
+    .expect("counted");
+    stays("sleep-1 awake after a refused suspend", Duration::from_secs(15), || async {
+        anyhow::ensure!(!m1.suspended(), "suspended");
+        anyhow::ensure!(ssh_port_answers(&lan, &m1).await, "its sshd does not answer");
+        let node = nodes.get(m1.name()).await?;
+        anyhow::ensure!(ready_status(&node) == Some("True"), "Ready={:?}", ready_status(&node));
+        Ok(())
+    })
+    .await
+    .expect("stays awake");
+    assert_eq!(m1.freezer_state().expect("freezer"), "THAWED");
+
+    // e. Asleep, a shutdown reaches no OS; the power button wakes it. Dropped asleep at the end,
+    // it is cut whole.
+    m1.suspend().await.expect("suspend");
+    m1.shutdown().await.expect("shutdown while asleep");
+    assert!(m1.suspended(), "a shutdown woke a sleeping machine");
+    m1.power_on().await.expect("power button");
+    assert!(!m1.suspended());
+    assert_eq!((m1.boots(), m1.resumes()), (boots, 2));
+    m1.suspend().await.expect("suspend again");
 }

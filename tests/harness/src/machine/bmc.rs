@@ -256,6 +256,7 @@ async fn system(
     if id != bmc.machine.name() {
         return error(StatusCode::NOT_FOUND, "Base.1.8.ResourceMissingAtURI", "no such system");
     }
+    // A machine suspended to RAM is On, as Redfish reports S3.
     let state = match bmc.machine.power_state_now() {
         PowerState::On => "On",
         PowerState::Off => "Off",

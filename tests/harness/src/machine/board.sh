@@ -1,9 +1,13 @@
-# The power wiring of a real test machine: what a power cut, a shutdown and the final teardown do
-# to its processes, cgroups, mounts and network namespace. Run by bash from src/machine/ (both by
-# the test and, when the test process is gone, by the machine's janitor), so one text says it.
+# The power wiring of a real test machine: what a power cut, a shutdown, a suspend and the final
+# teardown do to its processes, cgroups, mounts and network namespace. Run by bash from
+# src/machine/ (both by the test and, when the test process is gone, by the machine's janitor),
+# so one text says it.
 #
 #   signal SIGNAL CGROUP...          send SIGNAL to every process in the cgroups (and below)
 #   wait-empty SECONDS CGROUP...     wait until no process is left in them; status 1 if some are
+#   freeze CGROUP                    suspend: stop every process where it stands; status 1 if
+#                                    the cgroup is not FROZEN within 5 s
+#   thaw CGROUP                      resume: let them run on
 #   cut CGROUP                       power loss: freeze, SIGKILL everything, thaw, wait
 #   teardown CGROUP NETNS DIR        cut, then remove the cgroups, DIR's mounts, NETNS and DIR
 #
@@ -37,19 +41,31 @@ wait_empty() {
   [ -z "$(procs "$@")" ]
 }
 
-# A frozen cgroup forks no new process between the listing and the SIGKILL (a shim starting
-# runc); the signals are delivered on thaw. v1's freezer freezes the descendants too.
-cut() {
+# v1's freezer freezes the descendants too; the cgroup reads FROZEN once all of them are.
+freeze() {
   local state="/sys/fs/cgroup/freezer$1/freezer.state" i
-  if [ -e "$state" ]; then
-    echo FROZEN > "$state"
-    for i in $(seq 50); do
-      [ "$(cat "$state")" = FROZEN ] && break
-      sleep 0.1
-    done
-  fi
-  signal KILL "$1"
+  [ -e "$state" ] || { echo "board.sh: no $state" >&2; return 1; }
+  echo FROZEN > "$state"
+  for i in $(seq 50); do
+    [ "$(cat "$state")" = FROZEN ] && return 0
+    sleep 0.1
+  done
+  echo "board.sh: $state still reads $(cat "$state") after 5 s" >&2
+  return 1
+}
+
+thaw() {
+  local state="/sys/fs/cgroup/freezer$1/freezer.state"
   [ -e "$state" ] && echo THAWED > "$state"
+  return 0
+}
+
+# A frozen cgroup forks no new process between the listing and the SIGKILL (a shim starting
+# runc); the signals are delivered on thaw. A suspended machine is already frozen.
+cut() {
+  freeze "$1" 2>/dev/null
+  signal KILL "$1"
+  thaw "$1"
   wait_empty 10 "$1" || { signal KILL "$1"; wait_empty 10 "$1"; }
 }
 
@@ -83,6 +99,8 @@ command=$1; shift
 case $command in
   signal) signal "$@" ;;
   wait-empty) wait_empty "$@" ;;
+  freeze) freeze "$@" ;;
+  thaw) thaw "$@" ;;
   cut) cut "$@" ;;
   teardown) teardown "$@" ;;
   *) echo "board.sh: unknown command $command" >&2; exit 2 ;;

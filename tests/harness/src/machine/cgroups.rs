@@ -67,22 +67,43 @@ impl Cgroups {
 impl Cgroups {
     /// The processes of the machine: every pid in its freezer subtree.
     pub fn processes(&self) -> Vec<u32> {
-        let root = PathBuf::from(CGROUP_FS).join("freezer").join(self.root.trim_start_matches('/'));
-        let mut pids = Vec::new();
-        let mut pending = vec![root];
-        while let Some(dir) = pending.pop() {
-            let Ok(entries) = fs::read_dir(&dir) else { continue };
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    pending.push(entry.path());
-                }
-            }
-            // A cgroup removed meanwhile has no processes.
-            let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else { continue };
-            pids.extend(procs.lines().filter_map(|line| line.trim().parse::<u32>().ok()));
-        }
-        pids
+        processes_below(self.freezer(&self.root))
     }
+
+    /// The processes of one of its groups (`kubelet`, say) and the groups below it.
+    pub fn processes_in(&self, name: &str) -> Vec<u32> {
+        processes_below(self.freezer(&self.group(name)))
+    }
+
+    /// What the machine's freezer reads (`THAWED`, `FREEZING` or `FROZEN`), for all of it.
+    pub fn freezer_state(&self) -> Result<String> {
+        let path = self.freezer(&self.root).join("freezer.state");
+        let state =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(state.trim().to_owned())
+    }
+
+    fn freezer(&self, group: &str) -> PathBuf {
+        PathBuf::from(CGROUP_FS).join("freezer").join(group.trim_start_matches('/'))
+    }
+}
+
+/// Every pid in the freezer cgroup `root` and below it.
+fn processes_below(root: PathBuf) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut pending = vec![root];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(entry.path());
+            }
+        }
+        // A cgroup removed meanwhile has no processes.
+        let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else { continue };
+        pids.extend(procs.lines().filter_map(|line| line.trim().parse::<u32>().ok()));
+    }
+    pids
 }
 
 /// Every mounted cgroup hierarchy (v1 controllers, name=systemd, the unified v2 one).

@@ -3,6 +3,14 @@
 //! so a power button, a Wake-on-LAN packet or a BMC call can each press it from its own task:
 //! pressing "on" on a machine that is on does nothing, as on the real thing.
 //!
+//! An `On` machine may be suspended to RAM (ACPI S3): every process of it frozen where it stands
+//! (the cgroup v1 freezer, board.sh `freeze`) and its `eth0` down, so its address answers
+//! nothing while its TCP connections survive (no RST), as a sleeping machine's do. It is still
+//! `On` (Redfish reports S3 as On), and resuming (a magic packet, its power button) brings
+//! `eth0` up and thaws the same processes: nothing is restarted. A shutdown request reaches no
+//! OS while it sleeps and does nothing; a power cut kills it as any other, and brings `eth0`
+//! back up for the next boot.
+//!
 //! It also knows whether the wall feeds the power supply (mains). A machine without a smart plug
 //! always has it. Behind a plug whose relay is off it has none: nothing can turn it on, as a
 //! machine unplugged from the wall has no standby power for its card, its BMC or its button.
@@ -12,8 +20,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use super::Board;
 use super::os::Os;
+use super::{Board, Lan};
+use crate::machine::netns::ip;
 use crate::progress;
 
 /// Whether the machine has power.
@@ -29,11 +38,13 @@ const SHUTDOWN_STEP_SECONDS: &str = "10";
 pub(crate) struct Firmware {
     os: Option<Os>,
     mains: bool,
+    /// On and suspended to RAM.
+    suspended: bool,
 }
 
 impl Default for Firmware {
     fn default() -> Self {
-        Self { os: None, mains: true }
+        Self { os: None, mains: true, suspended: false }
     }
 }
 
@@ -49,6 +60,46 @@ impl Firmware {
     /// Whether the power supply is fed from the wall.
     pub fn mains(&self) -> bool {
         self.mains
+    }
+
+    /// Whether the machine is on and suspended to RAM.
+    pub fn suspended(&self) -> bool {
+        self.suspended
+    }
+
+    /// On → suspended: freezes every process of the machine, then takes its `eth0` down.
+    /// Off or suspended: nothing. A freeze that does not complete leaves it awake, and fails.
+    pub async fn suspend(&mut self, board: &Board) -> Result<()> {
+        if self.os.is_none() || self.suspended {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let root = board.cgroups.root();
+        let asleep = match board.run("freeze", &[root]).await {
+            Ok(()) => board.set_card(false),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = asleep {
+            board.set_card(true)?;
+            board.run("thaw", &[root]).await?;
+            return Err(err.context(format!("suspending machine {}", board.name)));
+        }
+        self.suspended = true;
+        progress(&format!("machine {} suspended in {:.1?}", board.name, started.elapsed()));
+        Ok(())
+    }
+
+    /// Suspended → On: `eth0` up, then the same processes thawed. Otherwise nothing.
+    pub async fn resume(&mut self, board: &Board) -> Result<()> {
+        if !self.suspended {
+            return Ok(());
+        }
+        let started = Instant::now();
+        board.set_card(true).with_context(|| format!("resuming machine {}", board.name))?;
+        board.run("thaw", &[board.cgroups.root()]).await?;
+        self.suspended = false;
+        progress(&format!("machine {} resumed in {:.1?}", board.name, started.elapsed()));
+        Ok(())
     }
 
     /// The relay opens: the machine loses its power at once, as by [`Self::power_cut`], and
@@ -89,21 +140,32 @@ impl Firmware {
     }
 
     /// On → Off at once, as when the plug is pulled: every process of the machine (kubelet,
-    /// containerd, shims, containers) is SIGKILLed. Off: nothing.
+    /// containerd, shims, containers) is SIGKILLed, suspended or not. Off: nothing.
     pub async fn power_cut(&mut self, board: &Board) -> Result<()> {
         let Some(os) = self.os.take() else { return Ok(()) };
         let started = Instant::now();
-        board.run("cut", &[board.cgroups.root()]).await.context("cutting the power")?;
+        let asleep = std::mem::take(&mut self.suspended);
+        let cut = board.run("cut", &[board.cgroups.root()]).await.context("cutting the power");
         // Its processes are dead; the wrappers are reaped.
         drop(os);
+        if asleep {
+            // The card comes back as it is at every power-on, listening on the machine's side.
+            board.set_card(true).context("bringing eth0 up after a power cut in suspend")?;
+        }
+        cut?;
         progress(&format!("machine {} power cut in {:.1?}", board.name, started.elapsed()));
         Ok(())
     }
 
     /// On → Off in order, as an OS shutdown does: the kubelet stops (SIGTERM), then every
     /// other process gets SIGTERM (containers first get the chance to exit cleanly), and what
-    /// is left after a while is SIGKILLed. Off: nothing.
+    /// is left after a while is SIGKILLed. Off: nothing. Suspended: nothing either, as no OS is
+    /// awake to act on the request.
     pub async fn shutdown(&mut self, board: &Board) -> Result<()> {
+        if self.suspended {
+            progress(&format!("machine {} is suspended: the shutdown does nothing", board.name));
+            return Ok(());
+        }
         let Some(os) = self.os.take() else { return Ok(()) };
         let started = Instant::now();
         let kubelet = board.cgroups.group("kubelet");
@@ -116,6 +178,21 @@ impl Firmware {
         board.run("cut", &[root]).await.context("powering off after the shutdown")?;
         drop(os);
         progress(&format!("machine {} shut down in {:.1?}", board.name, started.elapsed()));
+        Ok(())
+    }
+}
+
+impl Board {
+    /// The OS side of the machine's card: `eth0` in its namespace, down while it sleeps. Taking
+    /// it down drops its routes; up again, the default route is put back (the connected one
+    /// comes back with the link).
+    fn set_card(&self, up: bool) -> Result<()> {
+        let netns = self.netns.as_str();
+        ip(&["-n", netns, "link", "set", "eth0", if up { "up" } else { "down" }])?;
+        if up {
+            let gateway = Lan::gateway().to_string();
+            ip(&["-n", netns, "route", "replace", "default", "via", &gateway])?;
+        }
         Ok(())
     }
 }

@@ -12,6 +12,15 @@
 //! machine.power_cut().await?;           // every process of the machine is SIGKILLed
 //! ```
 //!
+//! A machine that is on may also be suspended to RAM (ACPI S3), by `systemctl suspend` over SSH
+//! or [`Machine::suspend`]: its processes are frozen (the cgroup v1 freezer) and its `eth0` is
+//! down, so its address answers nothing, not even ARP, while its TCP connections survive. It
+//! stays `On` (its BMC says On, its plug meters a standby draw). A magic packet for its card, or
+//! its power button ([`Machine::power_on`]), resumes it: the same processes run on, nothing is
+//! restarted. A real card in WoL mode keeps its PHY up and filters frames in hardware; here the
+//! filter listens at the switch side of the cable while the OS side is down (standby.rs), so
+//! only a packet to the lan's broadcast address wakes a sleeping machine.
+//!
 //! Dropping a machine kills whatever still runs in it and removes its namespace, cgroups, mounts
 //! and directory; a janitor does the same if the test process dies first (process.rs). Needs
 //! root, network namespaces and a cgroup v1 freezer hierarchy; without them it fails, saying so.
@@ -24,7 +33,9 @@
 //! one at a time, kubelet_start.rs), except on a machine with a device
 //! ([`MachineSpec::sample_device_plugin`]), which has a mount table of its own with that
 //! directory on its disk (os.rs). containerd's CNI
-//! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too.
+//! results cache (/var/lib/cni) and shim sockets (/run/containerd/s) are the host's too. The
+//! cgroup freezer that suspends a machine is its subtree's own, so suspending one machine leaves
+//! the host and the other machines running.
 //!
 //! Programs: `build-binaries.sh machines` (Profile::Machines: the `autoscaler` profile and
 //! these), built on first use. Cold build times on the 2-core dev machine, with another Go build
@@ -45,11 +56,12 @@ mod os;
 pub mod plug;
 mod relay;
 mod ssh;
+mod standby;
 mod wake_on_lan;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -70,9 +82,11 @@ pub use wake_on_lan::{WAKE_ON_LAN_PORT, is_magic_packet};
 use crate::binaries::{Binaries, Profile, binaries};
 use crate::control_plane::ControlPlane;
 use crate::process::{Janitor, file_tail};
+use crate::progress;
 use cgroups::Cgroups;
 use disk::Disk;
 use firmware::Firmware;
+use os::Os;
 use ssh::{PowerButtonLine, SshServer};
 use wake_on_lan::WakeListener;
 
@@ -88,7 +102,8 @@ pub struct MachineSpec {
     /// `--node-labels`.
     pub labels: BTreeMap<String, String>,
     /// A public key (`ssh-ed25519 AAAA…`) that may log in to the machine's sshd, whose every
-    /// command powers the machine off; no sshd without it.
+    /// command powers the machine off, except one naming `suspend`, which suspends it; no sshd
+    /// without it.
     pub ssh_authorized_key: Option<String>,
     /// What the firmware does when mains comes back after it was cut (a smart plug's relay
     /// closing): boot, as with the BIOS setting "restore on AC power loss: power on", or stay
@@ -144,9 +159,15 @@ struct Inner {
     button: std::sync::Mutex<Option<PowerButtonLine>>,
     /// How many magic packets for its card the machine has received.
     wakes: AtomicU32,
+    /// How many suspends its OS was asked for, and whether they fail to take.
+    suspend_requests: AtomicU32,
+    refuse_suspend: AtomicBool,
+    /// How many times it woke from a suspend.
+    resumes: AtomicU32,
     /// The firmware's state and mains as of its last completed transition, read without the
     /// lock, so a BMC or a plug answers at once while the machine boots or shuts down.
     on_now: AtomicBool,
+    suspended_now: AtomicBool,
     mains_now: AtomicBool,
     /// Every change of the power state, in order.
     history: std::sync::Mutex<Vec<PowerEvent>>,
@@ -234,7 +255,11 @@ impl Machine {
                 wake: std::sync::Mutex::new(None),
                 button: std::sync::Mutex::new(None),
                 wakes: AtomicU32::new(0),
+                suspend_requests: AtomicU32::new(0),
+                refuse_suspend: AtomicBool::new(false),
+                resumes: AtomicU32::new(0),
                 on_now: AtomicBool::new(false),
+                suspended_now: AtomicBool::new(false),
                 mains_now: AtomicBool::new(true),
                 history: std::sync::Mutex::new(Vec::new()),
                 lost_at: std::sync::Mutex::new(None),
@@ -247,31 +272,17 @@ impl Machine {
         Ok(machine)
     }
 
-    /// Starts the Wake-on-LAN listener and, with an sshd, the power button line. Each presses
-    /// a button on a task of the runtime that created the machine.
-    fn wire_buttons(&self, button: &std::path::Path) -> Result<()> {
+    /// Starts the Wake-on-LAN listeners (the card's, and its standby side on the lan) and, with
+    /// an sshd, the power button line. Each presses a button on a task of the runtime that
+    /// created the machine.
+    fn wire_buttons(&self, button: &Path) -> Result<()> {
         let runtime = tokio::runtime::Handle::current();
-        let press = |weak: Weak<Inner>, runtime: tokio::runtime::Handle, on: bool| {
-            move || {
-                let Some(inner) = weak.upgrade() else { return };
-                if on {
-                    inner.wakes.fetch_add(1, Ordering::SeqCst);
-                }
-                let machine = Machine { inner };
-                runtime.spawn(async move {
-                    let pressed =
-                        if on { machine.power_on().await } else { machine.shutdown().await };
-                    if let Err(error) = pressed {
-                        eprintln!("machine {}: {error:#}", machine.name());
-                    }
-                });
-            }
-        };
         let weak = Arc::downgrade(&self.inner);
+        let press = |button| press(weak.clone(), runtime.clone(), button);
         let mac = Lan::mac(self.inner.board.host);
-        let wake =
-            WakeListener::start(self.netns(), mac, press(weak.clone(), runtime.clone(), true))?;
+        let wake = WakeListener::start(self.netns(), mac, press(Button::On))?;
         *self.inner.wake.lock().map_err(|_| anyhow::anyhow!("wake lock poisoned"))? = Some(wake);
+        self.inner.link.listen_in_standby(press(Button::Standby));
         if self.inner.board.ssh.is_some() {
             let cut = weak.clone();
             let lost = move || {
@@ -283,7 +294,8 @@ impl Machine {
                     *at = Some(Instant::now());
                 }
             };
-            let line = PowerButtonLine::start(button, press(weak, runtime, false), lost)?;
+            let line =
+                PowerButtonLine::start(button, press(Button::Off), press(Button::Suspend), lost)?;
             *self.inner.button.lock().map_err(|_| anyhow::anyhow!("button lock poisoned"))? =
                 Some(line);
         }
@@ -316,6 +328,38 @@ impl Machine {
     /// How many times it has been powered on.
     pub fn boots(&self) -> u32 {
         self.inner.board.boots.load(Ordering::SeqCst)
+    }
+
+    /// Whether it is on and suspended to RAM, as of its last completed transition.
+    pub fn suspended(&self) -> bool {
+        self.inner.suspended_now.load(Ordering::SeqCst)
+    }
+
+    /// How many suspends its OS was asked for over SSH, taken or not.
+    pub fn suspend_requests(&self) -> u32 {
+        self.inner.suspend_requests.load(Ordering::SeqCst)
+    }
+
+    /// How many times it woke from a suspend.
+    pub fn resumes(&self) -> u32 {
+        self.inner.resumes.load(Ordering::SeqCst)
+    }
+
+    /// From now on a suspend asked for over SSH does not take (or, with `false`, does again):
+    /// the command still succeeds, but the machine stays awake, as on firmware without S3 or
+    /// under a systemd inhibitor. [`Self::suspend`] is not affected.
+    pub fn refuse_suspend(&self, refuse: bool) {
+        self.inner.refuse_suspend.store(refuse, Ordering::SeqCst);
+    }
+
+    /// The kubelet's pid while the machine is on (the same across a suspend).
+    pub fn kubelet_pid(&self) -> Option<u32> {
+        self.inner.board.cgroups.processes_in("kubelet").first().copied()
+    }
+
+    /// What the machine's cgroup freezer reads: `FROZEN` while it is suspended, else `THAWED`.
+    pub fn freezer_state(&self) -> Result<String> {
+        self.inner.board.cgroups.freezer_state()
     }
 
     /// Its sshd's host key as `ssh-ed25519 AAAA…`, when it has an sshd.
@@ -369,12 +413,36 @@ impl Machine {
         self.inner.history.lock().map(|h| h.clone()).unwrap_or_default()
     }
 
-    /// Powers on (boots containerd and the kubelet); nothing if it is on. Returns once both
-    /// run; the Node registers (or comes back Ready) in the seconds after.
+    /// Powers on (boots containerd and the kubelet); nothing if it is on; a suspended machine
+    /// resumes, as its power button wakes it. Returns once both run; the Node registers (or
+    /// comes back Ready) in the seconds after.
     pub async fn power_on(&self) -> Result<()> {
         let mut firmware = self.inner.firmware.lock().await;
+        if firmware.suspended() {
+            let done = firmware.resume(&self.inner.board).await;
+            self.inner.record(&firmware, PowerCause::Resume);
+            return done;
+        }
         let done = firmware.power_on(&self.inner.board).await;
         self.inner.record(&firmware, PowerCause::Boot);
+        done
+    }
+
+    /// Suspends to RAM at once (what `systemctl suspend` over SSH does a moment after it
+    /// returns): its processes frozen, its `eth0` down. Nothing if it is off or suspended.
+    pub async fn suspend(&self) -> Result<()> {
+        let mut firmware = self.inner.firmware.lock().await;
+        let done = firmware.suspend(&self.inner.board).await;
+        self.inner.record(&firmware, PowerCause::Suspend);
+        done
+    }
+
+    /// Wakes from a suspend, as a magic packet does: `eth0` up, the same processes thawed.
+    /// Nothing unless it is suspended.
+    pub async fn resume(&self) -> Result<()> {
+        let mut firmware = self.inner.firmware.lock().await;
+        let done = firmware.resume(&self.inner.board).await;
+        self.inner.record(&firmware, PowerCause::Resume);
         done
     }
 
@@ -386,7 +454,8 @@ impl Machine {
         done
     }
 
-    /// Shuts down in order (SIGTERM, then SIGKILL after a while).
+    /// Shuts down in order (SIGTERM, then SIGKILL after a while). Nothing while it is
+    /// suspended: no OS is awake to act on it.
     pub async fn shutdown(&self) -> Result<()> {
         let mut firmware = self.inner.firmware.lock().await;
         let done = firmware.shutdown(&self.inner.board).await;
@@ -433,10 +502,10 @@ impl Machine {
     }
 
     /// SIGKILLs the kubelet and starts it again, as a crashed service is restarted; containerd
-    /// and the containers keep running. Fails if the machine is off.
+    /// and the containers keep running. Fails if the machine is off or suspended.
     pub async fn restart_kubelet(&self) -> Result<()> {
         let firmware = self.inner.firmware.lock().await;
-        let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
+        let os = self.awake_os(&firmware)?;
         let kubelet = os.kubelet();
         kubelet_start::start(
             self.inner.board.own_kubelet_socket().as_deref(),
@@ -448,17 +517,17 @@ impl Machine {
 
     /// Stops containerd as a person upgrading it by hand does (`systemctl stop containerd`):
     /// its containers keep running, and the kubelet, still running, reports the node NotReady
-    /// ("container runtime is down"). Fails if the machine is off.
+    /// ("container runtime is down"). Fails if the machine is off or suspended.
     pub async fn stop_containerd(&self) -> Result<()> {
         let firmware = self.inner.firmware.lock().await;
-        let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
+        let os = self.awake_os(&firmware)?;
         os.containerd().stop()
     }
 
     /// Starts containerd again after [`Machine::stop_containerd`] and waits until it serves.
     pub async fn start_containerd(&self) -> Result<()> {
         let firmware = self.inner.firmware.lock().await;
-        let os = firmware.os().with_context(|| format!("machine {} is off", self.name()))?;
+        let os = self.awake_os(&firmware)?;
         let containerd = os.containerd();
         containerd.restart()?;
         let board = &self.inner.board;
@@ -469,6 +538,15 @@ impl Machine {
             || async { os::check(board.ctr(&["version"]).await?) },
         )
         .await
+    }
+
+    /// The running OS, for an operation on its services: a frozen process cannot be stopped
+    /// (its wrapper would wait for it for ever).
+    fn awake_os<'a>(&self, firmware: &'a Firmware) -> Result<&'a Os> {
+        if firmware.suspended() {
+            bail!("machine {} is suspended", self.name());
+        }
+        firmware.os().with_context(|| format!("machine {} is off", self.name()))
     }
 
     /// Runs `ctr ARGS…` against the machine's containerd, in its `k8s.io` namespace (the
@@ -504,9 +582,13 @@ pub enum PowerCause {
     PowerCut,
     MainsLost,
     MainsBack,
+    /// Suspended to RAM (the state stays On).
+    Suspend,
+    /// Woken from a suspend (On).
+    Resume,
 }
 
-/// One change of a machine's power state: when, to what, and what did it.
+/// One change of a machine's power state, or of its sleep: when, to what, and what did it.
 #[derive(Clone, Copy, Debug)]
 pub struct PowerEvent {
     pub at: Instant,
@@ -515,11 +597,17 @@ pub struct PowerEvent {
 }
 
 impl Inner {
-    /// Mirrors the firmware's state and logs it when it changed.
+    /// Mirrors the firmware's state and sleep, and logs them when they changed.
     fn record(&self, firmware: &Firmware, cause: PowerCause) {
         let state = firmware.state();
-        let was = self.on_now.swap(state == PowerState::On, Ordering::SeqCst);
-        if was != (state == PowerState::On)
+        let on = state == PowerState::On;
+        let asleep = firmware.suspended();
+        let was_on = self.on_now.swap(on, Ordering::SeqCst);
+        let was_asleep = self.suspended_now.swap(asleep, Ordering::SeqCst);
+        if on && was_asleep && !asleep {
+            self.resumes.fetch_add(1, Ordering::SeqCst);
+        }
+        if (was_on != on || was_asleep != asleep)
             && let Ok(mut history) = self.history.lock()
         {
             history.push(PowerEvent { at: Instant::now(), state, cause });
@@ -529,8 +617,86 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Runs before the fields go; the kubelet sets these only when it starts.
+        // Runs before the fields go. A frozen process dies only once thawed, and the wrappers
+        // of its services, dropped next, wait for it: a suspended machine loses its power first.
+        if self.firmware.get_mut().suspended() {
+            let cut = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(BOARD_SCRIPT)
+                .arg("board")
+                .arg("cut")
+                .arg(self.board.cgroups.root())
+                .status();
+            if let Err(error) = cut {
+                eprintln!("machine {}: cutting a suspended machine: {error}", self.board.name);
+            }
+        }
+        // The kubelet sets these only when it starts.
         host_sysctls::restore();
+    }
+}
+
+/// Which of a machine's buttons a listener or its OS presses.
+#[derive(Clone, Copy)]
+enum Button {
+    /// A magic packet heard on its own `eth0`.
+    On,
+    /// A magic packet heard by its card's standby side on the lan: only while it sleeps (awake
+    /// or off, its `eth0` hears the packet itself).
+    Standby,
+    /// `systemctl poweroff`.
+    Off,
+    /// `systemctl suspend`: taken after [`ssh::SUSPEND_DELAY`], unless the machine refuses.
+    Suspend,
+}
+
+/// Presses `button` of the machine `weak` names, on a task of `runtime`. The handle goes with
+/// the task, so the machine's last handle never drops on the listener's own thread.
+fn press(
+    weak: Weak<Inner>,
+    runtime: tokio::runtime::Handle,
+    button: Button,
+) -> impl Fn() + Send + Sync + 'static {
+    move || {
+        let Some(inner) = weak.upgrade() else { return };
+        let acts = match button {
+            Button::On => {
+                inner.wakes.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+            Button::Standby => {
+                let asleep = inner.suspended_now.load(Ordering::SeqCst);
+                if asleep {
+                    inner.wakes.fetch_add(1, Ordering::SeqCst);
+                }
+                asleep
+            }
+            Button::Off => true,
+            Button::Suspend => {
+                inner.suspend_requests.fetch_add(1, Ordering::SeqCst);
+                !inner.refuse_suspend.load(Ordering::SeqCst)
+            }
+        };
+        let machine = Machine { inner };
+        runtime.spawn(async move {
+            let pressed = match button {
+                _ if !acts => {
+                    if matches!(button, Button::Suspend) {
+                        progress(&format!("machine {}: the suspend did not take", machine.name()));
+                    }
+                    Ok(())
+                }
+                Button::On | Button::Standby => machine.power_on().await,
+                Button::Off => machine.shutdown().await,
+                Button::Suspend => {
+                    tokio::time::sleep(ssh::SUSPEND_DELAY).await;
+                    machine.suspend().await
+                }
+            };
+            if let Err(error) = pressed {
+                eprintln!("machine {}: {error:#}", machine.name());
+            }
+        });
     }
 }
 

@@ -2,7 +2,9 @@
 //! Linux bridge, whose address also serves the apiserver (through [`Relay`]). Each machine is a
 //! network namespace of its own with a veth pair, one end in it (`eth0`) and the other on the
 //! bridge. Addresses exist only inside these namespaces; the root namespace gets none of them,
-//! only the relay's upstream connections to 127.0.0.1.
+//! only the relay's upstream connections to 127.0.0.1. The lan's namespace also holds the
+//! standby side of the machines' cards, which hears magic packets for sleeping machines
+//! (standby.rs).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
@@ -11,6 +13,7 @@ use anyhow::{Context, Result, bail};
 
 use super::netns::{self, ip};
 use super::relay::Relay;
+use super::standby::{Cards, Standby};
 use crate::process::Janitor;
 
 /// The lan's /24 (inside its namespaces only); the bridge, the apiserver relay and the
@@ -26,6 +29,7 @@ const LAN_JANITOR: &str = r#"ip netns delete "$1" 2>/dev/null; exit 0"#;
 /// namespace (machines go first: see [`super::Machine`]).
 pub struct Lan {
     // Field order is drop order: no connection is relayed once the namespace goes.
+    standby: Standby,
     _relay: Relay,
     _janitor: Janitor,
     /// Unique among the lans of every test process: names the namespaces and cgroups.
@@ -56,7 +60,15 @@ impl Lan {
         let listener = netns::open_in(&netns, move || TcpListener::bind(listen))
             .context("listening for the apiserver relay on the lan")?;
         let relay = Relay::start(listener, api)?;
-        Ok(Self { _relay: relay, _janitor: janitor, id, netns, next_host: AtomicU8::new(11) })
+        let standby = Standby::start(&netns)?;
+        Ok(Self {
+            standby,
+            _relay: relay,
+            _janitor: janitor,
+            id,
+            netns,
+            next_host: AtomicU8::new(11),
+        })
     }
 
     /// The bridge's address: the apiserver and default gateway as the machines see them.
@@ -92,6 +104,12 @@ impl Lan {
         &self.id
     }
 
+    /// The lan's network namespace, as `ip netns` names it: where the bridge, the apiserver
+    /// relay and the devices are, and every machine's address is reachable.
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
     /// Cables a new machine: creates its namespace `netns` with `eth0` on the bridge at the next
     /// free address, and a default route through the bridge. Returns its address and the link.
     pub(crate) fn cable(&self, netns: &str) -> Result<(Ipv4Addr, Link)> {
@@ -121,7 +139,9 @@ impl Lan {
         ip(&["-n", lan, "route", "add", &pods, "via", &address.to_string()])?;
         netns::forward(lan)?;
         netns::forward(netns)?;
-        Ok((address, Link { lan: lan.to_owned(), port }))
+        let link =
+            Link { lan: lan.to_owned(), port, mac: Self::mac(host), cards: self.standby.cards() };
+        Ok((address, link))
     }
 }
 
@@ -146,10 +166,12 @@ impl Lan {
     }
 }
 
-/// A machine's cable: its veth end on the lan's bridge.
+/// A machine's cable: its veth end on the lan's bridge, and its card's standby side there.
 pub struct Link {
     lan: String,
     port: String,
+    mac: [u8; 6],
+    cards: Cards,
 }
 
 impl Link {
@@ -162,5 +184,17 @@ impl Link {
     /// Plugs it back in.
     pub fn restore(&self) -> Result<()> {
         ip(&["-n", &self.lan, "link", "set", &self.port, "up"])
+    }
+
+    /// `press` runs for every magic packet for the machine's card that the lan's standby
+    /// listener hears, until the link goes (standby.rs).
+    pub(crate) fn listen_in_standby(&self, press: impl Fn() + Send + Sync + 'static) {
+        self.cards.plug(self.mac, press);
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.cards.unplug(self.mac);
     }
 }

@@ -8,8 +8,9 @@
 //!
 //! This one does the same, bound to the machine's firmware: the relay sets the firmware's mains
 //! (it starts open), and the meter reads the firmware's state: [`ON_WATTS`] while the OS runs
-//! (until a shutdown has completed), [`STANDBY_WATTS`] for a halted machine on mains (its power
-//! supply's standby rail), 0 with the relay open. It is wired to the lan's switch at an address
+//! (until a shutdown has completed), [`SUSPENDED_WATTS`] while it is suspended to RAM,
+//! [`STANDBY_WATTS`] for a halted machine on mains (its power supply's standby rail), 0 with the
+//! relay open. It is wired to the lan's switch at an address
 //! of its own (on the lan's bridge, in the lan's namespace), port 80, no login, as such plugs
 //! ship. The operator runs in the test process, in the root namespace, where the lan's addresses
 //! do not exist; in a cluster it reaches the plug over the house's network whatever the machine's
@@ -38,6 +39,8 @@ pub const PLUG_PORT: u16 = 80;
 pub const ON_WATTS: f64 = 32.0;
 /// What a halted machine on mains draws: its power supply's standby rail.
 pub const STANDBY_WATTS: f64 = 1.4;
+/// What a machine suspended to RAM draws: its memory refreshed, its card listening.
+pub const SUSPENDED_WATTS: f64 = 2.6;
 
 /// One switch of the relay, and the machine as it was at that instant.
 #[derive(Clone, Debug)]
@@ -128,6 +131,7 @@ impl Device {
     fn watts(&self) -> f64 {
         match (self.machine.has_mains(), self.machine.power_state_now()) {
             (false, _) => 0.0,
+            (true, PowerState::On) if self.machine.suspended() => SUSPENDED_WATTS,
             (true, PowerState::On) => ON_WATTS,
             (true, PowerState::Off) => STANDBY_WATTS,
         }

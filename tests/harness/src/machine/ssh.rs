@@ -1,9 +1,12 @@
 //! A machine's OS answering an SSH shutdown: a real sshd, started at every boot inside the
 //! machine (its network namespace and cgroup, so a power cut or a shutdown ends it as it ends
-//! the kubelet), that lets one client key in and, whatever command it is given, runs what
-//! `systemctl poweroff` does here: it tells the machine's power button line (a FIFO the test
-//! process reads) to shut the machine down, and returns. The host key is made once, so it stays
-//! the same across boots, as a real machine's does.
+//! the kubelet), that lets one client key in and runs what `systemctl poweroff` does here: it
+//! tells the machine's power button line (a FIFO the test process reads) to shut the machine
+//! down, and returns. A command that names `suspend` (`systemctl suspend`, `sudo systemctl
+//! suspend`) asks the line to suspend the machine instead and exits 0 at once, as systemctl
+//! returns before the kernel sleeps; the line's reader suspends it a moment later
+//! ([`SUSPEND_DELAY`]). Any other command powers off. The host key is made once, so it stays the
+//! same across boots, as a real machine's does.
 //!
 //! A test may have the next command lost ([`LOSE_NEXT`]): the link drops right after the command
 //! is sent and the machine never acts on it. The session then hangs with no exit status, as it
@@ -27,6 +30,11 @@ use crate::power_peers::require;
 pub const SSH_PORT: u16 = 22;
 /// What the line carries for a shutdown.
 const POWEROFF: &str = "poweroff";
+/// What the line carries for a suspend to RAM, and what a command names to ask for one.
+const SUSPEND: &str = "suspend";
+/// How long after `systemctl suspend` returns the machine sleeps: time for the SSH session to
+/// close cleanly, as systemd-sleep runs after the unit has started.
+pub(crate) const SUSPEND_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 /// What the line carries for a command that is lost with the link.
 const LOST: &str = "lost";
 /// The file in the sshd's directory that makes the next command a lost one (removed by it).
@@ -66,6 +74,7 @@ impl SshServer {
             &command,
             format!(
                 "if [ -e {lose} ]; then rm -f {lose}; echo {LOST} > {button}; exec sleep 600; fi\n\
+                 case \"$SSH_ORIGINAL_COMMAND\" in *{SUSPEND}*) echo {SUSPEND} > {button}; exit 0 ;; esac\n\
                  echo {POWEROFF} > {button}\n",
                 lose = lose_next.display(),
                 button = button.display(),
@@ -110,8 +119,8 @@ impl SshServer {
 }
 
 /// The line from the OS to the power supply: a FIFO read by a thread of the test process, which
-/// presses "shut down" when a `poweroff` arrives, and calls `lost` for a lost command. Dropping
-/// it stops the thread.
+/// presses "shut down" when a `poweroff` arrives, "suspend" for a `suspend`, and calls `lost` for
+/// a lost command. Dropping it stops the thread.
 pub(crate) struct PowerButtonLine {
     fifo: PathBuf,
     stopping: Arc<AtomicBool>,
@@ -122,6 +131,7 @@ impl PowerButtonLine {
     pub(crate) fn start(
         fifo: &Path,
         shut_down: impl Fn() + Send + 'static,
+        suspend: impl Fn() + Send + 'static,
         lost: impl Fn() + Send + 'static,
     ) -> Result<Self> {
         let status = Command::new("mkfifo")
@@ -147,6 +157,8 @@ impl PowerButtonLine {
                         }
                         if text.contains(POWEROFF) {
                             shut_down();
+                        } else if text.contains(SUSPEND) {
+                            suspend();
                         } else if text.contains(LOST) {
                             lost();
                         }

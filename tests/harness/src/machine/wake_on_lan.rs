@@ -40,6 +40,15 @@ impl WakeListener {
         mac: [u8; 6],
         press: impl Fn() + Send + 'static,
     ) -> Result<Self> {
+        Self::listen(netns, move |payload| {
+            if is_magic_packet(payload, mac) {
+                press();
+            }
+        })
+    }
+
+    /// Listens in network namespace `netns`; `datagram` runs for every datagram to port 9.
+    pub(crate) fn listen(netns: &str, datagram: impl Fn(&[u8]) + Send + 'static) -> Result<Self> {
         let listen = SocketAddr::from(([0, 0, 0, 0], WAKE_ON_LAN_PORT));
         let socket = netns::open_in(netns, move || {
             let socket = UdpSocket::bind(listen)?;
@@ -57,11 +66,9 @@ impl WakeListener {
                 .spawn(move || {
                     let mut buffer = [0u8; 1500];
                     while !stopping.load(Ordering::SeqCst) {
-                        // A timeout or a stray datagram: look again.
+                        // A timeout: look again.
                         let Ok((len, _)) = socket.recv_from(&mut buffer) else { continue };
-                        if is_magic_packet(&buffer[..len], mac) {
-                            press();
-                        }
+                        datagram(&buffer[..len]);
                     }
                 })
                 .context("starting the Wake-on-LAN listener")?
