@@ -169,7 +169,7 @@ struct Inner {
     on_now: AtomicBool,
     suspended_now: AtomicBool,
     mains_now: AtomicBool,
-    /// Every change of the power state, in order.
+    /// Every change of the power state or of its sleep, in order.
     history: std::sync::Mutex<Vec<PowerEvent>>,
     /// When an SSH command was lost with the link ([`Machine::lose_next_ssh_command`]).
     lost_at: std::sync::Mutex<Option<Instant>>,

@@ -74,7 +74,9 @@ impl SshServer {
             &command,
             format!(
                 "if [ -e {lose} ]; then rm -f {lose}; echo {LOST} > {button}; exec sleep 600; fi\n\
-                 case \"$SSH_ORIGINAL_COMMAND\" in *{SUSPEND}*) echo {SUSPEND} > {button}; exit 0 ;; esac\n\
+                 case \"$SSH_ORIGINAL_COMMAND\" in\n\
+                 *{SUSPEND}*) echo {SUSPEND} > {button}; exit 0 ;;\n\
+                 esac\n\
                  echo {POWEROFF} > {button}\n",
                 lose = lose_next.display(),
                 button = button.display(),

@@ -74,3 +74,35 @@ impl Standby {
         self.cards.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_magic_packet_presses_only_the_card_it_names() {
+        let (mac, other) = ([0x52, 0x54, 0x00, 0xd5, 0x00, 11], [0x52, 0x54, 0x00, 0xd5, 0x00, 12]);
+        let cards = Cards::default();
+        let presses: [Arc<AtomicU32>; 2] = Default::default();
+        for (card, count) in [mac, other].into_iter().zip(&presses) {
+            let count = count.clone();
+            cards.plug(card, move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let packet = |mac: [u8; 6]| {
+            let mut p = vec![0xFF; 6];
+            (0..16).for_each(|_| p.extend_from_slice(&mac));
+            p
+        };
+        cards.dispatch(&packet(mac));
+        cards.dispatch(&packet([1, 2, 3, 4, 5, 6]));
+        cards.dispatch(&packet(mac)[..60]);
+        cards.unplug(other);
+        cards.dispatch(&packet(other));
+        let counts = presses.each_ref().map(|c| c.load(Ordering::SeqCst));
+        assert_eq!(counts, [1, 0]);
+    }
+}
