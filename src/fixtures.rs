@@ -44,6 +44,7 @@ pub fn group(name: &str) -> Group {
             scale_down: ScaleDownOptions::default(),
             builtin: BuiltinScaler::default(),
             pricing: None,
+            asleep_price_margin: None,
             energy: None,
             schedules: vec![],
             power_off_gates: vec![],

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Node as CoreNode;
 
-use crate::api::{LABEL_GROUP, LABEL_SLOT, Node as Slot, TaintSelector};
+use crate::api::{CONDITION_SUSPENDED, LABEL_GROUP, LABEL_SLOT, Node as Slot, TaintSelector};
 use crate::phase::GateReading;
 
 /// The taint cluster-autoscaler puts on a node it is removing.
@@ -118,10 +118,27 @@ pub fn undeclared(node: &CoreNode, slot: &Slot) -> Vec<String> {
 /// What the readiness gate reads of a booting claim's node.
 pub fn gate_reading(node: &CoreNode, slot: &Slot, gate: &[TaintSelector]) -> GateReading {
     GateReading {
-        ready: is_ready(node),
+        // A node still marked asleep has not seen its kubelet back since the suspend.
+        ready: is_ready(node) && !is_suspended(node),
         readiness_taints_left: !pending_readiness_taints(node, gate).is_empty(),
         undeclared: !undeclared(node, slot).is_empty(),
     }
+}
+
+/// Since when the node's `Suspended` condition (written by the operator) has said the machine
+/// sleeps, when it says so.
+pub fn suspended_since(node: &CoreNode) -> Option<jiff::Timestamp> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    let condition = conditions.iter().find(|c| c.type_ == CONDITION_SUSPENDED)?;
+    (condition.status == "True")
+        .then(|| condition.last_transition_time.as_ref().map(|t| t.0))
+        .map(|since| since.unwrap_or(jiff::Timestamp::UNIX_EPOCH))
+}
+
+/// The machine sleeps (suspended to RAM), by the node's `Suspended` condition: its kubelet is
+/// silent but resumes on this node, and both scalers count the machine as off.
+pub fn is_suspended(node: &CoreNode) -> bool {
+    suspended_since(node).is_some()
 }
 
 /// What a machine's Node says of its kubelet.

@@ -34,6 +34,7 @@ const OTHER_PROGRAMS_FLAGS: &[(&str, &[&str])] = &[
     ("gh", &["--owner"]),
     ("crane", &["--index", "--platform"]),
     ("dpkg", &["--add-architecture"]),
+    ("systemd-inhibit", &["--list"]),
     (
         "cargo",
         &[

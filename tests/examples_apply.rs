@@ -539,6 +539,32 @@ async fn smart_plug_example_applies() {
     admission.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_example_applies_and_a_slot_that_cannot_wake_from_sleep_is_refused() {
+    let (plane, ns, admission) = fresh("ex-suspend").await;
+    let _logs = plane.logs_on_failure();
+    apply(plane, "power-suspend.yaml", Some(&ns)).await.expect("kubectl apply");
+    let (groups, slots) = read_pools(plane, &ns).await;
+    assert_eq!(item(&groups, "minis")["spec"]["asleepPriceMargin"], json!(0.02));
+    let power = &item(&slots, "mini-2")["spec"]["power"];
+    assert_eq!(power["suspend"], json!({ "watts": 2.5, "powerOffAfterMinutes": 240 }), "{power}");
+    // The same slot woken by its BMC instead: a machine in S3 does not answer a BMC's power-on.
+    let example = std::fs::read_to_string(repo_path("examples/power-suspend.yaml")).expect("read");
+    let by_bmc = example
+        .replace("    wakeOnLan:\n      mac: \"52:54:00:ab:cd:02\"\n      broadcastAddress: 192.168.1.255\n", "    ipmi:\n      host: 192.168.1.132\n      credentials: { secretName: mini-bmc }\n    offWith: ssh\n")
+        .replace("name: mini-2\n  labels", "name: mini-3\n  labels")
+        .replace("kubernetesNodeName: mini-2", "kubernetesNodeName: mini-3");
+    assert!(by_bmc.contains("ipmi:") && by_bmc.contains("mini-3"), "the edit applied");
+    let output = plane.kubectl_apply(&ns, &by_bmc).await.expect("kubectl apply");
+    assert!(!output.status.success(), "a slot that cannot wake from sleep was accepted");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("a machine suspended to RAM wakes on a Wake-on-LAN packet"),
+        "says why and what to do: {said}"
+    );
+    admission.finish().await;
+}
+
 /// Every example file is applied by a test in this file, or by the test named beside it: a new
 /// example must be added here.
 #[test]
@@ -561,6 +587,7 @@ fn every_example_is_applied_here() {
         "pool.yaml",
         "pools-by-size.yaml",
         "power-smart-plug.yaml",
+        "power-suspend.yaml",
         "power-wake-on-lan.yaml",
     ];
     let mut found: Vec<String> = std::fs::read_dir(repo_path("examples"))

@@ -169,7 +169,7 @@ async fn a_kubectl_installed_slot_crd_takes_every_status_the_operator_writes() {
     let status = &schema["openAPIV3Schema"]["properties"]["status"]["properties"];
     assert_eq!(
         status["powerState"]["enum"],
-        json!(["on", "off", null]),
+        json!(["on", "off", "suspended", null]),
         "{}",
         status["powerState"]
     );

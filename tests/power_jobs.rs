@@ -136,6 +136,8 @@ async fn each_driver_becomes_jobs_the_apiserver_accepts() {
                 power_image: IMAGE,
                 priority_class: None,
                 step: None,
+                suspend: false,
+                wake_first: false,
             })
             .expect("a Job");
             let created = job_api.create(&post, &job).await.unwrap_or_else(|e| {

@@ -12,7 +12,7 @@ use homelab_autoscaler::api::{
     HttpPower, HttpRequest, PowerAction, PowerDriverKind, PowerMeter, PowerSpec, PowerStep,
     SecretKeyRef, SshShutdown,
 };
-use homelab_autoscaler::power::cli::{PowerCommand, PowerTarget};
+use homelab_autoscaler::power::cli::{OffArgs, PowerCommand, PowerTarget};
 use homelab_autoscaler::power::{self, Secrets};
 use homelab_harness::power_peers::SshPeer;
 
@@ -381,7 +381,9 @@ async fn off_as_a_job(spec: &PowerSpec, secrets_dir: &Path) -> (String, String) 
         secrets_dir: secrets_dir.to_path_buf(),
         termination_log: Some(termination.clone()),
     };
-    let error = power::cli::run(PowerCommand::Off(target)).await.expect_err("the step fails");
+    let error = power::cli::run(PowerCommand::Off(OffArgs { target, wake_first: false }))
+        .await
+        .expect_err("the step fails");
     let message = std::fs::read_to_string(&termination).expect("termination message");
     (error.to_string(), message)
 }

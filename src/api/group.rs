@@ -122,6 +122,13 @@ pub struct GroupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,
 
+    /// How much more per hour a machine asleep (suspended to RAM) may cost than one that is off
+    /// and still be woken first: it serves in seconds, not a boot's minutes. 0 (the default)
+    /// prefers it at an equal price only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub asleep_price_margin: Option<f64>,
+
     /// The electricity tariff: prices the energy report, and with a slot's
     /// `spec.power.watts` gives the hourly rate of a slot that declares no pricing.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -21,9 +21,10 @@ pub use nodeclaim::{
 };
 pub use power::{
     CredentialsRef, DEFAULT_DRAW_STEADY_SECONDS, DEFAULT_SSH_COMMAND, DEFAULT_STEP_TIMEOUT_SECONDS,
-    DriverChoice, HttpHeader, HttpPower, HttpRequest, Ipmi, IpmiOffMethod, IpmiPrivilege,
-    PowerAction, PowerDriverKind, PowerMeter, PowerSpec, PowerStep, PowerWatts, Redfish,
-    RedfishTls, SecretKeyRef, SshShutdown, WakeOnLan,
+    DEFAULT_SUSPEND_COMMAND, DEFAULT_SUSPEND_QUIET_SECONDS, DriverChoice, HttpHeader, HttpPower,
+    HttpRequest, Ipmi, IpmiOffMethod, IpmiPrivilege, PowerAction, PowerDriverKind, PowerMeter,
+    PowerSpec, PowerStep, PowerWatts, Redfish, RedfishTls, SecretKeyRef, SshShutdown, Suspend,
+    WakeOnLan,
 };
 pub use power_off_gates::{KubernetesGate, MaintenanceSteps, PowerOffGate, PrometheusGate};
 pub use schedule::{GroupScheduleStatus, ScheduleWindow};
@@ -56,6 +57,13 @@ pub const ANNOTATION_ATTEMPTS_RESET_AT: &str = "infra.homecluster.dev/attempts-r
 /// pod spec that says `confirmsPowerState`. Written when the Job is made, so a later edit of the
 /// slot does not change what a finished Job proved.
 pub const ANNOTATION_CONFIRMS_OFF: &str = "infra.homecluster.dev/confirms-off";
+/// On a shutdown Job that suspends the machine to RAM instead of powering it off (`"true"`):
+/// its success means the machine sleeps, with its node kept, never that it is off.
+pub const ANNOTATION_SUSPENDS: &str = "infra.homecluster.dev/suspends";
+/// The node condition of a machine suspended to RAM (`True` while it sleeps), written by the
+/// operator. cluster-autoscaler counts a node with `Suspended=True` as suspended, neither ready
+/// nor unready.
+pub const CONDITION_SUSPENDED: &str = "Suspended";
 /// The label every node carries with its own name (set by the kubelet).
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// The node's operating system (set by the kubelet). A homelab pool's machines run Linux, and

@@ -56,6 +56,11 @@ pub struct PowerSpec {
     /// tariff, the hourly rate cluster-autoscaler's price expander sees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watts: Option<PowerWatts>,
+    /// Suspend the machine to RAM instead of powering it off when no claim wants it: the
+    /// `ssh` driver's login runs the suspend command, and the wake path is the on path (a
+    /// Wake-on-LAN packet). The machine keeps its Kubernetes node while it sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<Suspend>,
     /// Where the power Jobs may run (a node on the machines' LAN).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub node_selector: std::collections::BTreeMap<String, String>,
@@ -420,6 +425,37 @@ pub struct SshShutdown {
 
 /// The default SSH shutdown command.
 pub const DEFAULT_SSH_COMMAND: &str = "sudo systemctl poweroff";
+
+/// Suspend-to-RAM (ACPI S3) as the way a machine goes idle: it wakes in seconds on the same
+/// Wake-on-LAN packet, with its kubelet, containers and cached images as they were.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Suspend {
+    /// The command the `ssh` driver's login runs. Defaults to `sudo systemctl suspend`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub command: Option<String>,
+    /// How long the machine must stop answering on its SSH port after the command for the
+    /// suspend to count as done. Defaults to 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 120))]
+    pub quiet_seconds: Option<u32>,
+    /// What the machine draws suspended, for the pool's energy report. Defaults to
+    /// `watts.whenOff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100000.0))]
+    pub watts: Option<f64>,
+    /// How long the machine may stay suspended; after that it is woken and powered off by the
+    /// off path. Unset: it sleeps until a claim wakes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 43200))]
+    pub power_off_after_minutes: Option<u32>,
+}
+
+/// The default suspend command.
+pub const DEFAULT_SUSPEND_COMMAND: &str = "sudo systemctl suspend";
+/// How long a machine must stay silent after the suspend command, unless the slot says.
+pub const DEFAULT_SUSPEND_QUIET_SECONDS: u32 = 10;
 
 /// Why a power spec cannot pick a driver for a direction.
 #[derive(Clone, Debug, PartialEq, Eq)]

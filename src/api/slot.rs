@@ -182,8 +182,8 @@ pub struct NodeStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Whether the machine is observed up: `on` when its node is Ready with a live kubelet,
-    /// `off` when there is no node or it is not Ready.
+    /// Whether the machine is observed up: `on` when its node has a kubelet that reports,
+    /// `suspended` when its node says the machine sleeps (`Suspended=True`), `off` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_state: Option<ObservedPower>,
     /// The derived report: off, pending, booting, ready or draining.
@@ -298,12 +298,14 @@ pub struct BmcReading {
     pub read_at: Time,
 }
 
-/// Whether a machine is observed up.
+/// Whether a machine is observed up; `suspended`: asleep (suspended to RAM), its node marked
+/// `Suspended=True`. (No doc on a variant: it would turn the schema's enum into a oneOf.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ObservedPower {
     On,
     Off,
+    Suspended,
 }
 
 /// The derived report of a slot.
@@ -370,6 +372,14 @@ impl Node {
     /// The machine's declared standby draw (`whenOff`), if any.
     pub fn standby_watts(&self) -> Option<f64> {
         self.declared_watts().and_then(|w| w.when_off)
+    }
+
+    /// The machine's draw while no claim wants it: its `spec.power.suspend.watts` while it
+    /// sleeps (`asleep`), else its standby draw. A sleep without declared watts draws the
+    /// standby figure.
+    pub fn idle_watts(&self, asleep: bool) -> Option<f64> {
+        let suspended = self.spec.power.as_ref().and_then(|p| p.suspend.as_ref()?.watts);
+        if asleep { suspended.or(self.standby_watts()) } else { self.standby_watts() }
     }
 
     fn declared_watts(&self) -> Option<&super::PowerWatts> {

@@ -21,7 +21,7 @@ use crate::api::{
 use crate::field_manager::{FieldManager, apply_status_of};
 use crate::provider::slot_pricing::pricing_of;
 use crate::savings::{self, SlotSample, Watts};
-use crate::{phase, telemetry};
+use crate::{machine, phase, telemetry};
 
 pub async fn controller(ctx: Arc<Context>, inputs: GroupInputs, shutdown: CancellationToken) {
     let controller = of_pools(&ctx, inputs, shutdown);
@@ -70,12 +70,14 @@ pub const SAVINGS_STEP: Duration = Duration::from_secs(60);
 pub const CONDITION_HAS_SLOTS: &str = "HasSlots";
 
 /// What the slot contributes to its pool's savings report. Its on-draw is what its meter read
-/// while it was ready, else its declared `whenOn`; its draw now is a fresh reading, if any.
+/// while it was ready, else its declared `whenOn`; its idle draw is `spec.power.suspend.watts`
+/// while it sleeps (`asleep`), else `whenOff`; its draw now is a fresh reading, if any.
 fn savings_sample(
     slot: &Node,
     group: &Group,
     now: Timestamp,
     meter_interval: Duration,
+    asleep: bool,
 ) -> SlotSample {
     let status = slot.status.as_ref();
     let powered = status.and_then(|s| s.power_state) == Some(ObservedPower::On)
@@ -90,7 +92,7 @@ fn savings_sample(
         name: slot.metadata.name.clone().unwrap_or_default(),
         powered,
         hourly_rate: pricing_of(&slot.spec, &group.spec).map_or(0.0, |p| p.hourly_rate),
-        watts: on.map(|on| Watts { on, off: slot.standby_watts().unwrap_or(0.0) }),
+        watts: on.map(|on| Watts { on, off: slot.idle_watts(asleep).unwrap_or(0.0) }),
         measured_watts: draw
             .filter(|d| now.duration_since(d.read_at.0).as_secs_f64() <= fresh_for)
             .map(|d| d.watts),
@@ -161,8 +163,13 @@ async fn reconcile_group(group: Arc<Group>, ctx: Arc<Context>, name: String) -> 
     let status = group.status.clone().unwrap_or_default();
     let now = ctx.now();
 
-    let samples: Vec<SlotSample> =
-        slots.iter().map(|s| savings_sample(s, &group, now, ctx.meter_interval)).collect();
+    let asleep = |slot: &Node| {
+        ctx.core_node(&slot.spec.kubernetes_node_name).is_some_and(|n| machine::is_suspended(&n))
+    };
+    let samples: Vec<SlotSample> = slots
+        .iter()
+        .map(|s| savings_sample(s, &group, now, ctx.meter_interval, asleep(s)))
+        .collect();
     let tariff = group.spec.energy.as_ref().map_or(0.0, |e| e.price_per_kwh);
     let savings_due = savings::due(status.savings.as_ref(), &samples, now, SAVINGS_STEP);
     let report = if savings_due {
@@ -268,11 +275,11 @@ mod tests {
         off.status = Some(NodeStatus { phase: Some(SlotPhase::Pending), ..Default::default() });
         let table = [(&own, true, 0.3), (&inherits, true, 0.05), (&off, false, 0.05)];
         for (slot, powered, rate) in table {
-            let sample = savings_sample(slot, &group, at(0).0, MINUTE);
+            let sample = savings_sample(slot, &group, at(0).0, MINUTE, false);
             assert_eq!((sample.powered, sample.hourly_rate), (powered, rate), "{}", sample.name);
         }
         group.spec.pricing = None;
-        assert_eq!(savings_sample(&off, &group, at(0).0, MINUTE).hourly_rate, 0.0);
+        assert_eq!(savings_sample(&off, &group, at(0).0, MINUTE, false).hourly_rate, 0.0);
     }
 
     const MINUTE: Duration = Duration::from_secs(60);
@@ -321,7 +328,7 @@ mod tests {
             ("nothing declared or read", slot(None, None), None, None),
         ];
         for (case, slot, watts, measured) in table {
-            let sample = savings_sample(&slot, &group, at(600).0, MINUTE);
+            let sample = savings_sample(&slot, &group, at(600).0, MINUTE, false);
             assert_eq!(sample.watts.map(|w| (w.on, w.off)), watts, "{case}");
             assert_eq!(sample.measured_watts, measured, "{case}");
         }

@@ -13,8 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use crate::api::{
-    ANNOTATION_CONFIRMS_OFF, LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY, LABEL_NODECLAIM,
-    LABEL_SLOT, LifecyclePodSpec, Node, NodeClaim, PowerAction, PowerDriverKind, PowerSpec,
+    ANNOTATION_CONFIRMS_OFF, ANNOTATION_SUSPENDS, LABEL_GROUP, LABEL_LIFECYCLE, LABEL_MANAGED_BY,
+    LABEL_NODECLAIM, LABEL_SLOT, LifecyclePodSpec, Node, NodeClaim, PowerAction, PowerDriverKind,
+    PowerSpec,
 };
 use crate::claim::{DEFAULT_JOB_BACKOFF_LIMIT, DEFAULT_JOB_TTL_SECONDS};
 use crate::power;
@@ -92,6 +93,12 @@ pub struct JobContext<'a> {
     pub priority_class: Option<&'a str>,
     /// The pod of a maintenance step (`BeforePowerOff`, `AfterReady`), from the slot's Group.
     pub step: Option<&'a LifecyclePodSpec>,
+    /// A shutdown that suspends the machine to RAM (`spec.power.suspend`) instead of powering
+    /// it off.
+    pub suspend: bool,
+    /// A shutdown of a machine asleep: its pod wakes it first where the off path needs its OS
+    /// (`power off --wake-first`).
+    pub wake_first: bool,
 }
 
 /// Why a slot cannot be turned into a Job (admission refuses such a slot; an object stored
@@ -107,7 +114,25 @@ pub struct NoLifecycle {
 /// What runs in a lifecycle pod: the slot's own pod spec, or a power driver.
 enum Source<'a> {
     Pod(&'a LifecyclePodSpec),
-    Power { spec: &'a PowerSpec, kind: PowerDriverKind, action: PowerAction },
+    Power {
+        spec: &'a PowerSpec,
+        kind: PowerDriverKind,
+        action: PowerAction,
+    },
+    /// `power suspend`: the `ssh` driver's login runs the suspend command.
+    Suspend(&'a PowerSpec),
+}
+
+/// The suspend of a slot whose `spec.power` says how (admission checks that it can).
+fn suspend_source(slot: &Node) -> Result<Source<'_>, NoLifecycle> {
+    match slot.spec.power.as_ref() {
+        Some(spec) if spec.suspend.is_some() && spec.ssh.is_some() => Ok(Source::Suspend(spec)),
+        _ => Err(NoLifecycle {
+            slot: slot.metadata.name.clone().unwrap_or_default(),
+            direction: "to sleep",
+            detail: "spec.power.suspend needs spec.power.ssh".into(),
+        }),
+    }
 }
 
 fn source<'a>(slot: &'a Node, lifecycle: Lifecycle) -> Result<Source<'a>, NoLifecycle> {
@@ -207,6 +232,7 @@ impl Source<'_> {
         match self {
             Source::Pod(spec) => spec.confirms_power_state,
             Source::Power { .. } => true,
+            Source::Suspend(_) => false,
         }
     }
 }
@@ -215,6 +241,7 @@ impl Source<'_> {
 pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
     let source = match (ctx.lifecycle, ctx.step) {
         (Lifecycle::BeforePowerOff | Lifecycle::AfterReady, Some(step)) => Source::Pod(step),
+        (Lifecycle::Shutdown, _) if ctx.suspend => suspend_source(ctx.slot)?,
         _ => source(ctx.slot, ctx.lifecycle)?,
     };
     let slot_name = ctx.slot.metadata.name.clone().unwrap_or_default();
@@ -246,16 +273,39 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
         env_var("HOMELAB_LIFECYCLE", ctx.lifecycle.as_str()),
     ];
     let confirms_off = ctx.lifecycle == Lifecycle::Shutdown && source.confirms_state();
+    let suspends = matches!(source, Source::Suspend(_));
     let (mut pod, run) = match source {
         Source::Pod(spec) => (pod_from_spec(ctx, spec, env), JobRun::of(spec)),
+        Source::Power { spec, kind, action } if ctx.wake_first && action == PowerAction::Off => {
+            let mut reduced = reduced_power_spec(spec, kind, action);
+            // The wake: the on path's Wake-on-LAN (admission holds a slot that may sleep to it).
+            reduced.wake_on_lan = spec.wake_on_lan.clone();
+            let mut drivers = reduced.drivers_of(action);
+            drivers.push(PowerDriverKind::WakeOnLan);
+            let verb = "off --wake-first";
+            (power_pod(ctx, spec, &reduced, &drivers, verb, env), JobRun::default())
+        }
         Source::Power { spec, kind, action } => {
-            (power_pod(ctx, spec, kind, action, env), JobRun::default())
+            let reduced = reduced_power_spec(spec, kind, action);
+            let drivers = reduced.drivers_of(action);
+            (power_pod(ctx, spec, &reduced, &drivers, action.as_str(), env), JobRun::default())
+        }
+        Source::Suspend(spec) => {
+            let reduced = reduced_suspend_spec(spec);
+            let drivers = [PowerDriverKind::Ssh];
+            (power_pod(ctx, spec, &reduced, &drivers, "suspend", env), JobRun::default())
         }
     };
     pod.priority_class_name = ctx.priority_class.map(str::to_string);
 
-    let annotations = confirms_off
-        .then(|| BTreeMap::from([(ANNOTATION_CONFIRMS_OFF.to_string(), "true".to_string())]));
+    let mut annotations = BTreeMap::new();
+    if confirms_off {
+        annotations.insert(ANNOTATION_CONFIRMS_OFF.to_string(), "true".to_string());
+    }
+    if suspends {
+        annotations.insert(ANNOTATION_SUSPENDS.to_string(), "true".to_string());
+    }
+    let annotations = (!annotations.is_empty()).then_some(annotations);
     let ceiling = i64::try_from(ctx.max_run_time.as_secs()).unwrap_or(i64::MAX).max(1);
     let active_deadline = run.active_deadline_seconds.map_or(ceiling, |s| s.min(ceiling));
     Ok(Job {
@@ -353,21 +403,31 @@ fn pod_from_spec(ctx: &JobContext<'_>, spec: &LifecyclePodSpec, mut env: Vec<Env
 /// The user the power pod runs as (the distroless "nonroot" user).
 const POWER_POD_USER: i64 = 65532;
 
-/// A pod that runs the operator's image as `homelab-autoscaler power on|off`: the settings in an
-/// environment variable, only the driver's Secrets mounted, no API access.
+/// The settings a suspend Job's pod is given: the `ssh` driver's login and the suspend.
+fn reduced_suspend_spec(spec: &PowerSpec) -> PowerSpec {
+    PowerSpec {
+        confirm_timeout_seconds: spec.confirm_timeout_seconds,
+        ssh: spec.ssh.clone(),
+        suspend: spec.suspend.clone(),
+        ..PowerSpec::default()
+    }
+}
+
+/// A pod that runs the operator's image as `homelab-autoscaler power <verb>` (on, off,
+/// suspend): the `reduced` settings in an environment variable, only the Secrets of `drivers`
+/// mounted, no API access.
 fn power_pod(
     ctx: &JobContext<'_>,
     spec: &PowerSpec,
-    kind: PowerDriverKind,
-    action: PowerAction,
+    reduced: &PowerSpec,
+    drivers: &[PowerDriverKind],
+    verb: &str,
     mut env: Vec<EnvVar>,
 ) -> PodSpec {
-    let reduced = reduced_power_spec(spec, kind, action);
     // Serializing plain data into a String cannot fail; an empty spec would fail loudly in the pod.
-    env.push(env_var(power::SPEC_ENV, &serde_json::to_string(&reduced).unwrap_or_default()));
+    env.push(env_var(power::SPEC_ENV, &serde_json::to_string(reduced).unwrap_or_default()));
     env.push(env_var("HOMELAB_POWER_SECRETS_DIR", power::DEFAULT_SECRETS_DIR));
     env.push(env_var("HOMELAB_POWER_TERMINATION_LOG", TERMINATION_LOG));
-    let drivers = reduced.drivers_of(action);
     let secrets: std::collections::BTreeSet<String> =
         drivers.iter().flat_map(|k| reduced.secrets_of(*k)).collect();
     let volumes: Vec<Volume> = secrets
@@ -415,7 +475,7 @@ fn power_pod(
         containers: vec![Container {
             name: ctx.lifecycle.as_str().into(),
             image: Some(ctx.power_image.to_string()),
-            args: Some(vec!["power".into(), action.as_str().into()]),
+            args: Some(["power"].into_iter().chain(verb.split(' ')).map(Into::into).collect()),
             env: Some(env),
             volume_mounts: (!mounts.is_empty()).then_some(mounts),
             termination_message_path: Some(TERMINATION_LOG.into()),
@@ -538,6 +598,8 @@ mod tests {
             power_image: "operator:1",
             priority_class: None,
             step: None,
+            suspend: false,
+            wake_first: false,
         })
         .unwrap();
         let owners = job.metadata.owner_references.clone().unwrap();
@@ -582,6 +644,8 @@ mod tests {
                     power_image: "operator:1",
                     priority_class: class,
                     step: None,
+                    suspend: false,
+                    wake_first: false,
                 })
                 .unwrap();
                 let pod = job.spec.unwrap().template.spec.unwrap();
@@ -632,6 +696,8 @@ mod tests {
                 power_image: "operator:1",
                 priority_class: None,
                 step: None,
+                suspend: false,
+                wake_first: false,
             })
             .unwrap();
             let annotations = job.metadata.annotations.unwrap_or_default();

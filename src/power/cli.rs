@@ -1,4 +1,4 @@
-//! `homelab-autoscaler power on|off|status`: in a power Job's pod, with the settings in
+//! `homelab-autoscaler power on|off|suspend|status`: in a power Job's pod, with the settings in
 //! `HOMELAB_POWER_SPEC` and the Secrets mounted; at a terminal, with `--slot NAME`, reading the
 //! slot and its Secrets with the user's kubeconfig, so a person can check a machine's wiring
 //! before the autoscaler relies on it.
@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::{PowerError, SPEC_ENV, Secrets, driver_for, power, status};
-use crate::api::{Node, NodeClaim, PowerAction, PowerSpec};
+use super::{PowerError, SPEC_ENV, Secrets, driver_for, power, power_off_asleep, status, suspend};
+use crate::api::{Node, NodeClaim, PowerAction, PowerDriverKind, PowerSpec};
 use crate::phase;
 
 /// What `power` does.
@@ -16,9 +16,33 @@ pub enum PowerCommand {
     /// Power the machine on and, where the protocol can tell, wait until it reports On.
     On(PowerTarget),
     /// Power the machine off and, where the protocol can tell, wait until it reports Off.
-    Off(PowerTarget),
+    Off(OffArgs),
+    /// Suspend the machine to RAM (`spec.power.suspend`, over the `ssh` driver's login) and
+    /// wait until it stops answering.
+    Suspend(PowerTarget),
     /// Say which drivers power the machine and, where one can, read its power state.
     Status(PowerTarget),
+}
+
+/// `power off`'s arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct OffArgs {
+    #[command(flatten)]
+    pub target: PowerTarget,
+    /// The machine sleeps (suspended to RAM): where the off path starts with SSH, wake it with
+    /// `spec.power.wakeOnLan` first and run the off path once it answers.
+    #[arg(long)]
+    pub wake_first: bool,
+}
+
+/// What a `power` command does to the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Act {
+    Switch(PowerAction),
+    /// Off, waking a machine asleep first where the off path needs its OS.
+    OffAsleep,
+    Suspend,
+    Status,
 }
 
 /// Which machine, and where its settings come from.
@@ -55,12 +79,16 @@ pub enum CliError {
 
 /// Runs a `power` command; prints what happened.
 pub async fn run(command: PowerCommand) -> Result<(), CliError> {
-    let (action, target) = match command {
-        PowerCommand::On(t) => (Some(PowerAction::On), t),
-        PowerCommand::Off(t) => (Some(PowerAction::Off), t),
-        PowerCommand::Status(t) => (None, t),
+    let (act, target) = match command {
+        PowerCommand::On(t) => (Act::Switch(PowerAction::On), t),
+        PowerCommand::Off(OffArgs { target, wake_first: false }) => {
+            (Act::Switch(PowerAction::Off), target)
+        }
+        PowerCommand::Off(OffArgs { target, wake_first: true }) => (Act::OffAsleep, target),
+        PowerCommand::Suspend(t) => (Act::Suspend, t),
+        PowerCommand::Status(t) => (Act::Status, t),
     };
-    let result = execute(action, &target).await;
+    let result = execute(act, &target).await;
     if let (Err(error), Some(path)) = (&result, &target.termination_log) {
         // Best effort: the error is also on stderr.
         let _ = std::fs::write(path, error.to_string());
@@ -68,21 +96,36 @@ pub async fn run(command: PowerCommand) -> Result<(), CliError> {
     result
 }
 
-async fn execute(action: Option<PowerAction>, target: &PowerTarget) -> Result<(), CliError> {
-    let (spec, secrets, slot) = settings(action, target).await?;
-    match action {
-        Some(action) => {
-            if let Some((client, node)) = &slot {
-                // A person at a terminal: say what the operator will do about it before acting.
-                if let Some(warning) = claim_warning(client, node, &target.namespace, action).await
-                {
-                    eprintln!("{warning}");
-                }
+async fn execute(act: Act, target: &PowerTarget) -> Result<(), CliError> {
+    let (spec, secrets, slot) = settings(act, target).await?;
+    // A person at a terminal: say what the operator will do about it before acting.
+    let warn = |action| {
+        let slot = slot.as_ref();
+        async move {
+            if let Some((client, node)) = slot
+                && let Some(warning) = claim_warning(client, node, &target.namespace, action).await
+            {
+                eprintln!("{warning}");
             }
+        }
+    };
+    match act {
+        Act::Switch(action) => {
+            warn(action).await;
             let done = power(&spec, action, &secrets).await?;
             println!("{} ({}): {}", action.as_str(), done.driver.field(), done.summary);
         }
-        None => {
+        Act::OffAsleep => {
+            warn(PowerAction::Off).await;
+            let done = power_off_asleep(&spec, &secrets).await?;
+            println!("off ({}): {}", done.driver.field(), done.summary);
+        }
+        Act::Suspend => {
+            warn(PowerAction::Off).await;
+            let done = suspend(&spec, &secrets).await?;
+            println!("suspend ({}): {}", done.driver.field(), done.summary);
+        }
+        Act::Status => {
             for action in [PowerAction::On, PowerAction::Off] {
                 let how = match driver_for(&spec, action) {
                     Ok(kind) => kind.field().to_string(),
@@ -102,7 +145,7 @@ async fn execute(action: Option<PowerAction>, target: &PowerTarget) -> Result<()
 /// The settings and Secrets: the slot's through the API (with the client and the slot), or the
 /// pod's.
 async fn settings(
-    action: Option<PowerAction>,
+    act: Act,
     target: &PowerTarget,
 ) -> Result<(PowerSpec, Secrets, Option<(kube::Client, Node)>), CliError> {
     if let Some(slot) = &target.slot {
@@ -119,9 +162,11 @@ async fn settings(
             ))
         })?;
         let mut names = BTreeSet::new();
-        let mut needed: Vec<_> = match action {
-            Some(action) => vec![driver_for(&spec, action)?],
-            None => spec.status_driver().into_iter().collect(),
+        let mut needed: Vec<_> = match act {
+            Act::Switch(action) => vec![driver_for(&spec, action)?],
+            Act::OffAsleep => spec.drivers_of(PowerAction::Off),
+            Act::Suspend => vec![PowerDriverKind::Ssh],
+            Act::Status => spec.status_driver().into_iter().collect(),
         };
         needed.dedup();
         for kind in needed {

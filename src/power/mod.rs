@@ -1,4 +1,4 @@
-//! Power drivers: what `homelab-autoscaler power on|off|status` does, in a Job's pod or at a
+//! Power drivers: what `homelab-autoscaler power on|off|suspend|status` does, in a Job's pod or at a
 //! person's terminal. One file per protocol; this module picks the driver a slot's `spec.power`
 //! names for a direction, runs it, and, where the protocol can read the power state, waits until
 //! the machine reports the state asked for.
@@ -18,7 +18,10 @@ use std::time::Duration;
 
 pub use secrets::{DEFAULT_SECRETS_DIR, Secrets};
 
-use crate::api::{DriverChoice, PowerAction, PowerDriverKind, PowerSpec};
+use crate::api::{
+    DEFAULT_SUSPEND_COMMAND, DEFAULT_SUSPEND_QUIET_SECONDS, DriverChoice, PowerAction,
+    PowerDriverKind, PowerSpec,
+};
 
 /// The environment variable that carries a Job's power settings (JSON of `spec.power`, reduced
 /// to the driver the Job runs).
@@ -67,6 +70,12 @@ pub enum PowerError {
     Protocol { peer: String, detail: String },
     #[error("{peer} did not report {wanted} within {waited:?} (last reported {last})")]
     NotConfirmed { peer: String, wanted: PowerState, waited: Duration, last: String },
+    #[error(
+        "{peer} still answers ({answered}) {waited:?} after {command:?}: the suspend did not \
+         take. Check that the firmware offers suspend-to-RAM (S3; `cat /sys/power/mem_sleep` on \
+         the machine lists `deep`) and that nothing inhibits sleep (`systemd-inhibit --list`)"
+    )]
+    NotSuspended { peer: String, command: String, waited: Duration, answered: String },
     /// A step of a power sequence failed: which one, and why.
     #[error("spec.power.{sequence}[{index}] ({driver}) failed: {detail}")]
     Step { sequence: &'static str, index: usize, driver: &'static str, detail: String },
@@ -190,6 +199,73 @@ pub(crate) async fn run_driver(
         }
     };
     Ok(summary)
+}
+
+/// How long a suspended machine may take to fall silent, unless the slot says.
+const DEFAULT_SUSPEND_CONFIRM: Duration = Duration::from_secs(60);
+
+/// Suspends the machine to RAM: the `ssh` driver's login runs `spec.suspend`'s command, and
+/// the host must then fall silent.
+#[tracing::instrument(skip_all)]
+pub async fn suspend(spec: &PowerSpec, secrets: &Secrets) -> Result<Done, PowerError> {
+    let settings = spec.suspend.as_ref().ok_or_else(|| {
+        PowerError::Settings("suspend is not configured (spec.power.suspend)".into())
+    })?;
+    let ssh = spec.ssh.as_ref().ok_or_else(|| {
+        PowerError::Settings("spec.power.suspend needs spec.power.ssh to log in with".into())
+    })?;
+    let command = settings.command.as_deref().unwrap_or(DEFAULT_SUSPEND_COMMAND);
+    let quiet = Duration::from_secs(u64::from(
+        settings.quiet_seconds.unwrap_or(DEFAULT_SUSPEND_QUIET_SECONDS),
+    ));
+    let confirm = spec
+        .confirm_timeout_seconds
+        .map_or(DEFAULT_SUSPEND_CONFIRM, |s| Duration::from_secs(u64::from(s)));
+    let summary = ssh::suspend(ssh, command, secrets, quiet, confirm).await?;
+    tracing::info!(summary, "suspended");
+    Ok(Done { driver: PowerDriverKind::Ssh, summary })
+}
+
+/// How often a machine asleep is sent the wake again while the off path waits for it.
+const WAKE_RESEND: Duration = Duration::from_secs(5);
+
+/// Powers off a machine asleep (suspended to RAM). An off path that starts with SSH needs the
+/// OS awake: a Wake-on-LAN packet wakes it (sent again while it does not answer), and the off
+/// path runs once its SSH port answers. Any other off path (a BMC, a plug) powers it off as it
+/// is.
+#[tracing::instrument(skip_all)]
+pub async fn power_off_asleep(spec: &PowerSpec, secrets: &Secrets) -> Result<Done, PowerError> {
+    let off = spec.drivers_of(PowerAction::Off);
+    let (Some(PowerDriverKind::Ssh), Some(ssh)) = (off.first(), spec.ssh.as_ref()) else {
+        return power(spec, PowerAction::Off, secrets).await;
+    };
+    let packet = spec.wake_on_lan.as_ref().ok_or_else(|| {
+        PowerError::Settings("a machine asleep is woken by spec.power.wakeOnLan: set it".into())
+    })?;
+    let confirm = spec
+        .confirm_timeout_seconds
+        .map_or(DEFAULT_CONFIRM_TIMEOUT, |s| Duration::from_secs(u64::from(s)));
+    let started = tokio::time::Instant::now();
+    let woke = loop {
+        let sent = wol::wake(packet).await.map_err(|e| PowerError::protocol("Wake-on-LAN", e))?;
+        if ssh::answers_within(ssh, WAKE_RESEND).await? {
+            break sent;
+        }
+        if started.elapsed() >= confirm {
+            return Err(PowerError::NotConfirmed {
+                peer: format!("SSH at {}", ssh.host),
+                wanted: PowerState::On,
+                waited: confirm,
+                last: "no answer on the SSH port after Wake-on-LAN packets: the machine did not \
+                       wake from sleep"
+                    .into(),
+            });
+        }
+    };
+    let done = power(spec, PowerAction::Off, secrets).await?;
+    let summary =
+        format!("{woke}, awake after {:.1}s; {}", started.elapsed().as_secs_f32(), done.summary);
+    Ok(Done { driver: done.driver, summary })
 }
 
 /// Reads the power state, if a configured driver can.

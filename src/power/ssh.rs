@@ -4,7 +4,9 @@
 //! connection first, but so does a link that stalls right after `exec`, when the machine never
 //! got the command. So a sent shutdown counts as done only once the host stops answering on its
 //! SSH port and stays silent for [`QUIET_AFTER_SENT`] (longer than a link blip); a host that
-//! answers (a connection accepted, or refused by its kernel) is up.
+//! answers (a connection accepted, or refused by its kernel) is up. A suspend is confirmed the
+//! same way: the host must fall silent after the command, which exits 0 before the machine
+//! sleeps.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +81,85 @@ pub async fn shutdown(
     secrets: &Secrets,
     confirm: Duration,
 ) -> Result<String, PowerError> {
+    let command = settings.command.as_deref().unwrap_or(DEFAULT_SSH_COMMAND);
+    let ran = run(settings, secrets, command).await?;
+    let Ran { peer, port, addrs, exit, stderr } = ran;
+    match exit {
+        Some(0) => Ok(format!("{peer} ran {command:?}")),
+        None => {
+            tracing::info!("the session closed without an exit status: watching the host");
+            let sent =
+                format!("{command:?} was sent and the connection closed without an exit status");
+            match watch_silence(&addrs, confirm, QUIET_AFTER_SENT).await {
+                Ok(quiet) => Ok(format!(
+                    "{peer}: {sent}; the host has not answered on port {port} for {}s since",
+                    quiet.as_secs()
+                )),
+                Err(answered) => Err(PowerError::NotConfirmed {
+                    peer,
+                    wanted: super::PowerState::Off,
+                    waited: confirm,
+                    last: format!(
+                        "{sent}, and the host still answers on port {port} ({answered}): the \
+                         machine may never have got the command"
+                    ),
+                }),
+            }
+        }
+        Some(code) => Err(exited(&peer, command, code, &stderr)),
+    }
+}
+
+/// Runs the suspend command, then confirms the suspend took: the host must stop answering on
+/// its SSH port and stay silent for `quiet`, beginning within `confirm`. A host that still
+/// answers did not suspend (no S3 in its firmware, an inhibitor lock): that is an error, never
+/// a machine taken for asleep.
+#[tracing::instrument(skip_all, fields(host = %settings.host))]
+pub async fn suspend(
+    settings: &SshShutdown,
+    command: &str,
+    secrets: &Secrets,
+    quiet: Duration,
+    confirm: Duration,
+) -> Result<String, PowerError> {
+    let Ran { peer, port, addrs, exit, stderr } = run(settings, secrets, command).await?;
+    if let Some(code) = exit.filter(|code| *code != 0) {
+        return Err(exited(&peer, command, code, &stderr));
+    }
+    match watch_silence(&addrs, confirm, quiet).await {
+        Ok(quiet) => Ok(format!(
+            "{peer} ran {command:?}; the host has not answered on port {port} for {}s since",
+            quiet.as_secs()
+        )),
+        Err(answered) => Err(PowerError::NotSuspended {
+            peer,
+            command: command.to_owned(),
+            waited: confirm,
+            answered: answered.to_owned(),
+        }),
+    }
+}
+
+/// A command that exited non-zero, with what it said.
+fn exited(peer: &str, command: &str, code: u32, stderr: &[u8]) -> PowerError {
+    PowerError::protocol(
+        peer,
+        format!("{command:?} exited {code}: {}", String::from_utf8_lossy(stderr).trim()),
+    )
+}
+
+/// What one command over SSH did.
+struct Ran {
+    peer: String,
+    port: u16,
+    addrs: Vec<std::net::SocketAddr>,
+    /// Its exit status; none when the session closed without one.
+    exit: Option<u32>,
+    stderr: Vec<u8>,
+}
+
+/// Logs in (the host key pinned, the key from its Secret) and runs `command`.
+async fn run(settings: &SshShutdown, secrets: &Secrets, command: &str) -> Result<Ran, PowerError> {
     let port = settings.port.unwrap_or(DEFAULT_PORT);
     let peer = format!("SSH at {}:{port}", settings.host);
     let expected = parse_host_key(&settings.known_host_key)?;
@@ -90,7 +171,6 @@ pub async fn shutdown(
             settings.private_key.key
         ),
     })?;
-    let command = settings.command.as_deref().unwrap_or(DEFAULT_SSH_COMMAND);
     let offered = Arc::new(std::sync::Mutex::new(None));
     let handler = PinnedHost { expected, offered: offered.clone() };
     let config =
@@ -146,40 +226,37 @@ pub async fn shutdown(
         }
     }
     let _ = session.disconnect(russh::Disconnect::ByApplication, "", "en").await;
-    match exit {
-        Some(0) => Ok(format!("{peer} ran {command:?}")),
-        None => {
-            tracing::info!("the session closed without an exit status: watching the host");
-            let sent =
-                format!("{command:?} was sent and the connection closed without an exit status");
-            match watch_sent(&addrs, confirm).await {
-                Ok(quiet) => Ok(format!(
-                    "{peer}: {sent}; the host has not answered on port {port} for {}s since",
-                    quiet.as_secs()
-                )),
-                Err(answered) => Err(PowerError::NotConfirmed {
-                    peer,
-                    wanted: super::PowerState::Off,
-                    waited: confirm,
-                    last: format!(
-                        "{sent}, and the host still answers on port {port} ({answered}): the \
-                         machine may never have got the command"
-                    ),
-                }),
-            }
+    Ok(Ran { peer, port, addrs, exit, stderr })
+}
+
+/// Probes the host's SSH port until it accepts a connection (`true`), or `within` has passed
+/// (`false`): a machine woken from sleep answers once its network is back.
+pub async fn answers_within(settings: &SshShutdown, within: Duration) -> Result<bool, PowerError> {
+    let port = settings.port.unwrap_or(DEFAULT_PORT);
+    let addrs = Resolver::new()
+        .lookup(&settings.host, port)
+        .await
+        .map_err(|e| PowerError::protocol(format!("SSH at {}:{port}", settings.host), e))?;
+    let started = tokio::time::Instant::now();
+    loop {
+        if probe(&addrs).await == Some(ACCEPTED) {
+            return Ok(true);
         }
-        Some(code) => Err(PowerError::protocol(
-            &peer,
-            format!("{command:?} exited {code}: {}", String::from_utf8_lossy(&stderr).trim()),
-        )),
+        if started.elapsed() >= within {
+            return Ok(false);
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
     }
 }
+
+/// What [`probe`] says of a port that accepted a connection.
+const ACCEPTED: &str = "a connection was accepted";
 
 /// Whether the host answered one probe of its SSH port, and how.
 async fn probe(addrs: &[std::net::SocketAddr]) -> Option<&'static str> {
     for addr in addrs {
         match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
-            Ok(Ok(_)) => return Some("a connection was accepted"),
+            Ok(Ok(_)) => return Some(ACCEPTED),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Some("a connection was refused");
             }
@@ -190,17 +267,18 @@ async fn probe(addrs: &[std::net::SocketAddr]) -> Option<&'static str> {
     None
 }
 
-/// Watches a host after a sent shutdown: `Ok(quiet)` once it has been silent for
-/// [`QUIET_AFTER_SENT`], or `Err(how it answered)` when no silence began within `confirm`.
-async fn watch_sent(
+/// Watches a host after a sent shutdown or a suspend: `Ok(quiet)` once it has been silent for
+/// `quiet`, or `Err(how it answered)` when no silence began within `confirm`.
+async fn watch_silence(
     addrs: &[std::net::SocketAddr],
     confirm: Duration,
+    quiet: Duration,
 ) -> Result<Duration, &'static str> {
     let started = tokio::time::Instant::now();
     let mut watch = QuietWatch::default();
     loop {
         let answer = probe(addrs).await;
-        match watch.observe(answer, started.elapsed(), confirm, QUIET_AFTER_SENT) {
+        match watch.observe(answer, started.elapsed(), confirm, quiet) {
             Verdict::Watching => {}
             Verdict::Quiet(quiet) => return Ok(quiet),
             Verdict::Answers(how) => return Err(how),

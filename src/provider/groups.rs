@@ -75,6 +75,28 @@ pub struct SlotState {
     pub claims: Vec<Arc<NodeClaim>>,
     /// A Kubernetes node named after the slot exists: the machine has registered.
     pub registered: bool,
+    /// That node says the machine sleeps (suspended to RAM): free, and quick to wake.
+    pub asleep: bool,
+}
+
+/// What the caches hold of the Kubernetes node of a slot's machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeSeen {
+    Absent,
+    Registered,
+    /// Registered, and marked asleep (`Suspended=True`).
+    Asleep,
+}
+
+impl NodeSeen {
+    /// What the node says, read from a cached node.
+    pub fn of(node: Option<&k8s_openapi::api::core::v1::Node>) -> Self {
+        match node {
+            None => Self::Absent,
+            Some(node) if machine::is_suspended(node) => Self::Asleep,
+            Some(_) => Self::Registered,
+        }
+    }
 }
 
 impl SlotState {
@@ -156,8 +178,8 @@ impl<'a> PoolIndex<'a> {
         Self { slots_by_group, claims_by_slot }
     }
 
-    /// The group's snapshot. `registered` says whether a Kubernetes node of this name exists.
-    pub fn snapshot(&self, group: Arc<Group>, registered: impl Fn(&str) -> bool) -> GroupSnapshot {
+    /// The group's snapshot. `seen` says what the caches hold of a Kubernetes node of this name.
+    pub fn snapshot(&self, group: Arc<Group>, seen: impl Fn(&str) -> NodeSeen) -> GroupSnapshot {
         let name = group.metadata.name.as_deref().unwrap_or_default();
         let mut members: Vec<SlotState> = self
             .slots_by_group
@@ -174,9 +196,13 @@ impl<'a> PoolIndex<'a> {
                     .map(|c| Arc::clone(c))
                     .collect();
                 own.sort_by(|a, b| newest_first(a, b));
+                let (by_node_name, by_slot_name) =
+                    (seen(&slot.spec.kubernetes_node_name), seen(slot_name));
                 SlotState {
-                    registered: registered(&slot.spec.kubernetes_node_name)
-                        || registered(slot_name),
+                    registered: by_node_name != NodeSeen::Absent
+                        || by_slot_name != NodeSeen::Absent,
+                    asleep: by_node_name == NodeSeen::Asleep
+                        || (by_node_name == NodeSeen::Absent && by_slot_name == NodeSeen::Asleep),
                     slot: Arc::clone(slot),
                     claims: own,
                 }
@@ -204,7 +230,9 @@ impl GroupSnapshot {
         claims: &[Arc<NodeClaim>],
         registered_nodes: &HashSet<String>,
     ) -> Self {
-        PoolIndex::new(slots, claims).snapshot(group, |node| registered_nodes.contains(node))
+        PoolIndex::new(slots, claims).snapshot(group, |node| {
+            if registered_nodes.contains(node) { NodeSeen::Registered } else { NodeSeen::Absent }
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -480,7 +508,9 @@ pub(crate) mod tests {
         let registered: HashSet<String> = ["s00", "s04", "s09", "loose"].map(String::from).into();
         let index = PoolIndex::new(&slots, &claims);
         for name in ["a", "b", "c", "none"] {
-            let snap = index.snapshot(group(name, 0), |n| registered.contains(n));
+            let snap = index.snapshot(group(name, 0), |n| {
+                if registered.contains(n) { NodeSeen::Registered } else { NodeSeen::Absent }
+            });
             // The reference: every slot of the group by name, every claim naming it newest first.
             let mut want: Vec<(String, bool, Vec<String>)> = slots
                 .iter()

@@ -35,6 +35,12 @@ pub struct PlannedClaim {
     pub choice: String,
 }
 
+/// How much more per hour a machine asleep may cost and still be woken first (the Group's
+/// `asleepPriceMargin`).
+pub fn asleep_margin(snapshot: &GroupSnapshot) -> f64 {
+    snapshot.group.spec.asleep_price_margin.unwrap_or(0.0)
+}
+
 /// Decides which slots an IncreaseSize claims, or why it cannot.
 pub fn plan_increase(
     snapshot: &GroupSnapshot,
@@ -91,13 +97,14 @@ pub fn plan_increase_among(
         .map(|s| candidate(s, &snapshot.group.spec, now))
         .collect();
     let wanted = usize::try_from(delta).unwrap_or(usize::MAX);
-    let chosen =
-        choose(&candidates, wanted).map_err(|shortfall| ProviderError::NotEnoughFreeSlots {
+    let chosen = choose(&candidates, wanted, asleep_margin(snapshot)).map_err(|shortfall| {
+        ProviderError::NotEnoughFreeSlots {
             group: snapshot.name().to_owned(),
             wanted: delta,
             bootable: shortfall.bootable,
             exhausted: shortfall.exhausted,
-        })?;
+        }
+    })?;
     let free = candidates.len();
     Ok(chosen
         .into_iter()

@@ -113,6 +113,7 @@ mod tests {
             slot: slot("nuc", "pool"),
             claims: claims.into_iter().map(Arc::new).collect(),
             registered,
+            asleep: false,
         }
     }
 

@@ -44,7 +44,7 @@ use crate::cache::Stores;
 pub use decrease::DecreaseOutcome;
 pub use delete_nodes::DeleteOutcome;
 pub use error::{ErrorKind, ExhaustedSlot, PinnedNode, ProviderError};
-pub use groups::{GroupSnapshot, NodeGroupInfo, PoolIndex, SlotState, provider_id_of};
+pub use groups::{GroupSnapshot, NodeGroupInfo, NodeSeen, PoolIndex, SlotState, provider_id_of};
 pub use increase::CreatedClaim;
 pub use instances::{Instance, InstanceError, InstanceState, OTHER_ERROR_CLASS};
 pub use node_lookup::NodeRef;
@@ -305,7 +305,8 @@ impl Provider {
         let claims: Vec<Arc<NodeClaim>> = listed.items.into_iter().map(Arc::new).collect();
         let slots: Vec<Arc<Slot>> = cached.slots.iter().map(|s| s.slot.clone()).collect();
         let stores = &self.inner.stores;
-        Ok(PoolIndex::new(&slots, &claims).snapshot(cached.group, |n| stores.is_registered(n)))
+        Ok(PoolIndex::new(&slots, &claims)
+            .snapshot(cached.group, |n| NodeSeen::of(stores.core_node(n).as_deref())))
     }
 
     /// The groups scaled by `driver`, by name, once the caches are warm.
@@ -329,9 +330,12 @@ impl Provider {
         let index = PoolIndex::new(&slots, &claims);
         // Every slot is asked about: one set of the node names per call rather than a cache
         // lookup per slot (each allocates its key, and a miss looks twice).
-        let registered: rustc_hash::FxHashSet<&str> =
-            nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
-        Ok(groups.into_iter().map(|g| index.snapshot(g, |n| registered.contains(n))).collect())
+        let seen: rustc_hash::FxHashMap<&str, NodeSeen> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, NodeSeen::of(Some(n)))))
+            .collect();
+        let seen = |name: &str| seen.get(name).copied().unwrap_or(NodeSeen::Absent);
+        Ok(groups.into_iter().map(|g| index.snapshot(g, seen)).collect())
     }
 
     /// One group's snapshot, read through the caches' indexes: only the group's own slots and
@@ -342,7 +346,8 @@ impl Provider {
         let slots = stores.slots_of_group(name);
         let claims: Vec<Arc<NodeClaim>> =
             slots.iter().flat_map(|slot| stores.claims_of_slot(groups::slot_name(slot))).collect();
-        PoolIndex::new(&slots, &claims).snapshot(group, |n| stores.is_registered(n))
+        PoolIndex::new(&slots, &claims)
+            .snapshot(group, |n| NodeSeen::of(stores.core_node(n).as_deref()))
     }
 
     /// GPULabel.

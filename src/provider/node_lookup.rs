@@ -70,14 +70,27 @@ impl Provider {
     }
 
     /// NodeGroupForNode: the node's group, fully described, or `None` when the node is not a
-    /// machine of a group the caller scales.
+    /// machine of a group the caller scales, or is the node of a machine asleep (suspended to
+    /// RAM) until its kubelet is back. A sleeping machine counts as off: in no group,
+    /// cluster-autoscaler neither removes its node nor counts it present, so a wake of it is
+    /// upcoming capacity until the node is Ready again (docs/decisions.md, D44).
     #[tracing::instrument(skip_all, fields(node = %node.display_name()))]
     pub fn node_group_for_node(
         &self,
         caller: &Caller,
         node: &NodeRef,
     ) -> Result<Option<NodeGroupInfo>, ProviderError> {
-        Ok(self.resolve_node(caller, node)?.map(|(snapshot, _)| snapshot.info()))
+        let Some((snapshot, slot)) = self.resolve_node(caller, node)? else { return Ok(None) };
+        let stores = self.stores();
+        let kubernetes_node = stores.slot(&slot).map(|s| s.spec.kubernetes_node_name.clone());
+        let asleep = kubernetes_node
+            .and_then(|name| stores.core_node(&name))
+            .is_some_and(|n| machine::is_suspended(&n));
+        if asleep {
+            tracing::debug!(%slot, "the node of a machine asleep: in no group");
+            return Ok(None);
+        }
+        Ok(Some(snapshot.info()))
     }
 }
 

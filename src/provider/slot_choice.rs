@@ -1,9 +1,10 @@
 //! Which free slots IncreaseSize boots (docs/decisions.md, D12): never an exhausted slot, then
 //! a machine that pending pods wait for (their volume is on its disk, and the pool's power held
-//! its wake back: D42), then the cheapest machine, then the one with the fewest recent
-//! failures, then by name, so a mixed pool powers its small machines before its power-hungry
-//! server, a pool back from an outage boots its waiting data machines first, and the choice is
-//! deterministic.
+//! its wake back: D42), then the cheapest machine, a machine asleep (suspended to RAM) counting
+//! its price less the Group's `asleepPriceMargin` and winning a tie (it serves in seconds:
+//! D44), then the one with the fewest recent failures, then by name, so a mixed pool powers
+//! its small machines before its power-hungry server, a pool back from an outage boots its
+//! waiting data machines first, and the choice is deterministic.
 
 use std::cmp::Ordering;
 
@@ -27,6 +28,8 @@ pub struct SlotCandidate {
     pub seed: AttemptSeed,
     /// Pending pods only this machine can run wait for it (`status.waitingPods`).
     pub awaited: bool,
+    /// The machine sleeps (suspended to RAM): it wakes in seconds.
+    pub asleep: bool,
 }
 
 /// A slot picked to boot, with the attempt number its claim carries.
@@ -45,7 +48,12 @@ pub struct Shortfall {
 
 /// Picks `wanted` slots out of `candidates`, or says how many could boot and which are
 /// exhausted. All or nothing: a partial scale-up is not what was asked for.
-pub fn choose(candidates: &[SlotCandidate], wanted: usize) -> Result<Vec<ChosenSlot>, Shortfall> {
+/// `asleep_margin`: how much more per hour a machine asleep may cost and still go first.
+pub fn choose(
+    candidates: &[SlotCandidate],
+    wanted: usize,
+    asleep_margin: f64,
+) -> Result<Vec<ChosenSlot>, Shortfall> {
     let mut bootable: Vec<(&SlotCandidate, i32)> = candidates
         .iter()
         .filter_map(|c| match c.seed {
@@ -68,10 +76,14 @@ pub fn choose(candidates: &[SlotCandidate], wanted: usize) -> Result<Vec<ChosenS
             exhausted,
         });
     }
+    // A machine asleep is priced less the margin: one order, whichever pair is compared.
+    let rate =
+        |c: &SlotCandidate| c.hourly_rate.map(|r| if c.asleep { r - asleep_margin } else { r });
     bootable.sort_by(|(a, attempt_a), (b, attempt_b)| {
         b.awaited
             .cmp(&a.awaited)
-            .then_with(|| cheaper_first(a.hourly_rate, b.hourly_rate))
+            .then_with(|| cheaper_first(rate(a), rate(b)))
+            .then_with(|| b.asleep.cmp(&a.asleep))
             .then_with(|| attempt_a.cmp(attempt_b))
             .then_with(|| a.name.cmp(&b.name))
     });
@@ -103,6 +115,7 @@ pub fn candidate(state: &SlotState, group: &GroupSpec, now: Timestamp) -> SlotCa
         hourly_rate: pricing_of(&slot.spec, group).map(|p| p.hourly_rate),
         seed: seed_attempt(prior, reset_of_slot(slot), now),
         awaited: slot.status.as_ref().is_some_and(|s| !s.waiting_pods.is_empty()),
+        asleep: state.asleep,
     }
 }
 
@@ -115,7 +128,7 @@ mod tests {
     }
 
     fn cand(name: &str, rate: Option<f64>, seed: AttemptSeed) -> SlotCandidate {
-        SlotCandidate { name: name.into(), hourly_rate: rate, seed, awaited: false }
+        SlotCandidate { name: name.into(), hourly_rate: rate, seed, awaited: false, asleep: false }
     }
 
     fn awaited(name: &str, rate: Option<f64>) -> SlotCandidate {
@@ -190,14 +203,57 @@ mod tests {
             ("nothing wanted, nothing chosen", vec![cand("a", None, Attempt(1))], 0, vec![]),
         ];
         for (name, candidates, wanted, want) in table {
-            let got = choose(&candidates, wanted).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            let got = choose(&candidates, wanted, 0.0).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            assert_eq!(names(&got), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_machine_asleep_goes_first_within_the_margin() {
+        use AttemptSeed::Attempt;
+        let asleep =
+            |name: &str, rate| SlotCandidate { asleep: true, ..cand(name, rate, Attempt(1)) };
+        let table: Vec<(&str, Vec<SlotCandidate>, f64, Vec<&str>)> = vec![
+            (
+                "equal prices, no margin: the one asleep",
+                vec![cand("a-off", Some(0.05), Attempt(1)), asleep("b-asleep", Some(0.05))],
+                0.0,
+                vec!["b-asleep"],
+            ),
+            (
+                "dearer by less than the margin: the one asleep",
+                vec![cand("off", Some(0.05), Attempt(1)), asleep("asleep", Some(0.06))],
+                0.02,
+                vec!["asleep"],
+            ),
+            (
+                "dearer by more than the margin: the cheaper one off",
+                vec![cand("off", Some(0.05), Attempt(1)), asleep("asleep", Some(0.09))],
+                0.02,
+                vec!["off"],
+            ),
+            (
+                "no margin: price still decides",
+                vec![cand("off", Some(0.05), Attempt(1)), asleep("asleep", Some(0.06))],
+                0.0,
+                vec!["off"],
+            ),
+            (
+                "pending pods waiting for a machine still come first",
+                vec![asleep("asleep", Some(0.01)), awaited("nas", Some(0.08))],
+                1.0,
+                vec!["nas"],
+            ),
+        ];
+        for (name, candidates, margin, want) in table {
+            let got = choose(&candidates, 1, margin).unwrap_or_else(|e| panic!("{name}: {e:?}"));
             assert_eq!(names(&got), want, "{name}");
         }
     }
 
     #[test]
     fn the_chosen_slot_carries_its_attempt() {
-        let got = choose(&[cand("a", None, AttemptSeed::Attempt(2))], 1).unwrap();
+        let got = choose(&[cand("a", None, AttemptSeed::Attempt(2))], 1, 0.0).unwrap();
         assert_eq!(got, vec![ChosenSlot { name: "a".into(), attempt: 2 }]);
     }
 
@@ -208,7 +264,7 @@ mod tests {
             cand("a", None, AttemptSeed::Attempt(1)),
             cand("b", None, AttemptSeed::Exhausted { failures: 3, retry_after }),
         ];
-        let err = choose(&candidates, 2).unwrap_err();
+        let err = choose(&candidates, 2, 0.0).unwrap_err();
         assert_eq!(err.bootable, 1);
         assert_eq!(
             err.exhausted,
@@ -239,8 +295,12 @@ mod tests {
             }),
             ..Default::default()
         });
-        let no_claims =
-            SlotState { slot: Arc::new(with_digest.clone()), claims: vec![], registered: false };
+        let no_claims = SlotState {
+            slot: Arc::new(with_digest.clone()),
+            claims: vec![],
+            registered: false,
+            asleep: false,
+        };
         let now = ts("2026-03-04T10:00:00Z");
         assert_eq!(
             candidate(&no_claims, &crate::fixtures::group("pool").spec, now).seed,
@@ -259,6 +319,7 @@ mod tests {
             slot: Arc::new(with_digest),
             claims: vec![Arc::new(failed)],
             registered: false,
+            asleep: false,
         };
         assert!(matches!(
             candidate(&with_claim, &crate::fixtures::group("pool").spec, now).seed,
@@ -286,8 +347,12 @@ mod tests {
             finished_at: Some(Time(ts("2026-03-04T09:59:00Z"))),
             ..Default::default()
         });
-        let state =
-            SlotState { slot: Arc::new(reset), claims: vec![Arc::new(failed)], registered: false };
+        let state = SlotState {
+            slot: Arc::new(reset),
+            claims: vec![Arc::new(failed)],
+            registered: false,
+            asleep: false,
+        };
         let now = ts("2026-03-04T10:00:00Z");
         assert_eq!(
             candidate(&state, &crate::fixtures::group("pool").spec, now).seed,

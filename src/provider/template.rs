@@ -33,7 +33,9 @@ pub fn representative(snapshot: &GroupSnapshot) -> Option<&SlotState> {
         .filter(|s| s.is_free())
         .map(|s| candidate(s, &snapshot.group.spec, now))
         .collect();
-    let next = choose(&candidates, 1).ok().and_then(|c| c.into_iter().next());
+    let next = choose(&candidates, 1, super::increase::asleep_margin(snapshot))
+        .ok()
+        .and_then(|c| c.into_iter().next());
     match next {
         Some(chosen) => snapshot.slot(&chosen.name),
         None => snapshot.slots.first(),

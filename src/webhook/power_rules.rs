@@ -58,7 +58,33 @@ pub fn check(slot: &Node, findings: &mut Findings) {
     }
     if let Some(spec) = &slot.spec.power {
         check_settings(spec, findings);
+        check_suspend(spec, slot.spec.startup_pod_spec.is_some(), findings);
         super::sequence_rules::check(spec, findings);
+    }
+}
+
+/// A machine may sleep only where the operator can put it to sleep and wake it: the suspend
+/// command runs over the `ssh` driver's login, and a sleeping machine wakes on a Wake-on-LAN
+/// packet (a BMC's power-on does nothing to a machine in S3, and a plug's relay is already on).
+fn check_suspend(spec: &PowerSpec, startup_pod: bool, findings: &mut Findings) {
+    if spec.suspend.is_none() {
+        return;
+    }
+    if spec.ssh.is_none() {
+        findings.invalid(
+            "suspend_needs_ssh_and_wake_on_lan",
+            "spec.power.suspend runs its command over SSH: set spec.power.ssh (host, user,              privateKey, knownHostKey) for the machine"
+                .to_string(),
+        );
+    }
+    let wakes_by_packet = !startup_pod
+        && spec.drivers_of(PowerAction::On).last() == Some(&PowerDriverKind::WakeOnLan);
+    if !wakes_by_packet {
+        findings.invalid(
+            "suspend_needs_ssh_and_wake_on_lan",
+            "a machine suspended to RAM wakes on a Wake-on-LAN packet: power it on with              spec.power.wakeOnLan (onWith: wakeOnLan, or an onSequence that ends with it), or              remove spec.power.suspend to power it off instead"
+                .to_string(),
+        );
     }
 }
 
@@ -173,6 +199,15 @@ mod tests {
         }
     }
 
+    fn suspend() -> crate::api::Suspend {
+        crate::api::Suspend {
+            command: None,
+            quiet_seconds: None,
+            watts: Some(2.0),
+            power_off_after_minutes: Some(240),
+        }
+    }
+
     fn findings_of(edit: impl FnOnce(&mut Node)) -> Vec<String> {
         let mut s = slot("m1", "pool");
         s.spec.startup_pod_spec = None;
@@ -234,6 +269,56 @@ mod tests {
                 Some("spec.power.http: set onRequest, offRequest, meter, or several of them"),
             ),
             ("neither", |_| {}, Some("nothing powers the machine on: set spec.power.wakeOnLan")),
+            (
+                "suspend, woken by WoL, put to sleep over SSH",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(wol()),
+                        ssh: Some(ssh()),
+                        suspend: Some(suspend()),
+                        ..Default::default()
+                    })
+                },
+                None,
+            ),
+            (
+                "suspend without SSH to run its command",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        wake_on_lan: Some(wol()),
+                        ipmi: Some(ipmi()),
+                        on: Some(PowerDriverKind::WakeOnLan),
+                        suspend: Some(suspend()),
+                        ..Default::default()
+                    })
+                },
+                Some("spec.power.suspend runs its command over SSH: set spec.power.ssh"),
+            ),
+            (
+                "suspend of a machine a BMC powers on: no wake from sleep",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        ipmi: Some(ipmi()),
+                        ssh: Some(ssh()),
+                        off: Some(PowerDriverKind::Ssh),
+                        suspend: Some(suspend()),
+                        ..Default::default()
+                    })
+                },
+                Some("a machine suspended to RAM wakes on a Wake-on-LAN packet"),
+            ),
+            (
+                "suspend of a machine a startup pod powers on",
+                |s| {
+                    s.spec.power = Some(PowerSpec {
+                        ssh: Some(ssh()),
+                        suspend: Some(suspend()),
+                        ..Default::default()
+                    });
+                    s.spec.startup_pod_spec = Some(pod_spec());
+                },
+                Some("a machine suspended to RAM wakes on a Wake-on-LAN packet"),
+            ),
             (
                 "WoL alone cannot power off",
                 |s| {

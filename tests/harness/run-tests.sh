@@ -45,7 +45,7 @@ alone=(reliability_sigkill reliability_lease reliability_faults e2e_failover)
 # need no real machine, so that on a cold cache the build beside the suites has made the
 # kubelet and containerd by the time they start. arm64_operator builds the aarch64 half (D43)
 # cold in its lane, so it starts among the first.
-longest=(e2e_cluster_autoscaler controllers reliability_crash arm64_operator real_machines_faults real_machines_faults_autoscaler real_machines real_machines_drivers)
+longest=(e2e_cluster_autoscaler controllers reliability_crash arm64_operator real_machines_faults real_machines_faults_autoscaler real_machines real_machines_drivers real_machines_suspend)
 
 # The command line as given, for the run under load to start again with (the loop consumes it).
 given=("$@")

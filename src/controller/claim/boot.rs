@@ -137,6 +137,8 @@ fn startup_job(ctx: &Context, slot: &Node, claim: &NodeClaim) -> Result<Job> {
         power_image: &ctx.power_image,
         priority_class: ctx.power_priority_class.as_deref(),
         step: None,
+        suspend: false,
+        wake_first: false,
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))
 }

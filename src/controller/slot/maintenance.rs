@@ -156,6 +156,8 @@ async fn start(
         power_image: &ctx.power_image,
         priority_class: ctx.power_priority_class.as_deref(),
         step: Some(step),
+        suspend: false,
+        wake_first: false,
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
     if ctx.create_job(&job, FieldManager::SlotController).await? {

@@ -3,7 +3,8 @@
 //! node of a machine that is confirmed off and never one under a running kubelet
 //! (`node_removal`), keeps the Kubernetes node tied to its slot, carrying what the slot declares
 //! and cluster-autoscaler's marks while it boots or a person holds it
-//! (`crate::node_declaration`), reads the plug's meter (`meter`) and, while its kubelet is
+//! (`crate::node_declaration`), marks the node of a machine suspended to RAM (`sleep_mark`),
+//! reads the plug's meter (`meter`) and, while its kubelet is
 //! silent, its BMC (`bmc`), and writes the slot's observed status and derived report
 //! (`observe`).
 
@@ -15,6 +16,7 @@ mod node_removal;
 mod observe;
 mod power_off_gates;
 mod shutdown;
+mod sleep_mark;
 mod status_plan;
 mod undeclared;
 
@@ -78,9 +80,15 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         let mut unseen = None;
         let booting = live.is_some_and(|c| phase::in_boot_window(Some(phase::of(c))));
         if let Some(current) = node.clone() {
-            let removal = node_removal::decide_for(&ctx, &claims, &shutdowns, &current);
-            if let node_removal::Removal::ConfirmOff { since } = removal {
-                unseen = Some(shutdown::Unseen::Silent { since });
+            let removal = node_removal::decide_for(&ctx, &slot, &claims, &shutdowns, &current);
+            match removal {
+                node_removal::Removal::ConfirmOff { since } => {
+                    unseen = Some(shutdown::Unseen::Silent { since });
+                }
+                node_removal::Removal::PowerOffAsleep { since } => {
+                    unseen = Some(shutdown::Unseen::Asleep { since });
+                }
+                _ => {}
             }
             if let node_removal::Removal::Remove(why) = removal {
                 if node_removal::remove(&ctx, &slot, &current, why).await? {
@@ -93,6 +101,7 @@ async fn reconcile(slot: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 if observe::write_node(&ctx, &current, want).await? {
                     tracing::info!(startup_taint = marks.startup_taint, protected_for = ?marks.protected_for, "node updated for its slot");
                 }
+                sleep_mark::reconcile(&ctx, &current, &shutdowns, &name).await?;
             }
             if let node_removal::Removal::RecheckAt(at) = removal {
                 recheck = Some(at);

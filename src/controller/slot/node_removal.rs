@@ -29,7 +29,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 
 use super::undeclared;
-use crate::api::{ANNOTATION_CONFIRMS_OFF, LABEL_NODECLAIM, Node, NodeClaim};
+use crate::api::{ANNOTATION_CONFIRMS_OFF, ANNOTATION_SUSPENDS, LABEL_NODECLAIM, Node, NodeClaim};
 use crate::controller::Context;
 use crate::controller::claim::release::awaits_forced_shutdown;
 use crate::controller::error::{KubeContext, Result, is_not_found, is_stale_write};
@@ -60,6 +60,12 @@ pub enum Removal {
     ConfirmOff {
         since: Timestamp,
     },
+    /// The machine has slept since `since`, past the slot's `powerOffAfterMinutes`, and nothing
+    /// wants it: keep the node and power the machine off (waking it first where the off path
+    /// needs its OS).
+    PowerOffAsleep {
+        since: Timestamp,
+    },
 }
 
 /// A shutdown Job of the slot, as the node removal and the shutdown plan read it.
@@ -72,6 +78,8 @@ pub struct ShutdownJob {
     pub confirms_off: bool,
     /// It serves a claim (no claim: the slot's status counts it).
     pub serves_claim: bool,
+    /// It suspends the machine to RAM ([`ANNOTATION_SUSPENDS`]): its success never means off.
+    pub suspends: bool,
 }
 
 impl ShutdownJob {
@@ -86,6 +94,11 @@ impl ShutdownJob {
                 .and_then(|a| a.get(ANNOTATION_CONFIRMS_OFF))
                 .is_some_and(|v| v == "true"),
             serves_claim: meta.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NODECLAIM)),
+            suspends: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_SUSPENDS))
+                .is_some_and(|v| v == "true"),
         }
     }
 
@@ -110,11 +123,13 @@ pub struct Facts<'a> {
     /// How long after a shutdown Job ends its machine's node may take to turn silent: the
     /// machine going down (the registration timeout) and kube-controller-manager's grace.
     pub settle: SignedDuration,
+    /// How long the machine may sleep before it is powered off (`powerOffAfterMinutes`).
+    pub asleep_limit: Option<SignedDuration>,
 }
 
 /// Decides whether the node's machine is confirmed off. Pure.
 pub fn decide(facts: &Facts) -> Removal {
-    let Facts { claims, node, shutdowns, now, grace, settle } = *facts;
+    let Facts { claims, node, shutdowns, now, grace, settle, asleep_limit } = *facts;
     if node.metadata.deletion_timestamp.is_some() {
         return Removal::Keep;
     }
@@ -128,23 +143,38 @@ pub fn decide(facts: &Facts) -> Removal {
     }
     let registered = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let silent_from = since.unwrap_or(now);
+    let booting = claims.iter().any(|c| phase::in_boot_window(Some(phase::of(c))));
+    let wanted_or_moving =
+        claims.iter().any(|c| phase::is_live(Some(phase::of(c))) || awaits_forced_shutdown(c));
+    // A machine asleep keeps its node: its kubelet resumes on it, and the node's `Suspended`
+    // condition keeps both scalers from counting it (docs/decisions.md, D44). Asleep: so marked,
+    // or silent since a suspend that succeeded (the mark follows on this pass). Past the slot's
+    // limit, with nothing wanting it, it is powered off.
+    if asleep(node, shutdowns, silent_from, settle, now) {
+        let since = machine::suspended_since(node).unwrap_or(silent_from);
+        let Some(limit) = asleep_limit.filter(|_| !wanted_or_moving) else {
+            return Removal::Keep;
+        };
+        return match since.checked_add(limit) {
+            Ok(due) if due > now => Removal::RecheckAt(due),
+            _ => Removal::PowerOffAsleep { since },
+        };
+    }
     // A silence that began later than a settle after the shutdown ended is not the shutdown's
     // doing: the machine stayed on (or came back), and this is a blip of its link. One that
     // began before the Job was made is not its doing either: only a Job that reads the machine
     // off tells an off machine from one cut off from the API server.
-    let shut_down_since_registration = shutdowns.iter().any(|s| match s.outcome {
-        JobOutcome::Succeeded { at } => {
-            let ended = at.unwrap_or(now);
-            let silent_before_it = s.created.is_some_and(|made| silent_from < made);
-            registered.is_none_or(|r| ended >= r)
-                && ended.checked_add(settle).is_ok_and(|settled| silent_from <= settled)
-                && (s.confirms_off || !silent_before_it)
-        }
-        JobOutcome::Running | JobOutcome::Failed => false,
-    });
-    let booting = claims.iter().any(|c| phase::in_boot_window(Some(phase::of(c))));
-    let wanted_or_moving =
-        claims.iter().any(|c| phase::is_live(Some(phase::of(c))) || awaits_forced_shutdown(c));
+    let shut_down_since_registration =
+        shutdowns.iter().filter(|s| !s.suspends).any(|s| match s.outcome {
+            JobOutcome::Succeeded { at } => {
+                let ended = at.unwrap_or(now);
+                let silent_before_it = s.created.is_some_and(|made| silent_from < made);
+                registered.is_none_or(|r| ended >= r)
+                    && ended.checked_add(settle).is_ok_and(|settled| silent_from <= settled)
+                    && (s.confirms_off || !silent_before_it)
+            }
+            JobOutcome::Running | JobOutcome::Failed => false,
+        });
     if shut_down_since_registration {
         // A machine on its way up whose old node is silent after its shutdown: the kubelet
         // registers afresh, with its registration taints. (A kubelet that has already found
@@ -168,10 +198,49 @@ pub fn decide(facts: &Facts) -> Removal {
     }
 }
 
+/// The machine sleeps: its node says so, or its kubelet has been silent since `silent_from`,
+/// which began after a suspend Job was made and no later than its success. Pure.
+pub fn asleep(
+    node: &CoreNode,
+    shutdowns: &[ShutdownJob],
+    silent_from: Timestamp,
+    settle: SignedDuration,
+    now: Timestamp,
+) -> bool {
+    match machine::suspended_since(node) {
+        // Marked, unless a shutdown made since the mark succeeded (the sleep's limit powered
+        // it off; its node goes as any machine's that is off).
+        Some(marked) => !shutdowns.iter().filter(|s| !s.suspends).any(|s| {
+            matches!(s.outcome, JobOutcome::Succeeded { .. })
+                && s.created.is_some_and(|made| made >= marked)
+        }),
+        None => silent_since_suspend(shutdowns, silent_from, settle, now),
+    }
+}
+
+/// A suspend Job made before the node turned silent succeeded, and the silence began no later
+/// than a settle after it (kube-controller-manager marks a silent kubelet `Unknown` only after
+/// its grace): the silence is the machine's sleep. Pure.
+pub fn silent_since_suspend(
+    shutdowns: &[ShutdownJob],
+    silent_from: Timestamp,
+    settle: SignedDuration,
+    now: Timestamp,
+) -> bool {
+    shutdowns.iter().filter(|s| s.suspends).any(|s| match s.outcome {
+        JobOutcome::Succeeded { at } => {
+            let settled = at.unwrap_or(now).checked_add(settle).unwrap_or(Timestamp::MAX);
+            s.created.is_some_and(|made| made <= silent_from) && silent_from <= settled
+        }
+        JobOutcome::Running | JobOutcome::Failed => false,
+    })
+}
+
 /// The decision on the slot's node, with the slot's claims and shutdown Jobs as the pass read
 /// them and the rest from the context.
 pub fn decide_for(
     ctx: &Context,
+    slot: &Node,
     claims: &[&NodeClaim],
     shutdowns: &[ShutdownJob],
     node: &CoreNode,
@@ -183,7 +252,14 @@ pub fn decide_for(
         now: ctx.now(),
         grace: ctx.off_node_grace_span(),
         settle: ctx.shutdown_settle(),
+        asleep_limit: asleep_limit(slot),
     })
+}
+
+/// How long the slot's machine may sleep (`spec.power.suspend.powerOffAfterMinutes`).
+pub fn asleep_limit(slot: &Node) -> Option<SignedDuration> {
+    let suspend = slot.spec.power.as_ref()?.suspend.as_ref()?;
+    suspend.power_off_after_minutes.map(|m| SignedDuration::from_mins(i64::from(m)))
 }
 
 /// Removes the node of a machine that is off, after naming on the slot what is lost with it.
@@ -262,6 +338,94 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_asleep_past_its_limit_is_powered_off_and_then_goes_as_any() {
+        let now = ts("2026-03-04T10:00:00Z");
+        let asleep_at = |since: &str| {
+            let mut n = node(Some(("Unknown", since)));
+            let conditions = n.status.as_mut().and_then(|s| s.conditions.as_mut()).unwrap();
+            conditions.push(NodeCondition {
+                type_: crate::api::CONDITION_SUSPENDED.into(),
+                status: "True".into(),
+                last_transition_time: Some(Time(ts(since))),
+                ..NodeCondition::default()
+            });
+            n
+        };
+        let booting = claim_in("booting", "m1", Some(Booting), "2026-03-04T09:59:00Z");
+        // The limit's power-off: made at 09:59:30, done at 09:59:50.
+        let powered_off = ShutdownJob {
+            outcome: JobOutcome::Succeeded { at: Some(ts("2026-03-04T09:59:50Z")) },
+            created: Some(ts("2026-03-04T09:59:30Z")),
+            confirms_off: true,
+            serves_claim: false,
+            suspends: false,
+        };
+        let hour = Some(SignedDuration::from_hours(1));
+        type Row<'a> = (
+            &'a str,
+            Vec<&'a NodeClaim>,
+            CoreNode,
+            Vec<ShutdownJob>,
+            Option<SignedDuration>,
+            Removal,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "asleep for 30 min of 60: look again at the limit",
+                vec![],
+                asleep_at("2026-03-04T09:30:00Z"),
+                vec![],
+                hour,
+                Removal::RecheckAt(ts("2026-03-04T10:30:00Z")),
+            ),
+            (
+                "asleep past the limit: power it off",
+                vec![],
+                asleep_at("2026-03-04T08:30:00Z"),
+                vec![],
+                hour,
+                Removal::PowerOffAsleep { since: ts("2026-03-04T08:30:00Z") },
+            ),
+            (
+                "past the limit, but a claim wakes it",
+                vec![&booting],
+                asleep_at("2026-03-04T08:30:00Z"),
+                vec![],
+                hour,
+                Removal::Keep,
+            ),
+            (
+                "no limit: it sleeps on",
+                vec![],
+                asleep_at("2026-03-04T08:30:00Z"),
+                vec![],
+                None,
+                Removal::Keep,
+            ),
+            (
+                "powered off since the mark: its node goes",
+                vec![],
+                asleep_at("2026-03-04T08:30:00Z"),
+                vec![powered_off],
+                hour,
+                Removal::Remove(OffBecause::ShutDown),
+            ),
+        ];
+        for (name, claims, node, shutdowns, asleep_limit, want) in rows {
+            let facts = Facts {
+                claims: &claims,
+                node: &node,
+                shutdowns: &shutdowns,
+                now,
+                grace: SignedDuration::from_mins(5),
+                settle: SignedDuration::from_mins(2),
+                asleep_limit,
+            };
+            assert_eq!(decide(&facts), want, "{name}");
+        }
+    }
+
+    #[test]
     fn removal_table() {
         let now = ts("2026-03-04T10:00:00Z");
         let grace = SignedDuration::from_mins(5);
@@ -288,6 +452,7 @@ mod tests {
             created: Some(ts("2026-03-04T09:55:00Z")),
             confirms_off: false,
             serves_claim: false,
+            suspends: false,
         };
         let confirming = ShutdownJob { confirms_off: true, ..unconfirmed };
         type Row<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<ShutdownJob>, Removal);
@@ -298,6 +463,7 @@ mod tests {
             created: None,
             confirms_off: true,
             serves_claim: false,
+            suspends: false,
         };
         type OutcomeRow<'a> = (&'a str, Vec<&'a NodeClaim>, CoreNode, Vec<JobOutcome>, Removal);
         let rows: Vec<OutcomeRow> = vec![
@@ -487,10 +653,69 @@ mod tests {
                 Removal::Remove(OffBecause::Rebooting),
             ),
         ]);
+        // A suspend Job made at 09:55, done at 09:58: its success means asleep, never off.
+        let suspended = ShutdownJob { suspends: true, ..unconfirmed };
+        let suspend_failed = ShutdownJob { outcome: JobOutcome::Failed, ..suspended };
+        let marked_asleep = |since: &str| {
+            let mut n = node(Some(("Unknown", since)));
+            let conditions = n.status.as_mut().and_then(|s| s.conditions.as_mut()).unwrap();
+            conditions.push(NodeCondition {
+                type_: crate::api::CONDITION_SUSPENDED.into(),
+                status: "True".into(),
+                last_transition_time: Some(Time(ts(since))),
+                ..NodeCondition::default()
+            });
+            n
+        };
+        table.extend([
+            (
+                "silent since a suspend that succeeded: asleep, the node kept",
+                vec![],
+                node(Some(("Unknown", just_now))),
+                vec![suspended],
+                Removal::Keep,
+            ),
+            (
+                "a boot over a node asleep: its kubelet resumes on it",
+                vec![&booting],
+                node(Some(("Unknown", just_now))),
+                vec![suspended],
+                Removal::Keep,
+            ),
+            (
+                "marked asleep long past the grace, nothing wants it: kept",
+                vec![],
+                marked_asleep(long_ago),
+                vec![],
+                Removal::Keep,
+            ),
+            (
+                "silent before the suspend was made: not its doing",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![suspended],
+                confirm,
+            ),
+            (
+                "a suspend that did not take confirms nothing",
+                vec![],
+                node(Some(("Unknown", long_ago))),
+                vec![suspend_failed],
+                confirm,
+            ),
+        ]);
         let settle = SignedDuration::from_mins(2);
+        let asleep_limit = None;
         for (name, claims, node, shutdowns, want) in table {
-            let facts =
-                Facts { claims: &claims, node: &node, shutdowns: &shutdowns, now, grace, settle };
+            let facts = Facts {
+                claims: &claims,
+                node: &node,
+                shutdowns: &shutdowns,
+                now,
+                grace,
+                settle,
+                asleep_limit,
+            };
             assert_eq!(decide(&facts), want, "{name}");
         }
     }

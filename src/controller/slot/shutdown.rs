@@ -165,6 +165,9 @@ pub enum Unseen {
     /// without its node (one deleted under a running kubelet is never registered again).
     /// Powering it off heals it: at its next boot the kubelet starts afresh and registers.
     OnWithoutNode { read_at: Timestamp },
+    /// The machine has slept (suspended to RAM) since `since`, past the slot's
+    /// `powerOffAfterMinutes`: it is powered off, woken first where the off path needs its OS.
+    Asleep { since: Timestamp },
 }
 
 /// What a shutdown pass reads of one slot, gathered once by [`facts`].
@@ -194,6 +197,8 @@ pub struct Facts<'a> {
     pub heal_grace: SignedDuration,
     /// The slot's `status.localVolumes` names running pods whose data only this machine has.
     pub holds_data: bool,
+    /// The slot's machine may be suspended to RAM instead (`spec.power.suspend`).
+    pub can_suspend: bool,
 }
 
 /// What a shutdown pass does, decided by [`plan`].
@@ -222,6 +227,10 @@ pub struct PowerOff<'a> {
     pub sequence: i32,
     /// The previous attempt finished and the machine still looks on: warned about first.
     pub not_observed: Option<String>,
+    /// Suspend the machine to RAM instead of powering it off: a routine scale-down of a machine
+    /// that can, never a forced shutdown after a failed boot, nor the shutdown that confirms a
+    /// silent machine off (a failed boot must not join later; a silent one may be cut off).
+    pub suspend: bool,
 }
 
 impl PowerOff<'_> {
@@ -250,6 +259,20 @@ impl PowerOff<'_> {
                 "OnWithoutNode",
                 format!(
                     "{about}, and the machine of node {node_name} has no node but its plug read it drawing power at {read_at}: a kubelet whose node was deleted while it ran never registers it again, so the machine is invisible to both scalers. Shutdown Job {job_name} (attempt {attempt}) powers it off; at its next boot the kubelet registers afresh"
+                ),
+            ),
+            Some(Unseen::Asleep { since }) => (
+                EventType::Normal,
+                "PowerOffAfterSleep",
+                format!(
+                    "{about}, and the machine of node {node_name} has slept since {since}, past spec.power.suspend.powerOffAfterMinutes: shutdown Job {job_name} (attempt {attempt}) wakes it and powers it off, and the node is removed once it succeeds"
+                ),
+            ),
+            None if self.suspend => (
+                EventType::Normal,
+                "ScaleDownRequested",
+                format!(
+                    "{about}: shutdown Job {job_name} (attempt {attempt}) suspends the machine to RAM"
                 ),
             ),
             None => (
@@ -294,6 +317,11 @@ pub fn facts<'a>(
         ready_since: machine::ready_since(node),
         heal_grace: ctx.off_node_grace_span(),
         holds_data: slot.status.as_ref().is_some_and(|s| !s.local_volumes.is_empty()),
+        can_suspend: slot
+            .spec
+            .power
+            .as_ref()
+            .is_some_and(|p| p.suspend.is_some() && p.ssh.is_some()),
     }
 }
 
@@ -370,6 +398,9 @@ pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
             Some(Unseen::OnWithoutNode { read_at }) => format!(
                 "{who}: shutdown Job {attempts} finished, but the plug of node {node_name}'s machine still read it drawing power at {read_at}"
             ),
+            Some(Unseen::Asleep { since }) => format!(
+                "{who}: shutdown Job {attempts} did not power off node {node_name}'s machine, asleep since {since}"
+            ),
             None => {
                 format!("{who}: shutdown Job {attempts} finished but node {node_name} is still up")
             }
@@ -385,7 +416,16 @@ pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
         ),
         None => (format!("{slot_name}-{}", now.as_second()), attempts + 1),
     };
-    Plan::PowerOff(PowerOff { claim, attempt: attempts + 1, owner, sequence, not_observed })
+    let suspend =
+        facts.can_suspend && unseen.is_none() && claim.is_none_or(|c| !awaits_forced_shutdown(c));
+    Plan::PowerOff(PowerOff {
+        claim,
+        attempt: attempts + 1,
+        owner,
+        sequence,
+        not_observed,
+        suspend,
+    })
 }
 
 /// What the pause after three attempts says, with the command that retries now.
@@ -416,6 +456,9 @@ fn pause_note(
         ),
         Some(Unseen::OnWithoutNode { read_at }) => format!(
             "{attempts} shutdown Jobs did not power off the machine of node {node_name}, which runs without its node (its plug read it drawing power at {read_at}); pausing until {until}. Restart its kubelet (systemctl restart kubelet on the machine) or power it off by hand. To retry now: {reset}"
+        ),
+        Some(Unseen::Asleep { since }) => format!(
+            "{attempts} shutdown Jobs did not wake and power off the machine of node {node_name}, asleep since {since}; pausing until {until}. Check that a Wake-on-LAN packet wakes it from suspend (`ethtool <interface>` on the machine says `Wake-on: g`) and that it answers on SSH once awake. To retry now: {reset}"
         ),
         None => format!(
             "{attempts} shutdown Jobs did not power off node {node_name}; pausing until {until}. To retry now: {reset}"
@@ -527,6 +570,8 @@ async fn carry_out(
         power_image: &ctx.power_image,
         priority_class: ctx.power_priority_class.as_deref(),
         step: None,
+        suspend: power_off.suspend,
+        wake_first: matches!(unseen, Some(Unseen::Asleep { .. })),
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
     let created = ctx.create_job(&job, FieldManager::SlotController).await?;
@@ -599,6 +644,7 @@ mod tests {
             ready_since: None,
             heal_grace: SignedDuration::from_mins(5),
             holds_data,
+            can_suspend: false,
         };
         assert_eq!(
             plan(&facts(true, "2026-03-04T10:00:00Z")),
@@ -675,6 +721,7 @@ mod tests {
             created: Some(ts(created)),
             confirms_off: true,
             serves_claim,
+            suspends: false,
         };
         let running = [job(JobOutcome::Running, "2026-03-04T09:59:58Z", false)];
         let ended_5s_ago = [job(
@@ -704,6 +751,7 @@ mod tests {
                 owner: claim.metadata.name.clone().unwrap(),
                 sequence: 1,
                 not_observed: None,
+                suspend: false,
             })
         };
         let silent = Some(Unseen::Silent { since: ts("2026-03-04T09:40:00Z") });
@@ -724,6 +772,7 @@ mod tests {
                 ready_since: None,
                 heal_grace: SignedDuration::from_mins(5),
                 holds_data: false,
+                can_suspend: false,
             }
         }
         let (no_claim, wanted, releasing, forced): ([&NodeClaim; 0], _, _, _) =
@@ -744,6 +793,7 @@ mod tests {
                 owner: format!("m1-{}", now.as_second()),
                 sequence: attempt,
                 not_observed: not_observed.map(str::to_owned),
+                suspend: false,
             })
         };
         let rows: Vec<(&str, Facts<'_>, Plan<'_>)> = vec![
@@ -767,6 +817,7 @@ mod tests {
                     not_observed: Some(
                         "claim ready: shutdown Job 1 finished but node m1 is still up".into(),
                     ),
+                    suspend: false,
                 }),
             ),
             (
@@ -778,6 +829,7 @@ mod tests {
                     owner: "failed".into(),
                     sequence: 1,
                     not_observed: None,
+                    suspend: false,
                 }),
             ),
             (
@@ -869,6 +921,34 @@ mod tests {
             assert_eq!(plan(&facts), want, "{name}");
         }
 
+        // Where the slot can suspend: a routine power-off suspends; a forced shutdown after a
+        // failed boot and the shutdown that confirms a silent machine off power it off.
+        let suspends = |facts: Facts<'_>| match plan(&facts) {
+            Plan::PowerOff(p) => Some(p.suspend),
+            _ => None,
+        };
+        fn can(facts: Facts<'_>) -> Facts<'_> {
+            Facts { can_suspend: true, ..facts }
+        }
+        let suspend_rows: Vec<(&str, Facts<'_>, Option<bool>)> = vec![
+            ("up, nothing asked for it", can(facts(&no_claim, now)), Some(true)),
+            ("the released claim's machine still up", can(facts(&releasing, now)), Some(true)),
+            (
+                "a forced shutdown owed",
+                can(Facts { powered_on: false, ..facts(&forced, now) }),
+                Some(false),
+            ),
+            (
+                "silent past the grace: the shutdown confirms it off",
+                can(Facts { powered_on: false, unseen: silent, ..facts(&no_claim, now) }),
+                Some(false),
+            ),
+            ("the slot cannot suspend", facts(&no_claim, now), Some(false)),
+        ];
+        for (name, facts, want) in suspend_rows {
+            assert_eq!(suspends(facts), want, "{name}");
+        }
+
         // What each kind of power-off says.
         let power_off = PowerOff {
             claim: None,
@@ -876,6 +956,7 @@ mod tests {
             owner: "m1-1".into(),
             sequence: 1,
             not_observed: None,
+            suspend: false,
         };
         let said = |unseen| power_off.announcement(unseen, "m1");
         assert_eq!(said(None).1, "ScaleDownRequested");

@@ -243,7 +243,11 @@ pub fn plan(facts: &StatusFacts<'_>) -> StatusPlan {
     let status = NodeStatus {
         observed_generation: slot.metadata.generation,
         power_off_held_by: seen.gate_hold.map(|h| h.held_by.clone()),
-        power_state: Some(if observed.powered_on { ObservedPower::On } else { ObservedPower::Off }),
+        power_state: Some(match (observed.powered_on, node.is_some_and(machine::is_suspended)) {
+            (true, _) => ObservedPower::On,
+            (false, true) => ObservedPower::Suspended,
+            (false, false) => ObservedPower::Off,
+        }),
         phase: Some(report),
         provider_id: registered_id.map(str::to_owned).or(previous.provider_id.clone()),
         last_claim,

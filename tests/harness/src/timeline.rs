@@ -42,6 +42,9 @@ pub enum Seen {
     NodeRegistered,
     /// The Node is Ready and carries none of the pool's readiness taints.
     NodeUsable,
+    /// The Node's Ready condition turned True (noted once per transition: a kubelet back from
+    /// a machine's sleep on the same Node is a new sighting).
+    NodeReady,
     NodeGone,
     PodCreated,
     PodRunning,
@@ -217,6 +220,9 @@ impl Timeline {
                     continue;
                 }
                 timeline.note_at(Seen::NodeRegistered, &name, &uid, now);
+                if let Some(since) = homelab_autoscaler::machine::ready_since(Some(&node)) {
+                    timeline.note_at(Seen::NodeReady, &name, &format!("{uid}@{since}"), now);
+                }
                 if gate_open(&node, &gate) {
                     timeline.note_at(Seen::NodeUsable, &name, &uid, now);
                 }
