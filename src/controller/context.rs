@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node as CoreNode;
-use kube::api::Api;
+use kube::api::{Api, Patch};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
+use serde_json::json;
 
 use super::error::{KubeContext, Result, is_already_exists};
 use super::hold::Hold;
@@ -20,6 +21,7 @@ use crate::claim::Timeouts;
 use crate::clock::Clock;
 use crate::field_manager::FieldManager;
 use crate::job_outcome::{JobOutcome, outcome};
+use crate::machine::TO_BE_DELETED_TAINT;
 use crate::slot_locks::SlotLocks;
 
 /// The clients the controllers use: one for every call, and one for evictions. A
@@ -453,6 +455,30 @@ impl Context {
         self.lifecycle_jobs_of_slot(slot, Lifecycle::Shutdown)
             .iter()
             .any(|j| outcome(j) == JobOutcome::Running)
+    }
+
+    /// Takes cluster-autoscaler's deletion taint off a node: a machine coming back must not
+    /// carry it from its last scale-down, or nothing schedules onto it, and a machine asleep
+    /// that carries it is counted as deleted rather than suspended. CA leaves it on after a
+    /// DeleteNodes that succeeded, expecting the node to go with its instance.
+    pub async fn clear_to_be_deleted_taint(
+        &self,
+        node_name: &str,
+        writer: FieldManager,
+    ) -> Result<()> {
+        let Some(node) = self.core_node(node_name) else { return Ok(()) };
+        let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        if !taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT) {
+            return Ok(());
+        }
+        let kept: Vec<_> = taints.into_iter().filter(|t| t.key != TO_BE_DELETED_TAINT).collect();
+        // Guarded by the version the list was read from: the taint list is replaced whole.
+        let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
+        Api::<CoreNode>::all(self.client.clone())
+            .patch(node_name, &writer.patch(), &Patch::Merge(&patch))
+            .await
+            .during(|| format!("removing {TO_BE_DELETED_TAINT} from node {node_name}"))?;
+        Ok(())
     }
 
     /// Creates a lifecycle Job. Returns false when it already existed: Job names are

@@ -20,7 +20,6 @@ use crate::controller::Context;
 use crate::controller::error::{Error, KubeContext, Result};
 use crate::controller::jobs::{self, JobContext, Lifecycle};
 use crate::field_manager::FieldManager;
-use crate::machine::TO_BE_DELETED_TAINT;
 use crate::phase::{self, Writer};
 
 /// How often a pending claim looks again while its slot's shutdown Job runs (that Job belongs to
@@ -148,7 +147,8 @@ fn startup_job(ctx: &Context, slot: &Node, claim: &NodeClaim) -> Result<Job> {
 /// created the Job.
 async fn start(ctx: &Context, slot: &Node, job: &Job) -> Result<bool> {
     let created = ctx.create_job(job, FieldManager::ClaimController).await?;
-    clear_to_be_deleted_taint(ctx, &slot.spec.kubernetes_node_name).await?;
+    ctx.clear_to_be_deleted_taint(&slot.spec.kubernetes_node_name, FieldManager::ClaimController)
+        .await?;
     Ok(created)
 }
 
@@ -211,21 +211,4 @@ async fn older_live_claim(ctx: &Context, claim: &NodeClaim) -> Result<Option<Str
         .filter(|c| phase::of(c) != NodeClaimPhase::Pending || key(c) < key(claim))
         .map(|c| c.metadata.name.clone().unwrap_or_default())
         .next())
-}
-
-/// A machine coming back must not carry cluster-autoscaler's deletion taint from its last
-/// scale-down, or nothing schedules onto it.
-async fn clear_to_be_deleted_taint(ctx: &Context, node_name: &str) -> Result<()> {
-    let Some(node) = ctx.core_node(node_name) else { return Ok(()) };
-    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-    if !taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT) {
-        return Ok(());
-    }
-    let kept: Vec<_> = taints.into_iter().filter(|t| t.key != TO_BE_DELETED_TAINT).collect();
-    let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
-    Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone())
-        .patch(node_name, &FieldManager::ClaimController.patch(), &Patch::Merge(&patch))
-        .await
-        .during(|| format!("removing {TO_BE_DELETED_TAINT} from node {node_name}"))?;
-    Ok(())
 }

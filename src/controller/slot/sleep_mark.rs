@@ -5,7 +5,9 @@
 //! `Suspended=True` as suspended, neither ready nor unready, so a pool with machines asleep is
 //! not an unhealthy cluster; the provider leaves it out of its group until it is back (D44).
 //!
-//! Set once the node has turned silent after a suspend Job that succeeded; cleared once the
+//! Set once the node has turned silent after a suspend Job that succeeded, and with it
+//! cluster-autoscaler's deletion taint is taken off (left from the DeleteNodes that released
+//! the machine: with it, CA counts the node as deleted rather than suspended); cleared once the
 //! kubelet reports again after it was set (a resume, by a claim's wake or by hand). The kubelet
 //! keeps conditions it does not own, and so does the node lifecycle.
 
@@ -66,6 +68,14 @@ pub async fn reconcile(
 ) -> Result<Mark> {
     let now = ctx.now();
     let mark = decide(node, shutdowns, ctx.shutdown_settle(), now);
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let asleep = mark == Mark::Asleep || (mark == Mark::Leave && machine::is_suspended(node));
+    if asleep {
+        // cluster-autoscaler's scale-down of the machine is done; asleep, it is counted as
+        // suspended only without its deletion taint. First, so that a conflict on the node's
+        // version retries it with the mark.
+        ctx.clear_to_be_deleted_taint(&node_name, FieldManager::SlotController).await?;
+    }
     let (status, reason, message) = match mark {
         Mark::Leave => return Ok(mark),
         Mark::Asleep => (
@@ -78,7 +88,6 @@ pub async fn reconcile(
         ),
         Mark::Awake => ("False", "Resumed", "the kubelet reports again".to_owned()),
     };
-    let node_name = node.metadata.name.clone().unwrap_or_default();
     // A strategic merge patch merges conditions by type: the kubelet's stay as they are.
     let patch = json!({ "status": { "conditions": [{
         "type": CONDITION_SUSPENDED,

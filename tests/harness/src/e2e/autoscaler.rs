@@ -216,6 +216,12 @@ impl Autoscaler {
         self.metric_where(name, "").await
     }
 
+    /// Every sample line of metric `name`, as cluster-autoscaler exports it now.
+    pub async fn metric_lines(&self, name: &str) -> Result<Vec<String>> {
+        let body = http_get(&self.metrics_addr, "/metrics").await?;
+        Ok(body.lines().filter(|l| l.starts_with(name)).map(str::to_owned).collect())
+    }
+
     /// As [`Autoscaler::metric`], only the series whose labels contain `labels` (for example
     /// `function="main"`).
     pub async fn metric_where(&self, name: &str, labels: &str) -> Result<f64> {

@@ -159,6 +159,18 @@ impl World {
         .await
     }
 
+    /// Waits until no claim of `group` is live; a machine asleep keeps its Node.
+    pub async fn no_live_claims(&self, group: &str, within: Duration) -> Result<()> {
+        eventually(&format!("no live claim of group {group}"), within, || async {
+            let claims = self.all_claims().await?;
+            let live = claims.iter().filter(|c| c.spec.request.group == group && is_live(c));
+            let live: Vec<String> = live.map(|c| c.name_any()).collect();
+            ensure!(live.is_empty(), "live claims: {live:?}");
+            Ok(())
+        })
+        .await
+    }
+
     /// Every claim of `group` this World has seen, released and deleted ones included.
     pub fn claims_seen(&self, group: &str) -> Vec<NodeClaim> {
         let ledger = self.ledger.lock().map(|l| l.clone()).unwrap_or_default();

@@ -627,6 +627,11 @@ impl World {
         self.real.as_ref()
     }
 
+    /// The pool's real machines, to change how the next pool applied is powered.
+    pub fn real_pool_mut(&mut self) -> Option<&mut RealPool> {
+        self.real.as_mut()
+    }
+
     /// Keeps `ca` running for as long as the World.
     pub fn keep_alongside(&mut self, ca: Autoscaler) {
         self.kept_autoscaler = Some(ca);

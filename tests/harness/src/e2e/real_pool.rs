@@ -33,6 +33,8 @@ pub struct RealPool {
     _agent: DropGuard,
     /// Each machine and the private key its sshd lets in, by name.
     machines: BTreeMap<String, (Machine, String)>,
+    /// A `spec.power.suspend` every slot gets ([`RealPool::sleep_when_idle`]).
+    suspend: Option<Value>,
     _lab: Machine,
     lan: Lan,
 }
@@ -46,7 +48,19 @@ impl RealPool {
         let lab = always_on(plane, &lan, "lab", labels).await.context("the lab machine")?;
         let agent = CancellationToken::new();
         network_agent(Api::<CoreNode>::all(client.clone()), AGENT_TAINT, agent.clone());
-        Ok(Self { _agent: agent.drop_guard(), machines: BTreeMap::new(), _lab: lab, lan })
+        Ok(Self {
+            _agent: agent.drop_guard(),
+            machines: BTreeMap::new(),
+            suspend: None,
+            _lab: lab,
+            lan,
+        })
+    }
+
+    /// Every slot of a pool applied from now on sleeps when idle: `suspend` becomes its
+    /// `spec.power.suspend` (the machines' sshd puts a machine to sleep on a `suspend` command).
+    pub fn sleep_when_idle(&mut self, suspend: Value) {
+        self.suspend = Some(suspend);
     }
 
     /// Every machine of the pool, by name.
@@ -94,7 +108,11 @@ impl RealPool {
         spec.remove("shutdownPodSpec");
         let (machine, key) = self.machine_for(plane, &name).await?;
         let secret_name = format!("{name}-ssh");
-        spec.insert("power".into(), wake_and_ssh_power(&machine, &secret_name, selector)?);
+        let mut power = wake_and_ssh_power(&machine, &secret_name, selector)?;
+        if let Some(suspend) = &self.suspend {
+            power["suspend"] = suspend.clone();
+        }
+        spec.insert("power".into(), power);
         Ok(secret(&secret_name, "ssh-privatekey", &key))
     }
 
