@@ -39,7 +39,8 @@ test-fast:
 ## demo: a local pool of simulated machines scaling up and down, under the real
 ## cluster-autoscaler and then the built-in scaler. DRIVER=cluster-autoscaler|builtin picks one;
 ## KEEP=1 leaves the last cluster running and prints its KUBECONFIG; MACHINES=real (root) plays
-## it on real machines (a kubelet and containerd each, Wake-on-LAN on, SSH off).
+## it on real machines (a kubelet and containerd each, Wake-on-LAN on, SSH off), and then a
+## machine that sleeps and wakes (DRIVER=sleep plays that part alone).
 demo:
 	DRIVER=$(DRIVER) KEEP=$(KEEP) MACHINES=$(MACHINES) tests/harness/demo.sh
 

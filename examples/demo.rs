@@ -11,7 +11,9 @@
 //! part's cluster running (until Ctrl-C) and prints the `KUBECONFIG` line for it.
 //! `MACHINES=real` (root only) plays the same pools on real machines: network namespaces each
 //! running a real kubelet and containerd, woken by Wake-on-LAN and shut down over SSH by the
-//! operator's power Jobs. Everything the demo started stops when it exits.
+//! operator's power Jobs; and a third part (`DRIVER=sleep` alone): a machine that sleeps
+//! instead of powering off, its cold boot and its resume timed side by side. Everything the
+//! demo started stops when it exits.
 
 use anyhow::{Context as _, Result, bail};
 use homelab_harness::e2e::{AutoscalerSettings, Machines, World, operator_binary};
@@ -20,14 +22,20 @@ use homelab_harness::e2e::{AutoscalerSettings, Machines, World, operator_binary}
 enum Driver {
     ClusterAutoscaler,
     Builtin,
+    /// A machine that sleeps and wakes (real machines only).
+    Sleep,
 }
 
-fn drivers() -> Result<Vec<Driver>> {
+fn drivers(machines: Machines) -> Result<Vec<Driver>> {
+    let real = machines == Machines::Real;
     match std::env::var("DRIVER").unwrap_or_default().as_str() {
+        "" | "both" if real => Ok(vec![Driver::ClusterAutoscaler, Driver::Builtin, Driver::Sleep]),
         "" | "both" => Ok(vec![Driver::ClusterAutoscaler, Driver::Builtin]),
         "cluster-autoscaler" | "ca" => Ok(vec![Driver::ClusterAutoscaler]),
         "builtin" => Ok(vec![Driver::Builtin]),
-        other => bail!("DRIVER={other}: use cluster-autoscaler, builtin or both"),
+        "sleep" if real => Ok(vec![Driver::Sleep]),
+        "sleep" => bail!("DRIVER=sleep plays on real machines only: add MACHINES=real"),
+        other => bail!("DRIVER={other}: use cluster-autoscaler, builtin, sleep or both"),
     }
 }
 
@@ -43,13 +51,14 @@ fn machines() -> Result<Machines> {
 async fn main() -> Result<()> {
     let bin = operator_binary(std::env::args().nth(1).as_deref())?;
     let keep = std::env::var("KEEP").is_ok_and(|v| !v.is_empty() && v != "0");
-    let drivers = drivers()?;
     let machines = machines()?;
+    let drivers = drivers(machines)?;
     for (index, driver) in drivers.iter().enumerate() {
         let last = index + 1 == drivers.len();
         let world = match driver {
             Driver::ClusterAutoscaler => autoscaler_part(&bin, machines).await?,
             Driver::Builtin => builtin_part(&bin, machines).await?,
+            Driver::Sleep => sleep_part(&bin).await?,
         };
         if keep && last {
             hold(world).await?;
@@ -89,6 +98,24 @@ async fn builtin_part(bin: &std::path::Path, machines: Machines) -> Result<World
     );
     let mut world = World::start_on_machines(bin, true, machines).await?;
     let outcome = world.builtin_scale_up_and_down(3).await;
+    println!("{}", world.summary());
+    if let Err(error) = &outcome {
+        eprintln!("the demo did not go as expected: {error:#}\n{}", world.plane.log_tails(20));
+    }
+    outcome?;
+    Ok(world)
+}
+
+/// Part 3 (real machines): a machine that sleeps instead of powering off, its cold boot and its
+/// resume side by side.
+async fn sleep_part(bin: &std::path::Path) -> Result<World> {
+    println!(
+        "\nhomelab-autoscaler demo, part 3: a pool whose machines sleep (suspend to RAM) instead \
+         of powering off; one machine booted cold, put to sleep, and woken, each scale-up split \
+         by step\n"
+    );
+    let mut world = World::start_on_machines(bin, true, Machines::Real).await?;
+    let outcome = world.builtin_sleep_and_wake().await;
     println!("{}", world.summary());
     if let Err(error) = &outcome {
         eprintln!("the demo did not go as expected: {error:#}\n{}", world.plane.log_tails(20));

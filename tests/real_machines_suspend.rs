@@ -23,7 +23,10 @@ use homelab_autoscaler::api::{
     CONDITION_SUSPENDED, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase, ObservedPower,
 };
 use homelab_autoscaler::scaler::{self, ScalerConfig};
-use homelab_harness::machine::{Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerCause};
+use homelab_harness::machine::plug::SUSPENDED_WATTS;
+use homelab_harness::machine::{
+    Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, Plug, PowerCause,
+};
 use homelab_harness::real_lab::{
     ACT, HUB_ROLE, Stranding, claim_ready, machine_settings, operator_image, pool_machine,
     scenario, secret, start_operator, timeouts, wake_and_ssh_power,
@@ -54,16 +57,29 @@ fn sleeping_power(
     machine: &Machine,
     key_secret: &str,
     ns: &str,
-    power_off_after_minutes: Option<u32>,
+    sleep: &Sleep,
 ) -> Result<serde_json::Value> {
     let mut power = wake_and_ssh_power(machine, key_secret, json!({ HUB_ROLE: ns }))?;
-    let mut suspend = json!({ "command": "systemctl suspend", "quietSeconds": 3, "watts": 2 });
-    if let Some(minutes) = power_off_after_minutes {
+    let mut suspend = json!({ "command": "systemctl suspend", "quietSeconds": 3, "watts": 1.5 });
+    if let Some(minutes) = sleep.power_off_after_minutes {
         suspend["powerOffAfterMinutes"] = json!(minutes);
+    }
+    if let Some(plug) = &sleep.metered_by {
+        let meter = format!("{plug}/rpc/Switch.GetStatus?id=0");
+        power["http"] =
+            json!({ "meter": { "request": { "url": meter }, "wattsPointer": "/apower" } });
     }
     power["suspend"] = suspend;
     power["confirmTimeoutSeconds"] = json!(20);
     Ok(power)
+}
+
+/// How a slot sleeps, beyond the suspend every scenario gives it.
+#[derive(Default)]
+struct Sleep {
+    power_off_after_minutes: Option<u32>,
+    /// The base URL of a plug that meters the machine (its draw must fall with the suspend).
+    metered_by: Option<String>,
 }
 
 /// Group `lan` (`group_spec`: more of its spec, indented by two) and one slot for `machine`
@@ -73,11 +89,11 @@ async fn apply_sleeping_pool(
     ns: &str,
     machine: &Machine,
     key: &str,
-    power_off_after_minutes: Option<u32>,
+    sleep: Sleep,
     group_spec: &str,
 ) -> Result<()> {
     let key_secret = format!("{}-ssh", machine.name());
-    let power = sleeping_power(machine, &key_secret, ns, power_off_after_minutes)?;
+    let power = sleeping_power(machine, &key_secret, ns, &sleep)?;
     let manifest = format!(
         r#"apiVersion: infra.homecluster.dev/v2alpha1
 kind: Group
@@ -117,7 +133,7 @@ struct Sleeper {
     key: String,
     operator: CancellationToken,
     _hub: Machine,
-    _lan: Lan,
+    lan: Lan,
     space: TestNamespace,
 }
 
@@ -129,16 +145,7 @@ async fn sleeper(prefix: &str) -> Sleeper {
     let m1_logs = m1.logs_on_failure();
     let (_, image) = operator_image().await.expect("image");
     let operator = start_operator(space.plane, &space.ns, &image, machine_settings()).await;
-    Sleeper {
-        _m1_logs: m1_logs,
-        _hub_logs: hub_logs,
-        m1,
-        key,
-        operator,
-        _hub: hub,
-        _lan: lan,
-        space,
-    }
+    Sleeper { _m1_logs: m1_logs, _hub_logs: hub_logs, m1, key, operator, _hub: hub, lan, space }
 }
 
 /// A workload of one pause pod on the pool's machines.
@@ -306,9 +313,16 @@ async fn the_built_in_scaler_puts_an_idle_machine_to_sleep_and_wakes_it_for_a_po
     };
     tokio::spawn(scaler::run(space.client.clone(), config, run.operator.child_token()));
     let watched = Watched::start(&space.client, &space.ns);
-    apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, None, "  builtin: { hold: 5s }")
-        .await
-        .expect("pool");
+    apply_sleeping_pool(
+        space.plane,
+        &space.ns,
+        m1,
+        &run.key,
+        Sleep::default(),
+        "  builtin: { hold: 5s }",
+    )
+    .await
+    .expect("pool");
     let nodes: Api<CoreNode> = Api::all(space.client.clone());
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
 
@@ -408,7 +422,9 @@ async fn failed_suspend_message(space: &TestNamespace) -> Result<String> {
 async fn a_suspend_that_does_not_take_is_retried_and_never_counted_as_off() {
     let run = sleeper("nosleep").await;
     let (space, m1) = (&run.space, &run.m1);
-    apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, None, "").await.expect("pool");
+    apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, Sleep::default(), "")
+        .await
+        .expect("pool");
     claim_ready(&space.client, &space.ns, "wanted", m1.name()).await;
     m1.refuse_suspend(true);
 
@@ -464,7 +480,8 @@ async fn a_suspend_that_does_not_take_is_retried_and_never_counted_as_off() {
 async fn a_machine_asleep_past_its_limit_is_woken_and_powered_off_and_its_node_goes() {
     let run = sleeper("limit").await;
     let (space, m1) = (&run.space, &run.m1);
-    apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, Some(1), "").await.expect("pool");
+    let sleep = Sleep { power_off_after_minutes: Some(1), ..Sleep::default() };
+    apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, sleep, "").await.expect("pool");
     let nodes: Api<CoreNode> = Api::all(space.client.clone());
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
     claim_ready(&space.client, &space.ns, "wanted", m1.name()).await;
@@ -500,4 +517,44 @@ async fn a_machine_asleep_past_its_limit_is_woken_and_powered_off_and_its_node_g
     ));
     run.operator.cancel();
     stranded.assert_never(m1.name());
+}
+
+/// A machine whose smart plug meters it: its suspend counts only once the plug reads the draw
+/// of a machine asleep (under twice the slot's `suspend.watts` plus a watt, for 5 s), read by
+/// the suspend Job from the hub across the lan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_machine_is_asleep_once_its_plug_reads_the_draw_of_sleep() {
+    let run = sleeper("metered").await;
+    let (space, m1) = (&run.space, &run.m1);
+    let plug = Plug::start(m1, &run.lan).await.expect("plug");
+    // The relay closed by hand, as a person does once: the machine has mains, and stays off.
+    let on = format!("{}/rpc/Switch.Set?id=0&on=true", plug.operator_base());
+    reqwest::get(&on).await.and_then(|r| r.error_for_status()).expect("close the relay");
+    let sleep = Sleep { metered_by: Some(plug.base()), ..Sleep::default() };
+    apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, sleep, "").await.expect("pool");
+    claim_ready(&space.client, &space.ns, "wanted", m1.name()).await;
+    let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
+    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
+    claims
+        .patch_status("wanted", &PatchParams::default(), &Patch::Merge(&mark))
+        .await
+        .expect("mark");
+    claims.delete("wanted", &DeleteParams::default()).await.expect("release");
+    until_asleep(space, m1).await;
+    let slept = m1
+        .power_history()
+        .into_iter()
+        .rfind(|e| e.cause == PowerCause::Suspend)
+        .expect("a suspend in the history")
+        .at;
+    let asleep_readings: Vec<f64> =
+        plug.readings().into_iter().filter(|(at, _)| *at > slept).map(|(_, w)| w).collect();
+    assert!(
+        asleep_readings.iter().filter(|w| **w == SUSPENDED_WATTS).count() >= 2,
+        "the suspend Job read the plug while the machine slept: {asleep_readings:?}"
+    );
+    report(&format!(
+        "a metered suspend: the plug read {asleep_readings:?} W after the machine slept"
+    ));
+    run.operator.cancel();
 }

@@ -292,7 +292,10 @@ pub fn build(ctx: &JobContext<'_>) -> Result<Job, NoLifecycle> {
         }
         Source::Suspend(spec) => {
             let reduced = reduced_suspend_spec(spec);
-            let drivers = [PowerDriverKind::Ssh];
+            let mut drivers = vec![PowerDriverKind::Ssh];
+            if reduced.http.is_some() {
+                drivers.push(PowerDriverKind::Http);
+            }
             (power_pod(ctx, spec, &reduced, &drivers, "suspend", env), JobRun::default())
         }
     };
@@ -403,11 +406,18 @@ fn pod_from_spec(ctx: &JobContext<'_>, spec: &LifecyclePodSpec, mut env: Vec<Env
 /// The user the power pod runs as (the distroless "nonroot" user).
 const POWER_POD_USER: i64 = 65532;
 
-/// The settings a suspend Job's pod is given: the `ssh` driver's login and the suspend.
+/// The settings a suspend Job's pod is given: the `ssh` driver's login, the suspend, and the
+/// plug's meter when there is one (its switch requests left out: the pod only reads it).
 fn reduced_suspend_spec(spec: &PowerSpec) -> PowerSpec {
+    let meter = spec.http.as_ref().filter(|h| h.meter.is_some()).map(|h| crate::api::HttpPower {
+        on: None,
+        off: None,
+        ..h.clone()
+    });
     PowerSpec {
         confirm_timeout_seconds: spec.confirm_timeout_seconds,
         ssh: spec.ssh.clone(),
+        http: meter,
         suspend: spec.suspend.clone(),
         ..PowerSpec::default()
     }
@@ -652,6 +662,80 @@ mod tests {
                 assert_eq!(pod.priority_class_name.as_deref(), class, "{:?}", s.metadata.name);
             }
         }
+    }
+
+    /// A slot that sleeps: its routine shutdown Job runs `power suspend` with the SSH login, the
+    /// suspend and the plug's meter (not its switch), says it suspends and confirms nothing off;
+    /// the power-off of a machine asleep runs `power off --wake-first` on the host network, with
+    /// the magic packet's settings.
+    #[test]
+    fn a_slot_that_sleeps_gets_a_suspend_job_and_a_wake_first_power_off() {
+        let mut s = slot("m1", "pool");
+        s.spec.startup_pod_spec = None;
+        s.spec.shutdown_pod_spec = None;
+        s.spec.power = Some(
+            serde_json::from_value(serde_json::json!({
+                "wakeOnLan": { "mac": "aa:bb:cc:dd:ee:ff" },
+                "ssh": {
+                    "host": "10.0.0.3", "user": "root",
+                    "privateKey": { "name": "k", "key": "ssh-privatekey" },
+                    "knownHostKey": "ssh-ed25519 AAAA",
+                },
+                "http": {
+                    "offRequest": { "url": "http://plug/off", "basicAuth": { "secretName": "plug-switch" } },
+                    "meter": { "request": { "url": "http://plug/status" }, "wattsPointer": "/apower" },
+                },
+                "offWith": "ssh",
+                "suspend": { "watts": 2.5 },
+            }))
+            .unwrap(),
+        );
+        let job_of = |suspend, wake_first| {
+            build(&JobContext {
+                slot: &s,
+                group: "pool",
+                claim: None,
+                lifecycle: Lifecycle::Shutdown,
+                name: "job".into(),
+                max_run_time: std::time::Duration::from_secs(300),
+                power_image: "operator:1",
+                priority_class: None,
+                step: None,
+                suspend,
+                wake_first,
+            })
+            .unwrap()
+        };
+        let pod_of = |job: &Job| job.spec.clone().unwrap().template.spec.unwrap();
+        let settings = |pod: &PodSpec| -> PowerSpec {
+            let env = pod.containers[0].env.clone().unwrap();
+            let raw = env.iter().find(|e| e.name == power::SPEC_ENV).unwrap().value.clone();
+            serde_json::from_str(&raw.unwrap()).unwrap()
+        };
+
+        let suspend = job_of(true, false);
+        let annotations = suspend.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations.get(ANNOTATION_SUSPENDS).map(String::as_str), Some("true"));
+        assert!(!annotations.contains_key(ANNOTATION_CONFIRMS_OFF), "asleep is not off");
+        let pod = pod_of(&suspend);
+        assert_eq!(
+            pod.containers[0].args.as_deref(),
+            Some(&["power".into(), "suspend".into()][..])
+        );
+        let given = settings(&pod);
+        assert!(given.ssh.is_some() && given.suspend.is_some() && given.wake_on_lan.is_none());
+        let http = given.http.expect("the meter");
+        assert!(http.meter.is_some() && http.off.is_none(), "the meter, not the switch");
+        assert_eq!(pod.host_network, None, "no magic packet to send");
+
+        let off = job_of(false, true);
+        let pod = pod_of(&off);
+        let args: Vec<String> = pod.containers[0].args.clone().unwrap();
+        assert_eq!(args, ["power", "off", "--wake-first"]);
+        assert!(settings(&pod).wake_on_lan.is_some(), "the wake's packet");
+        assert_eq!(pod.host_network, Some(true), "the packet leaves on the machines' LAN");
+        let annotations = off.metadata.annotations.clone().unwrap_or_default();
+        assert!(!annotations.contains_key(ANNOTATION_SUSPENDS));
     }
 
     /// What a shutdown Job's success proves is written on it when it is made: a typed driver's

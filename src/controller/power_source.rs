@@ -284,7 +284,7 @@ async fn shed_one(
     let key = ObjectRef::<NodeClaim>::new(&machine.claim).within(&ctx.namespace);
     let Some(claim) = ctx.stores.claims.get(&key) else { return Ok(()) };
     let api = Api::<NodeClaim>::namespaced(ctx.client.clone(), &ctx.namespace);
-    let by = format!("homelab-autoscaler/ups ({}: {})", power.ups, machine.why);
+    let by = format!("{} ({}: {})", crate::ups::shed::SHED_BY, power.ups, machine.why);
     mark_and_delete(&api, &claim, &by, FieldManager::PowerSource, now).await.map_err(|failed| {
         super::Error::Kube {
             action: format!("{} to shed slot {}", failed.action, machine.slot),

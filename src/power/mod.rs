@@ -76,6 +76,12 @@ pub enum PowerError {
          the machine lists `deep`) and that nothing inhibits sleep (`systemd-inhibit --list`)"
     )]
     NotSuspended { peer: String, command: String, waited: Duration, answered: String },
+    #[error(
+        "the machine's plug did not read under {threshold} W for {steady:?} within {waited:?} \
+         after {command:?}, though its SSH port fell silent: it is not asleep (a machine that \
+         hangs instead of sleeping, or a suspend.watts too low for this machine)"
+    )]
+    StillDrawing { command: String, threshold: f64, steady: Duration, waited: Duration },
     /// A step of a power sequence failed: which one, and why.
     #[error("spec.power.{sequence}[{index}] ({driver}) failed: {detail}")]
     Step { sequence: &'static str, index: usize, driver: &'static str, detail: String },
@@ -221,9 +227,39 @@ pub async fn suspend(spec: &PowerSpec, secrets: &Secrets) -> Result<Done, PowerE
     let confirm = spec
         .confirm_timeout_seconds
         .map_or(DEFAULT_SUSPEND_CONFIRM, |s| Duration::from_secs(u64::from(s)));
-    let summary = ssh::suspend(ssh, command, secrets, quiet, confirm).await?;
+    let started = tokio::time::Instant::now();
+    let mut summary = ssh::suspend(ssh, command, secrets, quiet, confirm).await?;
+    // With a plug that meters the machine and a declared draw asleep, the draw must fall too:
+    // a machine that hangs on its way to sleep is silent but still draws its running power.
+    let metered = spec.http.as_ref().is_some_and(|h| h.meter.is_some());
+    if let (true, Some(asleep)) = (metered, settings.watts) {
+        let threshold = asleep_threshold(asleep);
+        let left = confirm.saturating_sub(started.elapsed()).max(SUSPEND_DRAW_STEADY * 2);
+        let fallen = sequence::draw_fallen(spec, secrets, threshold, SUSPEND_DRAW_STEADY);
+        let watts =
+            tokio::time::timeout(left, fallen).await.map_err(|_| PowerError::StillDrawing {
+                command: command.to_owned(),
+                threshold,
+                steady: SUSPEND_DRAW_STEADY,
+                waited: left,
+            })??;
+        summary = format!(
+            "{summary}; its plug read {watts} W, under {threshold} W, for {}s",
+            SUSPEND_DRAW_STEADY.as_secs()
+        );
+    }
     tracing::info!(summary, "suspended");
     Ok(Done { driver: PowerDriverKind::Ssh, summary })
+}
+
+/// How long a machine's metered draw must stay under [`asleep_threshold`] after a suspend.
+const SUSPEND_DRAW_STEADY: Duration = Duration::from_secs(5);
+
+/// The draw under which a machine whose declared draw asleep is `asleep` watts reads asleep:
+/// twice that, plus a watt for the plug's own error; an idle machine awake draws several times
+/// more. Pure.
+pub fn asleep_threshold(asleep: f64) -> f64 {
+    2.0 * asleep + 1.0
 }
 
 /// How often a machine asleep is sent the wake again while the off path waits for it.

@@ -208,7 +208,7 @@ async fn run_step(
 
 /// Reads the meter until the draw has stayed under `threshold` for `steady`; returns the last
 /// reading. Runs until its caller's bound cuts it.
-async fn draw_fallen(
+pub(crate) async fn draw_fallen(
     spec: &PowerSpec,
     secrets: &Secrets,
     threshold: f64,

@@ -13,6 +13,16 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::api::{GroupPowerStatus, OnBattery, PowerSource};
 
+/// Who a claim released by shedding says asked for its scale-down, before the UPS and the why.
+/// A machine shed is powered off, never suspended: asleep it would lose its memory, uncleanly,
+/// when the battery runs out (docs/decisions.md, D44).
+pub const SHED_BY: &str = "homelab-autoscaler/ups";
+
+/// Whether a claim's scale-down was asked for by shedding.
+pub fn shed_by(scale_down_requested_by: Option<&str>) -> bool {
+    scale_down_requested_by.is_some_and(|by| by.starts_with(SHED_BY))
+}
+
 /// Shedding starts after this long on battery unless the pool says.
 pub const DEFAULT_SHED_AFTER: SignedDuration = SignedDuration::from_mins(5);
 

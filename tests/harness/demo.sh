@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: build what is missing, then run the narrated demo (examples/demo.rs).
-#   DRIVER=cluster-autoscaler|builtin|both (default both)   KEEP=1 leaves the last cluster up
+#   DRIVER=cluster-autoscaler|builtin|sleep|both (default both; sleep: real machines only)
+#   KEEP=1 leaves the last cluster up
 #   MACHINES=real plays the pools on real machines (needs root): it builds the machines'
 #   programs (kubelet, containerd, runc, CNI plugins) and the operator's image as well.
 set -euo pipefail

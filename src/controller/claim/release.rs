@@ -11,11 +11,13 @@ use serde_json::json;
 
 use super::chokepoint::{self, PhaseMove};
 use super::{gate, has_finalizer, requeue_at};
-use crate::api::{Node, NodeClaim, NodeClaimPhase};
+use crate::api::{ANNOTATION_SUSPENDS, LABEL_NODECLAIM, Node, NodeClaim, NodeClaimPhase};
 use crate::claim::{DEFAULT_CLAIM_TTL_SECONDS, FINALIZER};
 use crate::controller::Context;
 use crate::controller::error::{KubeContext, Result, is_not_found};
+use crate::controller::jobs::Lifecycle;
 use crate::field_manager::FieldManager;
+use crate::job_outcome::{JobOutcome, outcome};
 use crate::machine;
 use crate::phase::{self, Writer};
 
@@ -42,6 +44,20 @@ pub fn machine_released(ctx: &Context, claim: &NodeClaim) -> bool {
     !machine::powered_on(ctx.core_node(&node_name).as_deref())
         && !shutdown_running
         && !awaits_forced_shutdown(claim)
+}
+
+/// The claim's shutdown Job that succeeded suspended the machine (a slot that sleeps when
+/// idle) rather than powering it off.
+fn put_to_sleep(ctx: &Context, claim: &NodeClaim) -> bool {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    ctx.lifecycle_jobs_of_slot(&claim.spec.slot_ref.name, Lifecycle::Shutdown).iter().any(|job| {
+        let meta = &job.metadata;
+        let serves = meta.labels.as_ref().and_then(|l| l.get(LABEL_NODECLAIM)).map(String::as_str);
+        let suspends = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_SUSPENDS));
+        serves == Some(name)
+            && suspends.is_some_and(|v| v == "true")
+            && matches!(outcome(job), JobOutcome::Succeeded { .. })
+    })
 }
 
 async fn remove_finalizer(ctx: &Context, claim: &NodeClaim) -> Result<()> {
@@ -116,10 +132,11 @@ pub async fn reconcile_deletion(ctx: &Arc<Context>, claim: &NodeClaim) -> Result
             }
             let by_hand = claim.status.as_ref().and_then(|s| s.scale_down_requested_by.as_deref())
                 == Some("DeletedByHand");
+            let state = if put_to_sleep(ctx, claim) { "asleep" } else { "off" };
             let (reason, message) = if by_hand {
-                ("DeletedByHand", "the claim was deleted by hand; its machine is off")
+                ("DeletedByHand", format!("the claim was deleted by hand; its machine is {state}"))
             } else {
-                ("ScaledDown", "scaled down; the machine is off")
+                ("ScaledDown", format!("scaled down; the machine is {state}"))
             };
             let done = PhaseMove::new(NodeClaimPhase::Completed, Writer::ScaleDown)
                 .because(reason, message);

@@ -416,8 +416,16 @@ pub fn plan<'a>(facts: &Facts<'a>) -> Plan<'a> {
         ),
         None => (format!("{slot_name}-{}", now.as_second()), attempts + 1),
     };
-    let suspend =
-        facts.can_suspend && unseen.is_none() && claim.is_none_or(|c| !awaits_forced_shutdown(c));
+    // Shed on battery: powered off, since a machine asleep loses its memory when the UPS does.
+    let shed = claim.is_some_and(|c| {
+        crate::ups::shed::shed_by(
+            c.status.as_ref().and_then(|s| s.scale_down_requested_by.as_deref()),
+        )
+    });
+    let suspend = facts.can_suspend
+        && unseen.is_none()
+        && !shed
+        && claim.is_none_or(|c| !awaits_forced_shutdown(c));
     Plan::PowerOff(PowerOff {
         claim,
         attempt: attempts + 1,
@@ -571,7 +579,10 @@ async fn carry_out(
         priority_class: ctx.power_priority_class.as_deref(),
         step: None,
         suspend: power_off.suspend,
-        wake_first: matches!(unseen, Some(Unseen::Asleep { .. })),
+        // A machine asleep, past its limit or owed a forced shutdown after a wake that failed,
+        // is woken first where the off path needs its OS.
+        wake_first: matches!(unseen, Some(Unseen::Asleep { .. }))
+            || node.is_some_and(machine::is_suspended),
     })
     .map_err(|e| Error::Lifecycle(e.to_string()))?;
     let created = ctx.create_job(&job, FieldManager::SlotController).await?;
@@ -927,6 +938,10 @@ mod tests {
             Plan::PowerOff(p) => Some(p.suspend),
             _ => None,
         };
+        let mut shed_claim = released.clone();
+        shed_claim.status.get_or_insert_with(Default::default).scale_down_requested_by =
+            Some(format!("{} (ups@nut:3493: on battery for 5m)", crate::ups::shed::SHED_BY));
+        let shed = [&shed_claim];
         fn can(facts: Facts<'_>) -> Facts<'_> {
             Facts { can_suspend: true, ..facts }
         }
@@ -944,6 +959,7 @@ mod tests {
                 Some(false),
             ),
             ("the slot cannot suspend", facts(&no_claim, now), Some(false)),
+            ("shed on battery: powered off", can(facts(&shed, now)), Some(false)),
         ];
         for (name, facts, want) in suspend_rows {
             assert_eq!(suspends(facts), want, "{name}");

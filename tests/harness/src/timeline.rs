@@ -40,7 +40,8 @@ pub enum Seen {
     ShutdownJobCreated,
     /// A Node appeared (named by the Node).
     NodeRegistered,
-    /// The Node is Ready and carries none of the pool's readiness taints.
+    /// The Node is Ready and carries none of the pool's readiness taints (noted once per Ready
+    /// transition, and not while it is marked asleep).
     NodeUsable,
     /// The Node's Ready condition turned True (noted once per transition: a kubelet back from
     /// a machine's sleep on the same Node is a new sighting).
@@ -220,11 +221,15 @@ impl Timeline {
                     continue;
                 }
                 timeline.note_at(Seen::NodeRegistered, &name, &uid, now);
-                if let Some(since) = homelab_autoscaler::machine::ready_since(Some(&node)) {
-                    timeline.note_at(Seen::NodeReady, &name, &format!("{uid}@{since}"), now);
-                }
-                if gate_open(&node, &gate) {
-                    timeline.note_at(Seen::NodeUsable, &name, &uid, now);
+                // Once per Ready transition: a kubelet back from its machine's sleep reports on
+                // the same Node.
+                let Some(since) = homelab_autoscaler::machine::ready_since(Some(&node)) else {
+                    continue;
+                };
+                let transition = format!("{uid}@{since}");
+                timeline.note_at(Seen::NodeReady, &name, &transition, now);
+                if gate_open(&node, &gate) && !homelab_autoscaler::machine::is_suspended(&node) {
+                    timeline.note_at(Seen::NodeUsable, &name, &transition, now);
                 }
             }
         });

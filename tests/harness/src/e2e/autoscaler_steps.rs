@@ -276,10 +276,13 @@ impl World {
             ) else {
                 continue;
             };
-            let (Some(registered), Some(usable)) = (
-                t.at_since(Seen::NodeRegistered, &node, claimed),
-                t.at_since(Seen::NodeUsable, &node, claimed),
-            ) else {
+            // A machine woken from sleep does not register: its kubelet reports Ready again.
+            let registered = t
+                .at_since(Seen::NodeRegistered, &node, claimed)
+                .or_else(|| t.at_since(Seen::NodeReady, &node, claimed));
+            let (Some(registered), Some(usable)) =
+                (registered, t.at_since(Seen::NodeUsable, &node, claimed))
+            else {
                 continue;
             };
             let called = t.last_between(Seen::IncreaseSizeCalled, group, created, claimed);
@@ -393,7 +396,8 @@ pub struct MachineSteps {
     pub claim_to_job: Duration,
     /// The startup Job seen → complete: the power Job's pod, scheduled and run.
     pub job: Duration,
-    /// The Job complete → the machine's Node registered: the machine's boot.
+    /// The Job complete → the machine's Node registered: the machine's boot (for a machine woken
+    /// from sleep, its kubelet's Node Ready again: the resume).
     pub boot: Duration,
     /// Registered → Ready and free of the pool's readiness taints: the kubelet and the network.
     pub registered_to_usable: Duration,
@@ -438,7 +442,7 @@ impl ScaleUpBreakdown {
             ("IncreaseSize → claim seen (operator: provider)", |m| m.provider),
             ("claim → startup Job seen (operator: claim controller)", |m| Some(m.claim_to_job)),
             ("startup Job → complete (its pod scheduled and run)", |m| Some(m.job)),
-            ("Job complete → Node registered (the machine's boot)", |m| Some(m.boot)),
+            ("Job complete → Node registered (boot) or Ready (resume)", |m| Some(m.boot)),
             ("registered → Ready, untainted (kubelet, network)", |m| {
                 Some(m.registered_to_usable)
             }),

@@ -2,7 +2,8 @@
 //! the built-in scaler's scale-up and scale-down (tests/e2e_builtin.rs, tests/install_rbac.rs,
 //! the demo), a claim by hand (tests/e2e_manual.rs, tests/e2e_failover.rs,
 //! tests/reliability_logs.rs) and cluster-autoscaler's scale-up and scale-down
-//! (tests/e2e_cluster_autoscaler.rs, tests/e2e_metrics.rs, the demo). A scenario one suite
+//! (tests/e2e_cluster_autoscaler.rs, tests/e2e_metrics.rs, the demo), and a machine that sleeps
+//! and wakes (the demo on real machines). A scenario one suite
 //! plays lives in that suite's file.
 
 use std::time::{Duration, Instant};
@@ -129,6 +130,59 @@ impl World {
             t,
         );
         Ok(())
+    }
+
+    /// Scenario (real machines only): a machine that sleeps instead of powering off, its cold
+    /// boot and its resume timed side by side. The pool's slots sleep when idle
+    /// (`spec.power.suspend`); one pod boots a machine cold; scaled away, the built-in scaler
+    /// releases it and it sleeps, its Node kept and marked `Suspended`; the next pod wakes it by
+    /// a magic packet. Each scale-up is split step by step.
+    pub async fn builtin_sleep_and_wake(&mut self) -> Result<()> {
+        let real = self.real_pool_mut().context("the sleep scenario needs real machines")?;
+        real.sleep_when_idle(json!({ "command": "systemctl suspend", "quietSeconds": 3 }));
+        let t = Instant::now();
+        self.apply_pool("pool.yaml").await?;
+        self.note("applied examples/pool.yaml, each slot with spec.power.suspend", t);
+
+        let t = Instant::now();
+        self.deploy(&Workload::on_group("web", "workers", 1, "1")).await?;
+        let node = self.one_pod_running("web").await?;
+        self.note(format!("one pod of web Running on {node}: a cold boot"), t);
+        self.record_scale_up("web", "workers").await?;
+
+        let t = Instant::now();
+        self.scale("web", 0).await?;
+        self.no_live_claims("workers", BACK_TO_ZERO).await?;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        eventually(&format!("{node} asleep, its Node marked Suspended"), BACK_TO_ZERO, || async {
+            let found = nodes.get(&node).await?;
+            ensure!(homelab_autoscaler::machine::is_suspended(&found), "not marked yet");
+            Ok(())
+        })
+        .await?;
+        self.note(format!("scaled web to 0: {node} drained and asleep, its Node kept"), t);
+
+        let t = Instant::now();
+        self.scale("web", 1).await?;
+        let woken = self.one_pod_running("web").await?;
+        ensure!(woken == node, "the pod runs on {woken}, not on {node}, the machine asleep");
+        self.note(format!("scaled web to 1: {node} woken by a magic packet"), t);
+        self.record_scale_up("web", "workers").await
+    }
+
+    /// Waits until one pod of `app` is Running; returns its node.
+    async fn one_pod_running(&self, app: &str) -> Result<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        eventually(&format!("a pod of {app} Running"), ACT, || async {
+            let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?;
+            let running = list.items.into_iter().find(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            });
+            let running = running.context("none yet")?;
+            running.spec.and_then(|s| s.node_name).context("no node")
+        })
+        .await
     }
 
     /// Records the scale-up of `group` for `app` split step by step (the World's timeline, in

@@ -60,6 +60,7 @@ pub struct Plug {
     /// Where the operator (in the root namespace) reaches the same device.
     operator_address: SocketAddr,
     switches: Arc<Mutex<Vec<RelaySwitch>>>,
+    readings: Arc<Mutex<Vec<(Instant, f64)>>>,
     servers: [tokio::task::JoinHandle<()>; 2],
 }
 
@@ -67,6 +68,8 @@ pub struct Plug {
 struct Device {
     machine: Machine,
     switches: Arc<Mutex<Vec<RelaySwitch>>>,
+    /// Every meter reading it answered, when and what.
+    readings: Arc<Mutex<Vec<(Instant, f64)>>>,
 }
 
 impl Plug {
@@ -79,7 +82,12 @@ impl Plug {
         let listener = netns::tcp_listener(lan_netns, listen)
             .context("listening for the plug's RPC on the lan")?;
         let switches: Arc<Mutex<Vec<RelaySwitch>>> = Arc::default();
-        let device = Device { machine: machine.clone(), switches: switches.clone() };
+        let readings: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
+        let device = Device {
+            machine: machine.clone(),
+            switches: switches.clone(),
+            readings: readings.clone(),
+        };
         let app = axum::Router::new()
             .route("/rpc/Switch.Set", get(set).post(set))
             .route("/rpc/Switch.Toggle", get(toggle).post(toggle))
@@ -99,7 +107,7 @@ impl Plug {
                 let _ = axum::serve(operator_listener, app).await;
             }),
         ];
-        Ok(Self { address, operator_address, switches, servers })
+        Ok(Self { address, operator_address, switches, readings, servers })
     }
 
     /// `http://127.0.0.1:<port>`: the same plug as the operator reaches it (a meter the operator
@@ -116,6 +124,11 @@ impl Plug {
     /// Every switch of the relay so far, in order.
     pub fn switches(&self) -> Vec<RelaySwitch> {
         self.switches.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Every meter reading it answered so far (Switch.GetStatus), in order: when, and the watts.
+    pub fn readings(&self) -> Vec<(Instant, f64)> {
+        self.readings.lock().map(|r| r.clone()).unwrap_or_default()
     }
 }
 
@@ -140,6 +153,9 @@ impl Device {
     /// The Switch.GetStatus answer.
     fn status(&self) -> Value {
         let watts = self.watts();
+        if let Ok(mut readings) = self.readings.lock() {
+            readings.push((Instant::now(), watts));
+        }
         let voltage = 230.0;
         json!({
             "id": 0,
