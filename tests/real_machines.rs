@@ -29,12 +29,12 @@ use homelab_harness::claims::{phase, provider_claim_for};
 use homelab_harness::e2e::prometheus::Prometheus;
 use homelab_harness::host_kubelet::HostKubelet;
 use homelab_harness::machine::{
-    Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, PowerState, SAMPLE_DEVICE_RESOURCE,
-    SAMPLE_DEVICES,
+    Lan, Machine, MachineLogs, MachineSpec, PowerState, SAMPLE_DEVICE_RESOURCE, SAMPLE_DEVICES,
 };
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, claim_ready, clear_taint, machine_settings, operator_image,
-    pool_machine, scenario, secret, start_operator, timeouts, wake_and_ssh_power,
+    ACT, HUB_ROLE, POOL_LABEL, Stranding, claim_ready, clear_taint, machine_settings,
+    operator_image, pool_machine, pool_workload, release, scenario, secret, start_operator,
+    timeouts, wake_and_ssh_power,
 };
 use homelab_harness::slots::{condition, event_reasons, node_reporting, power_off_hold};
 use homelab_harness::{ControlPlane, TestNamespace, eventually, ready_status, stays};
@@ -43,14 +43,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod, ResourceRequirements, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-
-/// The label every slot of the pool declares (its value the test's namespace), which no kubelet
-/// registers: a workload that selects it runs on a machine of its test's pool, never on a hub.
-const POOL_LABEL: &str = "homelab.test/pool";
 
 /// The pool as a user writes it, applied with kubectl: Group `lan`, whose gate waits for
 /// `readiness_taint` when one is given, and a slot per machine whose power is the machine's own
@@ -146,34 +141,6 @@ async fn one_machine(prefix: &str, settings: MachineSettings) -> OneMachine {
     let operator = start_operator(space.plane, &space.ns, &image, settings).await;
     apply_pool(space.plane, &space.ns, None, &[(&m1, &key)]).await.expect("pool");
     OneMachine { _m1_logs: m1_logs, _hub_logs: hub_logs, m1, operator, _hub: hub, _lan: lan, space }
-}
-
-/// Releases a claim as a scaler does: marked for scale-down, then deleted.
-async fn release(claims: &Api<NodeClaim>, name: &str) {
-    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
-    claims.patch_status(name, &PatchParams::default(), &Patch::Merge(&mark)).await.expect("mark");
-    claims.delete(name, &DeleteParams::default()).await.expect("release");
-}
-
-/// A workload of `replicas` pods of the pause image (on the machines only: no registry serves
-/// it), on the machines of the pool in `ns` only.
-fn workload(ns: &str, name: &str, replicas: i32) -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": replicas,
-            "selector": { "matchLabels": { "app": name } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": {
-                    "nodeSelector": { POOL_LABEL: ns },
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [{ "name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never" }],
-                },
-            },
-        },
-    }))
-    .expect("deployment")
 }
 
 /// The pods of workload `app` that are Running, with their nodes.
@@ -365,7 +332,10 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
 
     // The precious workload runs on the machine, a budget over its one replica.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    deployments.create(&PostParams::default(), &workload(&ns, "db", 1)).await.expect("workload");
+    deployments
+        .create(&PostParams::default(), &pool_workload(&ns, "db", 1))
+        .await
+        .expect("workload");
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     let budget: PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": { "name": "db" },
@@ -385,7 +355,10 @@ async fn a_drain_a_disruption_budget_refuses_keeps_the_machine_on_and_names_the_
         .expect("running");
     let pod_uid = pods.get(&pod).await.expect("pod").metadata.uid;
     // Beside it, a workload no budget protects: it could move, but the machine cannot go.
-    deployments.create(&PostParams::default(), &workload(&ns, "free", 1)).await.expect("workload");
+    deployments
+        .create(&PostParams::default(), &pool_workload(&ns, "free", 1))
+        .await
+        .expect("workload");
     let (free, _) = eventually("the unprotected pod running on the machine", ACT, || async {
         let running = running(&pods, "free").await?;
         ensure!(running.len() == 1 && running[0].1 == slot, "running {running:?}");
@@ -492,7 +465,10 @@ async fn a_power_cut_at_the_readiness_gate_ends_with_exactly_one_machine_serving
 
     // One pod: the scaler claims one machine, which boots and stops at the gate.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    deployments.create(&PostParams::default(), &workload(&ns, "app", 1)).await.expect("workload");
+    deployments
+        .create(&PostParams::default(), &pool_workload(&ns, "app", 1))
+        .await
+        .expect("workload");
     let (first, victim) = eventually("a booted machine held at the gate", ACT, || async {
         let list = claims.list(&ListParams::default()).await?.items;
         ensure!(list.len() == 1, "{} claims", list.len());
@@ -1018,7 +994,7 @@ async fn a_noout_step_keeps_ceph_from_moving_data_while_its_machine_is_off() {
 /// A workload of one pod of the pause image asking for one device of Kubernetes' sample device
 /// plugin, on the machines of the pool in `ns`.
 fn device_workload(ns: &str, name: &str) -> Deployment {
-    let mut workload = workload(ns, name, 1);
+    let mut workload = pool_workload(ns, name, 1);
     let pod = workload.spec.template.spec.as_mut().expect("pod spec");
     let limits = [(SAMPLE_DEVICE_RESOURCE.to_owned(), Quantity("1".to_owned()))];
     pod.containers[0].resources =

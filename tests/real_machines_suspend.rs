@@ -22,14 +22,14 @@ use anyhow::{Context as _, Result, ensure};
 use homelab_autoscaler::api::{
     CONDITION_SUSPENDED, LABEL_LIFECYCLE, Node, NodeClaim, NodeClaimPhase, ObservedPower,
 };
+use homelab_autoscaler::controller::jobs::{JOB_NAME_LABEL, failure_detail};
 use homelab_autoscaler::scaler::{self, ScalerConfig};
 use homelab_harness::machine::plug::SUSPENDED_WATTS;
-use homelab_harness::machine::{
-    Lan, Machine, MachineLogs, MachineSpec, PAUSE_IMAGE, Plug, PowerCause,
-};
+use homelab_harness::machine::{Lan, Machine, MachineLogs, MachineSpec, Plug, PowerCause};
 use homelab_harness::real_lab::{
-    ACT, HUB_ROLE, Stranding, claim_ready, machine_settings, operator_image, pool_machine,
-    scenario, secret, start_operator, timeouts, wake_and_ssh_power,
+    ACT, HUB_ROLE, POOL_LABEL, Stranding, claim_ready, machine_settings, operator_image,
+    pool_machine, pool_workload, release, scenario, secret, start_operator, timeouts,
+    wake_and_ssh_power,
 };
 use homelab_harness::slots::event_reasons;
 use homelab_harness::timeline::{Seen, Timeline, Watches, between};
@@ -37,9 +37,8 @@ use homelab_harness::{ControlPlane, TestNamespace, eventually, ready_status, sta
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node as CoreNode, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -47,10 +46,6 @@ use tokio_util::sync::CancellationToken;
 fn report(message: &str) {
     let _ = writeln!(std::io::stderr().lock(), "[suspend] {message}");
 }
-
-/// The label every slot of the pool declares (its value the test's namespace): a workload that
-/// selects it runs on a machine of its test's pool, never on a hub.
-const POOL_LABEL: &str = "homelab.test/pool";
 
 /// What the slot's suspend says: `systemctl suspend` over SSH, silent for 3 s to count.
 fn sleeping_power(
@@ -148,26 +143,6 @@ async fn sleeper(prefix: &str) -> Sleeper {
     Sleeper { _m1_logs: m1_logs, _hub_logs: hub_logs, m1, key, operator, _hub: hub, lan, space }
 }
 
-/// A workload of one pause pod on the pool's machines.
-fn workload(ns: &str, name: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "selector": { "matchLabels": { "app": name } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": {
-                    "nodeSelector": { POOL_LABEL: ns },
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [{ "name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never" }],
-                },
-            },
-        },
-    }))
-    .expect("deployment")
-}
-
 /// Where the time from "pod pending" to "pod Running" went in one scale-up of one machine,
 /// from the test's watches (millisecond resolution).
 #[derive(Clone, Copy, Debug)]
@@ -227,7 +202,10 @@ impl Watched {
         let deployments: Api<Deployment> = Api::namespaced(space.client.clone(), &space.ns);
         let pods: Api<Pod> = Api::namespaced(space.client.clone(), &space.ns);
         let asked = Instant::now();
-        deployments.create(&PostParams::default(), &workload(&space.ns, app)).await.expect("app");
+        deployments
+            .create(&PostParams::default(), &pool_workload(&space.ns, app, 1))
+            .await
+            .expect("app");
         let pod =
             eventually(&format!("the pod of {app} Running on {}", machine.name()), ACT, || {
                 let pods = pods.clone();
@@ -400,15 +378,10 @@ async fn failed_suspend_message(space: &TestNamespace) -> Result<String> {
     ensure!(!failed.is_empty(), "no failed shutdown Job among {}", listed.len());
     let pods: Api<Pod> = Api::namespaced(space.client.clone(), &space.ns);
     for job in failed {
-        let selector = format!("batch.kubernetes.io/job-name={}", job.name_any());
-        for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
-            let statuses = pod.status.and_then(|s| s.container_statuses).unwrap_or_default();
-            for status in statuses {
-                let ended = status.state.and_then(|s| s.terminated);
-                if let Some(message) = ended.and_then(|t| t.message) {
-                    return Ok(message);
-                }
-            }
+        let selector = format!("{JOB_NAME_LABEL}={}", job.name_any());
+        let listed = pods.list(&ListParams::default().labels(&selector)).await?.items;
+        if let Some(message) = failure_detail(&listed) {
+            return Ok(message);
         }
     }
     anyhow::bail!("no termination message yet")
@@ -429,12 +402,7 @@ async fn a_suspend_that_does_not_take_is_retried_and_never_counted_as_off() {
     m1.refuse_suspend(true);
 
     let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
-    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
-    claims
-        .patch_status("wanted", &PatchParams::default(), &Patch::Merge(&mark))
-        .await
-        .expect("mark");
-    claims.delete("wanted", &DeleteParams::default()).await.expect("release");
+    release(&claims, "wanted").await;
 
     let message = eventually("the suspend Job failed", ACT, || failed_suspend_message(space))
         .await
@@ -486,12 +454,7 @@ async fn a_machine_asleep_past_its_limit_is_woken_and_powered_off_and_its_node_g
     let stranded = Stranding::watch(m1.clone(), nodes.clone());
     claim_ready(&space.client, &space.ns, "wanted", m1.name()).await;
     let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
-    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
-    claims
-        .patch_status("wanted", &PatchParams::default(), &Patch::Merge(&mark))
-        .await
-        .expect("mark");
-    claims.delete("wanted", &DeleteParams::default()).await.expect("release");
+    release(&claims, "wanted").await;
     until_asleep(space, m1).await;
     let asleep_at = Instant::now();
 
@@ -534,12 +497,7 @@ async fn a_metered_machine_is_asleep_once_its_plug_reads_the_draw_of_sleep() {
     apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, sleep, "").await.expect("pool");
     claim_ready(&space.client, &space.ns, "wanted", m1.name()).await;
     let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
-    let mark = json!({ "status": { "scaleDownRequestedAt": Time(jiff::Timestamp::now()), "scaleDownRequestedBy": "test" } });
-    claims
-        .patch_status("wanted", &PatchParams::default(), &Patch::Merge(&mark))
-        .await
-        .expect("mark");
-    claims.delete("wanted", &DeleteParams::default()).await.expect("release");
+    release(&claims, "wanted").await;
     until_asleep(space, m1).await;
     let slept = m1
         .power_history()

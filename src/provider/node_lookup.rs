@@ -81,12 +81,7 @@ impl Provider {
         node: &NodeRef,
     ) -> Result<Option<NodeGroupInfo>, ProviderError> {
         let Some((snapshot, slot)) = self.resolve_node(caller, node)? else { return Ok(None) };
-        let stores = self.stores();
-        let kubernetes_node = stores.slot(&slot).map(|s| s.spec.kubernetes_node_name.clone());
-        let asleep = kubernetes_node
-            .and_then(|name| stores.core_node(&name))
-            .is_some_and(|n| machine::is_suspended(&n));
-        if asleep {
+        if snapshot.slot(&slot).is_some_and(|s| s.asleep) {
             tracing::debug!(%slot, "the node of a machine asleep: in no group");
             return Ok(None);
         }

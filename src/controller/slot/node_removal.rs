@@ -85,20 +85,16 @@ pub struct ShutdownJob {
 impl ShutdownJob {
     pub fn of(job: &Job) -> Self {
         let meta = &job.metadata;
+        // What the Job was made to prove, written on it as `"true"`.
+        let says = |key: &str| {
+            meta.annotations.as_ref().and_then(|a| a.get(key)).is_some_and(|v| v == "true")
+        };
         Self {
             outcome: outcome(job),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
-            confirms_off: meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_CONFIRMS_OFF))
-                .is_some_and(|v| v == "true"),
+            confirms_off: says(ANNOTATION_CONFIRMS_OFF),
             serves_claim: meta.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NODECLAIM)),
-            suspends: meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_SUSPENDS))
-                .is_some_and(|v| v == "true"),
+            suspends: says(ANNOTATION_SUSPENDS),
         }
     }
 
@@ -337,20 +333,23 @@ mod tests {
         }
     }
 
+    /// A node silent since `since`, marked asleep then.
+    fn marked_asleep(since: &str) -> CoreNode {
+        let mut n = node(Some(("Unknown", since)));
+        let conditions = n.status.as_mut().and_then(|s| s.conditions.as_mut()).unwrap();
+        conditions.push(NodeCondition {
+            type_: crate::api::CONDITION_SUSPENDED.into(),
+            status: "True".into(),
+            last_transition_time: Some(Time(ts(since))),
+            ..NodeCondition::default()
+        });
+        n
+    }
+
     #[test]
     fn a_machine_asleep_past_its_limit_is_powered_off_and_then_goes_as_any() {
         let now = ts("2026-03-04T10:00:00Z");
-        let asleep_at = |since: &str| {
-            let mut n = node(Some(("Unknown", since)));
-            let conditions = n.status.as_mut().and_then(|s| s.conditions.as_mut()).unwrap();
-            conditions.push(NodeCondition {
-                type_: crate::api::CONDITION_SUSPENDED.into(),
-                status: "True".into(),
-                last_transition_time: Some(Time(ts(since))),
-                ..NodeCondition::default()
-            });
-            n
-        };
+        let asleep_at = marked_asleep;
         let booting = claim_in("booting", "m1", Some(Booting), "2026-03-04T09:59:00Z");
         // The limit's power-off: made at 09:59:30, done at 09:59:50.
         let powered_off = ShutdownJob {
@@ -656,17 +655,6 @@ mod tests {
         // A suspend Job made at 09:55, done at 09:58: its success means asleep, never off.
         let suspended = ShutdownJob { suspends: true, ..unconfirmed };
         let suspend_failed = ShutdownJob { outcome: JobOutcome::Failed, ..suspended };
-        let marked_asleep = |since: &str| {
-            let mut n = node(Some(("Unknown", since)));
-            let conditions = n.status.as_mut().and_then(|s| s.conditions.as_mut()).unwrap();
-            conditions.push(NodeCondition {
-                type_: crate::api::CONDITION_SUSPENDED.into(),
-                status: "True".into(),
-                last_transition_time: Some(Time(ts(since))),
-                ..NodeCondition::default()
-            });
-            n
-        };
         table.extend([
             (
                 "silent since a suspend that succeeded: asleep, the node kept",

@@ -59,7 +59,8 @@ pub fn decide(
     }
 }
 
-/// Writes the condition when [`decide`] says so. Returns what it wrote.
+/// Writes the condition when [`decide`] says so, and keeps a node asleep free of
+/// cluster-autoscaler's deletion taint. Returns the decision.
 pub async fn reconcile(
     ctx: &Context,
     node: &CoreNode,

@@ -369,3 +369,43 @@ impl Stranding {
         assert!(seen.is_empty(), "machine {name} ran without its Node: {seen:?}");
     }
 }
+
+/// The label every slot of a scenario's pool declares (its value the test's namespace), which no
+/// kubelet registers: a workload that selects it runs on a machine of its test's pool, never on
+/// a hub.
+pub const POOL_LABEL: &str = "homelab.test/pool";
+
+/// A workload of `replicas` pods of the pause image (on the machines only: no registry serves
+/// it), on the machines of the pool in `ns` only ([`POOL_LABEL`]).
+pub fn pool_workload(
+    ns: &str,
+    name: &str,
+    replicas: i32,
+) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": {
+                    "nodeSelector": { POOL_LABEL: ns },
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{ "name": "work", "image": crate::machine::PAUSE_IMAGE, "imagePullPolicy": "Never" }],
+                },
+            },
+        },
+    }))
+    .expect("deployment")
+}
+
+/// Releases claim `name` as a scaler does: marked for scale-down, then deleted.
+pub async fn release(claims: &Api<homelab_autoscaler::api::NodeClaim>, name: &str) {
+    let mark = serde_json::json!({ "status": {
+        "scaleDownRequestedAt": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        "scaleDownRequestedBy": "test",
+    }});
+    claims.patch_status(name, &PatchParams::default(), &Patch::Merge(&mark)).await.expect("mark");
+    claims.delete(name, &Default::default()).await.expect("release");
+}
