@@ -52,7 +52,8 @@ image:
 	scripts/build-image.sh $(IMAGE_OUT)
 
 ## bench: the pure model with criterion, then the operator against a real control plane
-## (footprint, provider latency, scale-up overhead, admission); results in docs/performance.md.
+## (footprint, provider latency, scale-up overhead, admission, and a real machine's cold boot
+## against its resume from sleep, which needs root); results in docs/performance.md.
 ## SECTIONS="pools webhook" runs some of the operator's; BENCH_* knobs are in benches/operator/main.rs.
 bench:
 	tests/harness/build-binaries.sh cluster

@@ -184,10 +184,9 @@ async fn cluster_autoscaler_leaves_a_machine_asleep_alone_and_wakes_it_first() {
     let mut world =
         World::start_for_autoscaler_with(&bin, false, Machines::Real).await.expect("world");
     let _logs = world.plane.logs_on_failure();
-    world
-        .real_pool_mut()
-        .expect("a real pool")
-        .sleep_when_idle(json!({ "command": "systemctl suspend", "quietSeconds": 3, "watts": 2 }));
+    world.real_pool_mut().expect("a real pool").sleep_when_idle(Some(
+        json!({ "command": "systemctl suspend", "quietSeconds": 3, "watts": 2 }),
+    ));
     let ca = world.autoscaler(&AutoscalerSettings::default()).await.expect("cluster-autoscaler");
     if let Err(error) = sleep_and_wake(&mut world, &ca).await {
         panic!(

@@ -10,7 +10,9 @@
 //! Scenarios: the built-in scaler puts an idle machine to sleep and wakes it for a pending pod,
 //! on the same Node, timed against the same machine's cold boot in the same run; a suspend that
 //! does not take is retried and never counted as off; a machine asleep past its slot's limit is
-//! woken and powered off, and its Node then goes.
+//! woken and powered off, and its Node then goes; a metered machine counts as asleep once its
+//! plug reads the draw of sleep, and one that hangs on its way to sleep (silent, still drawing)
+//! never does.
 //!
 //! Needs root, network namespaces and a cgroup v1 freezer hierarchy (it fails without them).
 
@@ -154,10 +156,10 @@ struct Steps {
     /// The startup Job created to complete: the magic packet sent from the hub.
     job: Duration,
     /// The Job complete to the node Ready: the machine booting (containerd, the kubelet, its
-    /// registration) or resuming (its kubelet reporting again).
+    /// registration) or resuming (its kubelet reporting again); zero if it was Ready first.
     machine: Duration,
-    /// The node Ready to the claim ready: the readiness gate (and, for a resume, the sleep's
-    /// mark lifted).
+    /// The node Ready (or the Job complete, if later) to the claim ready: the readiness gate
+    /// (and, for a resume, the sleep's mark lifted).
     gate: Duration,
     /// The claim ready to the pod Running: the scheduler and the kubelet.
     pod: Duration,
@@ -239,7 +241,8 @@ impl Watched {
             claim_to_job: between(claimed, job),
             job: between(job, job_done),
             machine: between(job_done, node_ready),
-            gate: between(node_ready, ready),
+            // The gate cannot pass before the Job is complete, even if the node was Ready first.
+            gate: between(node_ready.max(job_done), ready),
             pod: between(ready, running),
             total: between(created, running),
         }
@@ -366,8 +369,8 @@ async fn the_built_in_scaler_puts_an_idle_machine_to_sleep_and_wakes_it_for_a_po
     stranded.assert_never(m1.name());
 }
 
-/// The newest failed shutdown Job's pod message, if one failed.
-async fn failed_suspend_message(space: &TestNamespace) -> Result<String> {
+/// The termination message of every failed shutdown Job's pods, once one has said anything.
+async fn failed_suspend_messages(space: &TestNamespace) -> Result<Vec<String>> {
     let jobs: Api<Job> = Api::namespaced(space.client.clone(), &space.ns);
     let selector = format!("{LABEL_LIFECYCLE}=shutdown");
     let listed = jobs.list(&ListParams::default().labels(&selector)).await?.items;
@@ -377,14 +380,25 @@ async fn failed_suspend_message(space: &TestNamespace) -> Result<String> {
         .collect();
     ensure!(!failed.is_empty(), "no failed shutdown Job among {}", listed.len());
     let pods: Api<Pod> = Api::namespaced(space.client.clone(), &space.ns);
+    let mut messages = Vec::new();
     for job in failed {
         let selector = format!("{JOB_NAME_LABEL}={}", job.name_any());
         let listed = pods.list(&ListParams::default().labels(&selector)).await?.items;
-        if let Some(message) = failure_detail(&listed) {
-            return Ok(message);
-        }
+        messages.extend(failure_detail(&listed));
     }
-    anyhow::bail!("no termination message yet")
+    ensure!(!messages.is_empty(), "no termination message yet");
+    Ok(messages)
+}
+
+/// Waits until a failed shutdown Job says `says`; returns its message.
+async fn failed_suspend_saying(space: &TestNamespace, says: &str) -> String {
+    eventually(&format!("a suspend Job failed saying {says:?}"), ACT, || async {
+        let messages = failed_suspend_messages(space).await?;
+        let found = messages.iter().find(|m| m.contains(says));
+        found.cloned().with_context(|| format!("the failed Jobs say {messages:?}"))
+    })
+    .await
+    .expect("a failed suspend")
 }
 
 /// A machine whose firmware refuses to sleep: `systemctl suspend` exits 0 and the machine goes
@@ -404,10 +418,7 @@ async fn a_suspend_that_does_not_take_is_retried_and_never_counted_as_off() {
     let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
     release(&claims, "wanted").await;
 
-    let message = eventually("the suspend Job failed", ACT, || failed_suspend_message(space))
-        .await
-        .expect("a failed suspend");
-    assert!(message.contains("the suspend did not take"), "says why: {message}");
+    let message = failed_suspend_saying(space, "the suspend did not take").await;
     assert!(m1.suspend_requests() >= 1, "the machine was asked to sleep");
     let nodes: Api<CoreNode> = Api::all(space.client.clone());
     stays(
@@ -482,20 +493,28 @@ async fn a_machine_asleep_past_its_limit_is_woken_and_powered_off_and_its_node_g
     stranded.assert_never(m1.name());
 }
 
-/// A machine whose smart plug meters it: its suspend counts only once the plug reads the draw
-/// of a machine asleep (under twice the slot's `suspend.watts` plus a watt, for 5 s), read by
-/// the suspend Job from the hub across the lan.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_metered_machine_is_asleep_once_its_plug_reads_the_draw_of_sleep() {
-    let run = sleeper("metered").await;
+/// A [`sleeper`] whose machine's smart plug meters it, the relay closed by hand (as a person
+/// does once: the machine has mains, and stays off), its sleeping pool applied with the plug as
+/// its meter, and claim `wanted` ready.
+async fn metered_sleeper(prefix: &str) -> (Sleeper, Plug) {
+    let run = sleeper(prefix).await;
     let (space, m1) = (&run.space, &run.m1);
     let plug = Plug::start(m1, &run.lan).await.expect("plug");
-    // The relay closed by hand, as a person does once: the machine has mains, and stays off.
     let on = format!("{}/rpc/Switch.Set?id=0&on=true", plug.operator_base());
     reqwest::get(&on).await.and_then(|r| r.error_for_status()).expect("close the relay");
     let sleep = Sleep { metered_by: Some(plug.base()), ..Sleep::default() };
     apply_sleeping_pool(space.plane, &space.ns, m1, &run.key, sleep, "").await.expect("pool");
     claim_ready(&space.client, &space.ns, "wanted", m1.name()).await;
+    (run, plug)
+}
+
+/// A machine whose smart plug meters it: its suspend counts only once the plug reads the draw
+/// of a machine asleep (under twice the slot's `suspend.watts` plus a watt, for 5 s), read by
+/// the suspend Job from the hub across the lan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_machine_is_asleep_once_its_plug_reads_the_draw_of_sleep() {
+    let (run, plug) = metered_sleeper("metered").await;
+    let (space, m1) = (&run.space, &run.m1);
     let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
     release(&claims, "wanted").await;
     until_asleep(space, m1).await;
@@ -514,5 +533,47 @@ async fn a_metered_machine_is_asleep_once_its_plug_reads_the_draw_of_sleep() {
     report(&format!(
         "a metered suspend: the plug read {asleep_readings:?} W after the machine slept"
     ));
+    run.operator.cancel();
+}
+
+/// A metered machine that hangs on its way to sleep: `systemctl suspend` takes its network down
+/// and the kernel never sleeps (a device's driver blocks it). Its SSH port falls silent as a
+/// sleeping machine's does, but its plug goes on reading its running draw. The suspend Job
+/// fails on the meter, saying so, and the machine is never counted as asleep or off: no
+/// `Suspended` mark, its slot never `suspended`, its Node kept, its claim kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_machine_that_hangs_on_its_way_to_sleep_is_never_counted_as_asleep() {
+    let (run, plug) = metered_sleeper("hang").await;
+    let (space, m1) = (&run.space, &run.m1);
+    m1.hang_on_suspend(true);
+    let claims: Api<NodeClaim> = Api::namespaced(space.client.clone(), &space.ns);
+    release(&claims, "wanted").await;
+
+    let message = failed_suspend_saying(space, "did not read under").await;
+    assert!(message.contains("SSH port fell silent"), "says what it saw: {message}");
+    assert!(m1.suspend_requests() >= 1, "the machine was asked to sleep");
+    let nodes: Api<CoreNode> = Api::all(space.client.clone());
+    let slots: Api<Node> = Api::namespaced(space.client.clone(), &space.ns);
+    stays("the machine counted neither asleep nor off", Duration::from_secs(20), || async {
+        ensure!(!m1.suspended(), "the machine sleeps");
+        let claim = claims.get("wanted").await.context("the claim is gone")?;
+        let phase = homelab_harness::claims::phase(&claim);
+        ensure!(phase == NodeClaimPhase::Ready, "the claim is {phase:?}");
+        let node = nodes.get(m1.name()).await.context("the Node is gone")?;
+        ensure!(suspended_condition(&node).as_deref() != Some("True"), "marked asleep");
+        let slot = slots.get(m1.name()).await?;
+        let power = slot.status.and_then(|s| s.power_state);
+        ensure!(power != Some(ObservedPower::Suspended), "the slot says {power:?}");
+        Ok(())
+    })
+    .await
+    .expect("never counted as asleep");
+    assert_eq!(m1.boots(), 1, "never powered off and on again");
+    let readings: Vec<f64> = plug.readings().into_iter().map(|(_, w)| w).collect();
+    assert!(
+        !readings.is_empty() && readings.iter().all(|w| *w > SUSPENDED_WATTS),
+        "the Job read the plug, and it never read the draw of sleep: {readings:?}"
+    );
+    report(&format!("a machine that hangs on its way to sleep: {message}"));
     run.operator.cancel();
 }

@@ -1,15 +1,16 @@
 //! The operator against a real control plane (homelab-harness): footprint and provider latency
-//! by pool size, the control plane's scale-up overhead, and admission. Results are printed, not
-//! asserted; docs/performance.md holds a run and how to read it.
+//! by pool size, the control plane's scale-up overhead, admission, and a real machine's scale-up
+//! booted cold against the same machine's resume from sleep. Results are printed, not asserted;
+//! docs/performance.md holds a run and how to read it.
 //!
 //! ```sh
-//! cargo bench --bench operator                       # everything (about 5 minutes)
-//! cargo bench --bench operator -- pools webhook      # some sections: pools, scale-up, webhook, admission
+//! cargo bench --bench operator                       # everything (about 15 minutes; root)
+//! cargo bench --bench operator -- pools webhook      # some sections: pools, scale-up, webhook, admission, resume
 //! BENCH_POOLS=10x1,1000x50 BENCH_CALLS=5000 cargo bench --bench operator -- pools
 //! ```
 //!
 //! Without `--bench` (that is, under `cargo test --all-targets`) every section runs once in a
-//! smoke size (a pool of 10, 20 calls, a second per rate, one round) to prove it still works.
+//! smoke size (a pool of 10, 20 calls, a second per rate, one round each) to prove it still works.
 //!
 //! Knobs (environment): `BENCH_POOLS` (`<slots>x<groups>,…`, default `10x1,100x10,1000x50`),
 //! `BENCH_CALLS` (sequential calls per RPC, default 2000), `BENCH_INCREASES` (IncreaseSize
@@ -17,7 +18,8 @@
 //! default `100,500,1000`), `BENCH_RATE_SECONDS` (per rate and rule, default 5),
 //! `BENCH_RATE_ROUNDS` (rounds of every rate, default 3), `BENCH_CREATES` (creates per arm and
 //! round, default 300), `BENCH_ADMISSION_ROUNDS` (rounds of the three admission arms, default 3),
-//! `BENCH_ROUNDS` (scale-up rounds, default 10),
+//! `BENCH_ROUNDS` (scale-up rounds, default 10), `BENCH_RESUME_ROUNDS` (rounds of a cold boot
+//! and a resume of one real machine, default 5; `resume` needs root),
 //! `BENCH_OPERATORS` (`<path>,…`: operator binaries that `pools` measures one after another on
 //! each pool size, to compare two builds in one run; default the one built beside the bench,
 //! which the other sections use).
@@ -26,6 +28,7 @@ mod apiserver;
 mod grpc;
 mod pool;
 mod process;
+mod resume;
 mod scale_up;
 mod stats;
 mod webhook;
@@ -54,6 +57,7 @@ struct Knobs {
     creates: usize,
     admission_rounds: usize,
     rounds: usize,
+    resume_rounds: usize,
 }
 
 fn env<T: std::str::FromStr>(name: &str, full: T, smoke: T, is_full: bool) -> T {
@@ -79,6 +83,7 @@ impl Knobs {
             creates: env("BENCH_CREATES", 300, 10, full),
             admission_rounds: env("BENCH_ADMISSION_ROUNDS", 3, 1, full),
             rounds: env("BENCH_ROUNDS", 10, 1, full),
+            resume_rounds: env("BENCH_RESUME_ROUNDS", 5, 1, full),
         })
     }
 }
@@ -183,6 +188,21 @@ async fn main() -> Result<()> {
     }
     if runs("admission") {
         admission(&run).await?;
+    }
+    // Last: its World leaves admission configurations and real machines' Nodes on the shared
+    // control plane until the process ends.
+    if runs("resume") {
+        resume(&run).await?;
+    }
+    Ok(())
+}
+
+/// One real machine's pod pending → Running, booted cold and woken from sleep, round by round.
+async fn resume(run: &Run) -> Result<()> {
+    section("Scale-up of a real machine: cold boot and resume from sleep");
+    let measured = resume::run(&run.bin, run.knobs.resume_rounds).await?;
+    for line in resume::lines(&measured) {
+        println!("{line}");
     }
     Ok(())
 }

@@ -97,8 +97,10 @@ pub async fn run(
         let usable = timeline.wait_of(Seen::NodeUsable, slot, job, STEP).await?;
         out.job_complete_to_ready.push(between(complete, ready));
         out.job_complete_to_node.push(between(complete, registered));
-        out.node_to_usable.push(between(registered, usable));
-        out.usable_to_ready.push(between(usable, ready));
+        // The gate cannot pass before the Job is complete: a step that began before it is
+        // counted from the Job's end, so the three add up to Job complete → claim ready.
+        out.node_to_usable.push(between(registered.max(complete), usable));
+        out.usable_to_ready.push(between(usable.max(complete), ready));
 
         let asked = Instant::now();
         let node = proto::ExternalGrpcNode {

@@ -77,9 +77,10 @@ pub enum PowerError {
     )]
     NotSuspended { peer: String, command: String, waited: Duration, answered: String },
     #[error(
-        "the machine's plug did not read under {threshold} W for {steady:?} within {waited:?} \
+        "the machine's plug did not read under {threshold} W for {steady:?} within {:.0}s \
          after {command:?}, though its SSH port fell silent: it is not asleep (a machine that \
-         hangs instead of sleeping, or a suspend.watts too low for this machine)"
+         hangs instead of sleeping, or a suspend.watts too low for this machine)",
+        .waited.as_secs_f64()
     )]
     StillDrawing { command: String, threshold: f64, steady: Duration, waited: Duration },
     /// A step of a power sequence failed: which one, and why.

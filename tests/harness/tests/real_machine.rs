@@ -408,5 +408,41 @@ async fn a_real_machine_suspended_over_ssh_sleeps_and_wakes_on_its_magic_packet_
     m1.power_on().await.expect("power button");
     assert!(!m1.suspended());
     assert_eq!((m1.boots(), m1.resumes()), (boots, 2));
+
+    // f. A suspend that hangs half-way: the network goes, nothing is frozen, the machine runs
+    // on and answers nothing, and its magic packet does not wake it. A power cut ends it; the
+    // next boot has its card up again.
+    m1.refuse_suspend(false);
+    m1.hang_on_suspend(true);
+    let (ok, said) = ssh(&lan, &m1, &key, "systemctl suspend").await;
+    assert!(ok, "ssh systemctl suspend failed: {said}");
+    eventually("sleep-1's address silent", Duration::from_secs(30), || async {
+        anyhow::ensure!(!ssh_port_answers(&lan, &m1).await, "its sshd answers");
+        Ok(())
+    })
+    .await
+    .expect("silent");
+    assert!(!m1.suspended(), "a hung machine is not asleep");
+    assert_eq!(m1.power_state_now(), PowerState::On);
+    assert_eq!(m1.freezer_state().expect("freezer"), "THAWED");
+    assert_eq!(m1.kubelet_pid(), Some(kubelet), "the kubelet runs on");
+    send_magic_packet(&lan, &m1);
+    stays("sleep-1 hung after its magic packet", Duration::from_secs(5), || async {
+        anyhow::ensure!(!ssh_port_answers(&lan, &m1).await, "its sshd answers");
+        Ok(())
+    })
+    .await
+    .expect("a packet does not wake a hung machine");
+    assert_eq!(m1.resumes(), 2, "a hung machine resumed");
+    m1.power_cut().await.expect("power cut");
+    m1.power_on().await.expect("power on");
+    assert_eq!(m1.boots(), boots + 1);
+    eventually("sleep-1 answers after its boot", ACT, || async {
+        anyhow::ensure!(ssh_port_answers(&lan, &m1).await, "its sshd does not answer");
+        Ok(())
+    })
+    .await
+    .expect("answers");
+    m1.hang_on_suspend(false);
     m1.suspend().await.expect("suspend again");
 }

@@ -286,6 +286,10 @@ impl World {
                 continue;
             };
             let called = t.last_between(Seen::IncreaseSizeCalled, group, created, claimed);
+            // A machine quicker than its Job registers, even turns usable, before the Job is
+            // seen complete, and the gate cannot pass before the Job has: each step after the
+            // Job starts when the Job ended, so the steps add up to pod created → claim ready.
+            let after_job = |at: Instant| at.max(job_done);
             machines.push(MachineSteps {
                 slot: claim.spec.slot_ref.name.clone(),
                 decided: between(created, called.unwrap_or(claimed)),
@@ -293,8 +297,8 @@ impl World {
                 claim_to_job: between(claimed, job),
                 job: between(job, job_done),
                 boot: between(job_done, registered),
-                registered_to_usable: between(registered, usable),
-                gate: between(usable, ready),
+                registered_to_usable: between(after_job(registered), usable),
+                gate: between(after_job(usable), ready),
                 ready,
             });
         }
@@ -394,15 +398,17 @@ pub struct MachineSteps {
     pub provider: Option<Duration>,
     /// The claim seen → its startup Job seen: the operator's claim controller.
     pub claim_to_job: Duration,
-    /// The startup Job seen → complete: the power Job's pod, scheduled and run.
+    /// The startup Job seen → complete: the power Job's pod, scheduled and run (and whatever
+    /// part of the machine's boot happened meanwhile).
     pub job: Duration,
     /// The Job complete → the machine's Node registered: the machine's boot (for a machine woken
-    /// from sleep, its kubelet's Node Ready again: the resume).
+    /// from sleep, its kubelet's Node Ready again: the resume); zero if it registered first.
     pub boot: Duration,
-    /// Registered → Ready and free of the pool's readiness taints: the kubelet and the network.
+    /// Registered (or the Job complete, if later) → Ready and free of the pool's readiness
+    /// taints: the kubelet and the network.
     pub registered_to_usable: Duration,
-    /// Usable → the claim ready: the operator's readiness gate (its checks, the uncordon, the
-    /// status write).
+    /// Usable (or the Job complete, if later) → the claim ready: the operator's readiness gate
+    /// (its checks, the uncordon, the status write).
     pub gate: Duration,
     ready: Instant,
 }

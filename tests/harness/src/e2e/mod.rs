@@ -35,8 +35,11 @@ pub mod autoscaler;
 mod autoscaler_steps;
 pub mod prometheus;
 pub use autoscaler::{Autoscaler, AutoscalerSettings, GrpcEndpoint, sum_samples};
-pub use autoscaler_steps::{Workload, describe, released_by_autoscaler};
+pub use autoscaler_steps::{
+    MachineSteps, ScaleUpBreakdown, Workload, describe, released_by_autoscaler,
+};
 pub use real_pool::{AGENT_TAINT, RealPool};
+pub use scenarios::SideBySide;
 
 /// Every claim the World has seen, by name, as last seen (deleted ones stay).
 pub type ClaimLedger = Arc<Mutex<BTreeMap<String, NodeClaim>>>;

@@ -59,8 +59,14 @@ impl RealPool {
 
     /// Every slot of a pool applied from now on sleeps when idle: `suspend` becomes its
     /// `spec.power.suspend` (the machines' sshd puts a machine to sleep on a `suspend` command).
-    pub fn sleep_when_idle(&mut self, suspend: Value) {
-        self.suspend = Some(suspend);
+    /// `None`: they power off again.
+    pub fn sleep_when_idle(&mut self, suspend: Option<Value>) {
+        self.suspend = suspend;
+    }
+
+    /// The machine named `name`, once a pool has named it.
+    pub fn machine(&self, name: &str) -> Option<&Machine> {
+        self.machines.get(name).map(|(machine, _)| machine)
     }
 
     /// Every machine of the pool, by name.

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::autoscaler_steps::{Workload, describe, released_by_autoscaler};
+use super::autoscaler_steps::{ScaleUpBreakdown, Workload, describe, released_by_autoscaler};
 use super::{ACT, Autoscaler, NAMESPACE, World};
 use crate::claims::phase;
 
@@ -30,6 +30,22 @@ const SETTLED: Duration = Duration::from_secs(25);
 /// loaded machine.
 const BACK_TO_ZERO: Duration = Duration::from_secs(240);
 use crate::{eventually, stays};
+
+/// One machine's scale-up, pod pending → Running, booted cold and woken from sleep in the same
+/// run ([`World::cold_boot_sleep_and_wake`]).
+#[derive(Clone, Debug)]
+pub struct SideBySide {
+    /// The machine's Node (the same in both).
+    pub machine: String,
+    pub cold: ScaleUpBreakdown,
+    pub resumed: ScaleUpBreakdown,
+}
+
+/// The `spec.power.suspend` of the sleeping pool's slots: the machines' sshd puts a machine to
+/// sleep on `systemctl suspend`, silent for 3 s to count.
+fn idle_suspend() -> serde_json::Value {
+    json!({ "command": "systemctl suspend", "quietSeconds": 3 })
+}
 
 impl World {
     /// Scenario: a Deployment of `replicas` pods that fit only the pool scales it up, and scaling
@@ -133,22 +149,46 @@ impl World {
     }
 
     /// Scenario (real machines only): a machine that sleeps instead of powering off, its cold
-    /// boot and its resume timed side by side. The pool's slots sleep when idle
-    /// (`spec.power.suspend`); one pod boots a machine cold; scaled away, the built-in scaler
-    /// releases it and it sleeps, its Node kept and marked `Suspended`; the next pod wakes it by
-    /// a magic packet. Each scale-up is split step by step.
-    pub async fn builtin_sleep_and_wake(&mut self) -> Result<()> {
+    /// boot and its resume timed side by side ([`World::sleeping_pool`], then
+    /// [`World::cold_boot_sleep_and_wake`]).
+    pub async fn builtin_sleep_and_wake(&mut self) -> Result<SideBySide> {
+        self.sleeping_pool().await?;
+        self.cold_boot_sleep_and_wake().await
+    }
+
+    /// The demo's pool on real machines whose slots sleep when idle (`spec.power.suspend`), and
+    /// Deployment `web`, with no pod yet, whose pods only the pool can run.
+    pub async fn sleeping_pool(&mut self) -> Result<()> {
         let real = self.real_pool_mut().context("the sleep scenario needs real machines")?;
-        real.sleep_when_idle(json!({ "command": "systemctl suspend", "quietSeconds": 3 }));
+        real.sleep_when_idle(Some(idle_suspend()));
         let t = Instant::now();
         self.apply_pool("pool.yaml").await?;
         self.note("applied examples/pool.yaml, each slot with spec.power.suspend", t);
+        self.deploy(&Workload::on_group("web", "workers", 0, "1")).await?;
+        Ok(())
+    }
 
+    /// One pod of `web` boots a machine of the sleeping pool cold (every machine off, no Node);
+    /// scaled away, the built-in scaler releases the machine and it sleeps, its Node kept and
+    /// marked `Suspended`; the next pod wakes it by a magic packet. Each scale-up is split
+    /// step by step. Leaves the woken machine running `web`'s pod.
+    pub async fn cold_boot_sleep_and_wake(&mut self) -> Result<SideBySide> {
+        let present = self.nodes_of_group("workers").await?;
+        ensure!(present.is_empty(), "a cold boot needs every machine off; Nodes: {present:?}");
+        let real = self.real_pool().context("the sleep scenario needs real machines")?;
+        let booted_before: Vec<(String, u32)> =
+            real.machines().map(|m| (m.name().to_owned(), m.boots())).collect();
         let t = Instant::now();
-        self.deploy(&Workload::on_group("web", "workers", 1, "1")).await?;
+        self.scale("web", 1).await?;
         let node = self.one_pod_running("web").await?;
-        self.note(format!("one pod of web Running on {node}: a cold boot"), t);
-        self.record_scale_up("web", "workers").await?;
+        let (boots, resumes) = self.real_machine_counts(&node)?;
+        let before = booted_before.iter().find(|(name, _)| *name == node).map(|(_, n)| *n);
+        ensure!(
+            before.is_some_and(|n| boots == n + 1),
+            "{node} booted once for the pod: boots {before:?} → {boots}"
+        );
+        self.note(format!("scaled web to 1: its pod Running on {node}, a cold boot"), t);
+        let cold = self.record_scale_up("web", "workers").await?;
 
         let t = Instant::now();
         self.scale("web", 0).await?;
@@ -166,8 +206,46 @@ impl World {
         self.scale("web", 1).await?;
         let woken = self.one_pod_running("web").await?;
         ensure!(woken == node, "the pod runs on {woken}, not on {node}, the machine asleep");
+        let (boots_after, resumes_after) = self.real_machine_counts(&node)?;
+        ensure!(
+            boots_after == boots && resumes_after == resumes + 1,
+            "{node} resumed once and did not boot again: boots {boots} → {boots_after}, \
+             resumes {resumes} → {resumes_after}"
+        );
         self.note(format!("scaled web to 1: {node} woken by a magic packet"), t);
-        self.record_scale_up("web", "workers").await
+        let resumed = self.record_scale_up("web", "workers").await?;
+        Ok(SideBySide { machine: node, cold, resumed })
+    }
+
+    /// From a sleeping pool running `web`'s pod to every machine off: the slots stop sleeping
+    /// (a person removes `spec.power.suspend`), `web` goes to zero, the machine is powered off
+    /// and its Node goes; then the slots sleep when idle again. Leaves the pool ready for the
+    /// next [`World::cold_boot_sleep_and_wake`].
+    pub async fn power_off_sleeping_pool(&mut self) -> Result<()> {
+        let t = Instant::now();
+        let real = self.real_pool_mut().context("the sleep scenario needs real machines")?;
+        real.sleep_when_idle(None);
+        self.apply_pool("pool.yaml").await?;
+        self.scale("web", 0).await?;
+        self.no_live_claims("workers", BACK_TO_ZERO).await?;
+        eventually("every machine off, its Node gone", BACK_TO_ZERO, || async {
+            let nodes = self.nodes_of_group("workers").await?;
+            ensure!(nodes.is_empty(), "Nodes left: {nodes:?}");
+            Ok(())
+        })
+        .await?;
+        let real = self.real_pool_mut().context("the sleep scenario needs real machines")?;
+        real.sleep_when_idle(Some(idle_suspend()));
+        self.apply_pool("pool.yaml").await?;
+        self.note("suspend off, web scaled to 0: the machine powered off, its Node gone", t);
+        Ok(())
+    }
+
+    /// How many times the real machine `node` has booted and resumed.
+    fn real_machine_counts(&self, node: &str) -> Result<(u32, u32)> {
+        let real = self.real_pool().context("real machines")?;
+        let machine = real.machine(node).with_context(|| format!("no real machine {node}"))?;
+        Ok((machine.boots(), machine.resumes()))
     }
 
     /// Waits until one pod of `app` is Running; returns its node.
@@ -187,7 +265,7 @@ impl World {
 
     /// Records the scale-up of `group` for `app` split step by step (the World's timeline, in
     /// milliseconds): one summary step with the operator's largest share, and the table.
-    async fn record_scale_up(&mut self, app: &str, group: &str) -> Result<()> {
+    async fn record_scale_up(&mut self, app: &str, group: &str) -> Result<ScaleUpBreakdown> {
         let split = self.scale_up_breakdown(app, group).await?;
         self.record(
             format!(
@@ -198,7 +276,7 @@ impl World {
             split.total,
         );
         self.table(split.table());
-        Ok(())
+        Ok(split)
     }
 
     /// Scenario: a person starts a machine by hand with a bare NodeClaim (admission stamps it),

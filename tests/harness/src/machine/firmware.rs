@@ -40,11 +40,13 @@ pub(crate) struct Firmware {
     mains: bool,
     /// On and suspended to RAM.
     suspended: bool,
+    /// On, its network taken down for a suspend that never came ([`Self::hang`]).
+    hung: bool,
 }
 
 impl Default for Firmware {
     fn default() -> Self {
-        Self { os: None, mains: true, suspended: false }
+        Self { os: None, mains: true, suspended: false, hung: false }
     }
 }
 
@@ -86,6 +88,23 @@ impl Firmware {
         }
         self.suspended = true;
         progress(&format!("machine {} suspended in {:.1?}", board.name, started.elapsed()));
+        Ok(())
+    }
+
+    /// On → hung on its way to sleep: its `eth0` down as for a suspend, but nothing frozen, as
+    /// when a device's driver blocks the kernel's suspend after the network has gone. It runs
+    /// and draws its running power, answers nothing, and no magic packet wakes it; only a
+    /// power cut ends it. Off, suspended or hung: nothing.
+    pub fn hang(&mut self, board: &Board) -> Result<()> {
+        if self.os.is_none() || self.suspended || self.hung {
+            return Ok(());
+        }
+        board.set_card(false).with_context(|| format!("hanging machine {}", board.name))?;
+        self.hung = true;
+        progress(&format!(
+            "machine {} hung on its way to sleep (network down, running)",
+            board.name
+        ));
         Ok(())
     }
 
@@ -145,12 +164,13 @@ impl Firmware {
         let Some(os) = self.os.take() else { return Ok(()) };
         let started = Instant::now();
         let asleep = std::mem::take(&mut self.suspended);
+        let hung = std::mem::take(&mut self.hung);
         let cut = board.run("cut", &[board.cgroups.root()]).await.context("cutting the power");
         // Its processes are dead; the wrappers are reaped.
         drop(os);
-        if asleep {
+        if asleep || hung {
             // The card comes back as it is at every power-on, listening on the machine's side.
-            board.set_card(true).context("bringing eth0 up after a power cut in suspend")?;
+            board.set_card(true).context("bringing eth0 up after a power cut with it down")?;
         }
         cut?;
         progress(&format!("machine {} power cut in {:.1?}", board.name, started.elapsed()));

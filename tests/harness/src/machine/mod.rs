@@ -162,6 +162,8 @@ struct Inner {
     /// How many suspends its OS was asked for, and whether they fail to take.
     suspend_requests: AtomicU32,
     refuse_suspend: AtomicBool,
+    /// Whether a suspend asked for hangs half-way ([`Machine::hang_on_suspend`]).
+    hang_on_suspend: AtomicBool,
     /// How many times it woke from a suspend.
     resumes: AtomicU32,
     /// The firmware's state and mains as of its last completed transition, read without the
@@ -257,6 +259,7 @@ impl Machine {
                 wakes: AtomicU32::new(0),
                 suspend_requests: AtomicU32::new(0),
                 refuse_suspend: AtomicBool::new(false),
+                hang_on_suspend: AtomicBool::new(false),
                 resumes: AtomicU32::new(0),
                 on_now: AtomicBool::new(false),
                 suspended_now: AtomicBool::new(false),
@@ -350,6 +353,20 @@ impl Machine {
     /// under a systemd inhibitor. [`Self::suspend`] is not affected.
     pub fn refuse_suspend(&self, refuse: bool) {
         self.inner.refuse_suspend.store(refuse, Ordering::SeqCst);
+    }
+
+    /// From now on a suspend asked for over SSH hangs half-way (or, with `false`, does not): the
+    /// OS takes the network down for the sleep and never reaches it, as when a device's driver
+    /// blocks the kernel's suspend. The machine answers nothing but runs on, drawing its
+    /// running power; only a power cut ends it. [`Self::suspend`] is not affected.
+    pub fn hang_on_suspend(&self, hang: bool) {
+        self.inner.hang_on_suspend.store(hang, Ordering::SeqCst);
+    }
+
+    /// Hangs on its way to sleep at once (see [`Self::hang_on_suspend`]).
+    async fn hang(&self) -> Result<()> {
+        let mut firmware = self.inner.firmware.lock().await;
+        firmware.hang(&self.inner.board)
     }
 
     /// The kubelet's pid while the machine is on (the same across a suspend).
@@ -690,7 +707,11 @@ fn press(
                 Button::Off => machine.shutdown().await,
                 Button::Suspend => {
                     tokio::time::sleep(ssh::SUSPEND_DELAY).await;
-                    machine.suspend().await
+                    if machine.inner.hang_on_suspend.load(Ordering::SeqCst) {
+                        machine.hang().await
+                    } else {
+                        machine.suspend().await
+                    }
                 }
             };
             if let Err(error) = pressed {
