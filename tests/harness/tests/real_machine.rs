@@ -409,9 +409,9 @@ async fn a_real_machine_suspended_over_ssh_sleeps_and_wakes_on_its_magic_packet_
     assert!(!m1.suspended());
     assert_eq!((m1.boots(), m1.resumes()), (boots, 2));
 
-    // f. A suspend that hangs half-way: the network goes, nothing is frozen, the machine runs
-    // on and answers nothing, and its magic packet does not wake it. A power cut ends it; the
-    // next boot has its card up again.
+    // f. A suspend that hangs half-way: frozen and silent, but not asleep; its magic packet does
+    // not wake it and a shutdown reaches no OS. A power cut ends it; the next boot has its card
+    // up again.
     m1.refuse_suspend(false);
     m1.hang_on_suspend(true);
     let (ok, said) = ssh(&lan, &m1, &key, "systemctl suspend").await;
@@ -424,8 +424,10 @@ async fn a_real_machine_suspended_over_ssh_sleeps_and_wakes_on_its_magic_packet_
     .expect("silent");
     assert!(!m1.suspended(), "a hung machine is not asleep");
     assert_eq!(m1.power_state_now(), PowerState::On);
-    assert_eq!(m1.freezer_state().expect("freezer"), "THAWED");
-    assert_eq!(m1.kubelet_pid(), Some(kubelet), "the kubelet runs on");
+    assert_eq!(m1.freezer_state().expect("freezer"), "FROZEN");
+    assert_eq!(m1.kubelet_pid(), Some(kubelet), "the same kubelet, frozen");
+    m1.shutdown().await.expect("shutdown while hung");
+    assert_eq!(m1.power_state_now(), PowerState::On, "a shutdown reached a hung machine");
     send_magic_packet(&lan, &m1);
     stays("sleep-1 hung after its magic packet", Duration::from_secs(5), || async {
         anyhow::ensure!(!ssh_port_answers(&lan, &m1).await, "its sshd answers");

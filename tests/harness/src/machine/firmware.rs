@@ -69,6 +69,11 @@ impl Firmware {
         self.suspended
     }
 
+    /// Whether its processes are frozen: suspended, or hung on its way to sleep.
+    pub fn frozen(&self) -> bool {
+        self.suspended || self.hung
+    }
+
     /// On → suspended: freezes every process of the machine, then takes its `eth0` down.
     /// Off or suspended: nothing. A freeze that does not complete leaves it awake, and fails.
     pub async fn suspend(&mut self, board: &Board) -> Result<()> {
@@ -91,18 +96,27 @@ impl Firmware {
         Ok(())
     }
 
-    /// On → hung on its way to sleep: its `eth0` down as for a suspend, but nothing frozen, as
-    /// when a device's driver blocks the kernel's suspend after the network has gone. It runs
-    /// and draws its running power, answers nothing, and no magic packet wakes it; only a
-    /// power cut ends it. Off, suspended or hung: nothing.
-    pub fn hang(&mut self, board: &Board) -> Result<()> {
+    /// On → hung on its way to sleep, as when a device's driver blocks the kernel's suspend:
+    /// its processes frozen and its `eth0` down as for a suspend, but the machine never reaches
+    /// sleep. It draws its running power, answers nothing, no magic packet wakes it and no OS
+    /// acts on a shutdown; only a power cut ends it. Off, suspended or hung: nothing.
+    pub async fn hang(&mut self, board: &Board) -> Result<()> {
         if self.os.is_none() || self.suspended || self.hung {
             return Ok(());
         }
-        board.set_card(false).with_context(|| format!("hanging machine {}", board.name))?;
+        let root = board.cgroups.root();
+        let frozen = match board.run("freeze", &[root]).await {
+            Ok(()) => board.set_card(false),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = frozen {
+            board.set_card(true)?;
+            board.run("thaw", &[root]).await?;
+            return Err(err.context(format!("hanging machine {}", board.name)));
+        }
         self.hung = true;
         progress(&format!(
-            "machine {} hung on its way to sleep (network down, running)",
+            "machine {} hung on its way to sleep (frozen, network down, not asleep)",
             board.name
         ));
         Ok(())
@@ -179,11 +193,11 @@ impl Firmware {
 
     /// On → Off in order, as an OS shutdown does: the kubelet stops (SIGTERM), then every
     /// other process gets SIGTERM (containers first get the chance to exit cleanly), and what
-    /// is left after a while is SIGKILLed. Off: nothing. Suspended: nothing either, as no OS is
-    /// awake to act on the request.
+    /// is left after a while is SIGKILLed. Off: nothing. Suspended or hung on its way to sleep:
+    /// nothing either, as no OS is awake to act on the request.
     pub async fn shutdown(&mut self, board: &Board) -> Result<()> {
-        if self.suspended {
-            progress(&format!("machine {} is suspended: the shutdown does nothing", board.name));
+        if self.suspended || self.hung {
+            progress(&format!("machine {} is not awake: the shutdown does nothing", board.name));
             return Ok(());
         }
         let Some(os) = self.os.take() else { return Ok(()) };

@@ -355,10 +355,10 @@ impl Machine {
         self.inner.refuse_suspend.store(refuse, Ordering::SeqCst);
     }
 
-    /// From now on a suspend asked for over SSH hangs half-way (or, with `false`, does not): the
-    /// OS takes the network down for the sleep and never reaches it, as when a device's driver
-    /// blocks the kernel's suspend. The machine answers nothing but runs on, drawing its
-    /// running power; only a power cut ends it. [`Self::suspend`] is not affected.
+    /// From now on a suspend asked for over SSH hangs half-way (or, with `false`, does not), as
+    /// when a device's driver blocks the kernel's suspend: its processes frozen and its network
+    /// down, but never asleep. It answers nothing and draws its running power; no magic packet
+    /// wakes it and only a power cut ends it. [`Self::suspend`] is not affected.
     pub fn hang_on_suspend(&self, hang: bool) {
         self.inner.hang_on_suspend.store(hang, Ordering::SeqCst);
     }
@@ -366,7 +366,7 @@ impl Machine {
     /// Hangs on its way to sleep at once (see [`Self::hang_on_suspend`]).
     async fn hang(&self) -> Result<()> {
         let mut firmware = self.inner.firmware.lock().await;
-        firmware.hang(&self.inner.board)
+        firmware.hang(&self.inner.board).await
     }
 
     /// The kubelet's pid while the machine is on (the same across a suspend).
@@ -635,8 +635,9 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Runs before the fields go. A frozen process dies only once thawed, and the wrappers
-        // of its services, dropped next, wait for it: a suspended machine loses its power first.
-        if self.firmware.get_mut().suspended() {
+        // of its services, dropped next, wait for it: a frozen machine (suspended, or hung on its
+        // way to sleep) loses its power first.
+        if self.firmware.get_mut().frozen() {
             let cut = std::process::Command::new("bash")
                 .arg("-c")
                 .arg(BOARD_SCRIPT)
@@ -645,7 +646,7 @@ impl Drop for Inner {
                 .arg(self.board.cgroups.root())
                 .status();
             if let Err(error) = cut {
-                eprintln!("machine {}: cutting a suspended machine: {error}", self.board.name);
+                eprintln!("machine {}: cutting a frozen machine: {error}", self.board.name);
             }
         }
         // The kubelet sets these only when it starts.
