@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result};
 use homelab_harness::e2e::{MachineSteps, Machines, ScaleUpBreakdown, SideBySide, World};
 
 use crate::stats::Samples;
@@ -96,7 +96,6 @@ async fn rounds_on(world: &mut World, rounds: usize) -> Result<Measured> {
             started.elapsed().as_secs_f64(),
         );
     }
-    ensure!(out.cold.total.len() == rounds, "every round measured");
     Ok(out)
 }
 

@@ -40,7 +40,7 @@ pub(crate) struct Firmware {
     mains: bool,
     /// On and suspended to RAM.
     suspended: bool,
-    /// On, its network taken down for a suspend that never came ([`Self::hang`]).
+    /// On, frozen and its network down for a suspend that never came ([`Self::hang`]).
     hung: bool,
 }
 
@@ -75,22 +75,16 @@ impl Firmware {
     }
 
     /// On → suspended: freezes every process of the machine, then takes its `eth0` down.
-    /// Off or suspended: nothing. A freeze that does not complete leaves it awake, and fails.
+    /// Off, suspended or hung: nothing. A freeze that does not complete leaves it awake, and
+    /// fails.
     pub async fn suspend(&mut self, board: &Board) -> Result<()> {
-        if self.os.is_none() || self.suspended {
+        if self.os.is_none() || self.frozen() {
             return Ok(());
         }
         let started = Instant::now();
-        let root = board.cgroups.root();
-        let asleep = match board.run("freeze", &[root]).await {
-            Ok(()) => board.set_card(false),
-            Err(err) => Err(err),
-        };
-        if let Err(err) = asleep {
-            board.set_card(true)?;
-            board.run("thaw", &[root]).await?;
-            return Err(err.context(format!("suspending machine {}", board.name)));
-        }
+        freeze_and_silence(board)
+            .await
+            .with_context(|| format!("suspending machine {}", board.name))?;
         self.suspended = true;
         progress(&format!("machine {} suspended in {:.1?}", board.name, started.elapsed()));
         Ok(())
@@ -101,19 +95,12 @@ impl Firmware {
     /// sleep. It draws its running power, answers nothing, no magic packet wakes it and no OS
     /// acts on a shutdown; only a power cut ends it. Off, suspended or hung: nothing.
     pub async fn hang(&mut self, board: &Board) -> Result<()> {
-        if self.os.is_none() || self.suspended || self.hung {
+        if self.os.is_none() || self.frozen() {
             return Ok(());
         }
-        let root = board.cgroups.root();
-        let frozen = match board.run("freeze", &[root]).await {
-            Ok(()) => board.set_card(false),
-            Err(err) => Err(err),
-        };
-        if let Err(err) = frozen {
-            board.set_card(true)?;
-            board.run("thaw", &[root]).await?;
-            return Err(err.context(format!("hanging machine {}", board.name)));
-        }
+        freeze_and_silence(board)
+            .await
+            .with_context(|| format!("hanging machine {}", board.name))?;
         self.hung = true;
         progress(&format!(
             "machine {} hung on its way to sleep (frozen, network down, not asleep)",
@@ -196,7 +183,7 @@ impl Firmware {
     /// is left after a while is SIGKILLed. Off: nothing. Suspended or hung on its way to sleep:
     /// nothing either, as no OS is awake to act on the request.
     pub async fn shutdown(&mut self, board: &Board) -> Result<()> {
-        if self.suspended || self.hung {
+        if self.frozen() {
             progress(&format!("machine {} is not awake: the shutdown does nothing", board.name));
             return Ok(());
         }
@@ -214,6 +201,22 @@ impl Firmware {
         progress(&format!("machine {} shut down in {:.1?}", board.name, started.elapsed()));
         Ok(())
     }
+}
+
+/// What a suspend does first, and a hung one too: every process of the machine frozen, then its
+/// `eth0` taken down. A step that fails is undone (the card up, the processes thawed).
+async fn freeze_and_silence(board: &Board) -> Result<()> {
+    let root = board.cgroups.root();
+    let silenced = match board.run("freeze", &[root]).await {
+        Ok(()) => board.set_card(false),
+        Err(err) => Err(err),
+    };
+    if let Err(err) = silenced {
+        board.set_card(true)?;
+        board.run("thaw", &[root]).await?;
+        return Err(err);
+    }
+    Ok(())
 }
 
 impl Board {
